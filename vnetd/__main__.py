@@ -1,0 +1,5 @@
+import sys
+
+from vnetd.cli import main
+
+sys.exit(main())

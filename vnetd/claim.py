@@ -1,0 +1,133 @@
+"""Hold this rank's claim in the registry for as long as the daemon runs.
+
+A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL. If
+the lease is lost (the registry forgot it, or it expired during an
+outage) a new one is granted and the rank claimed again. While another
+instance holds the rank, the claim waits for that entry to go away and
+logs the holder once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from vnetd.errors import RegistryError, RegistryUnavailable
+from vnetd.membership import Claimed, try_claim
+from vnetd.model import Member
+from vnetd.registry.base import Registry
+from vnetd.retry import Backoff, RegistryHealth
+from vnetd.spec import MeshSpec
+from vnetd.watcher import MemberView
+
+log = logging.getLogger("vnetd.claim")
+
+
+class ClaimHolder:
+    """Claims ``me.rank`` and keeps the claim alive."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        spec: MeshSpec,
+        me: Member,
+        health: RegistryHealth,
+        view: MemberView | None = None,
+    ) -> None:
+        self.registry = registry
+        self.spec = spec
+        self.me = me
+        self.health = health
+        self.view = view
+        self.lease = 0
+        self.claimed = trio.Event()
+        self.claims = 0
+        self.claimed_at: float | None = None
+
+    @property
+    def ttl(self) -> int:
+        return self.spec.registry.lease_ttl
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim, keep alive, and claim again whenever the lease is lost.
+
+        Cancellation: the lease is left as it is; call ``release`` to revoke it.
+        """
+        task_status.started()
+        while True:
+            await self._claim()
+            await self._keep_alive()
+            self.claimed = trio.Event()
+            log.warning("lease %x lost; claiming rank %d again", self.lease, self.me.rank)
+
+    async def release(self, timeout: float = 2.0) -> None:
+        """Revoke the lease so peers drop this rank at once. Bounded; never raises."""
+        if not self.lease:
+            return
+        with trio.move_on_after(timeout) as scope, trio.CancelScope(shield=True):
+            try:
+                await self.registry.revoke(self.lease)
+                log.info("lease revoked; rank %d released", self.me.rank)
+            except RegistryError as exc:
+                log.warning("could not revoke lease (peers drop us after the TTL): %s", exc)
+        if scope.cancelled_caught:
+            log.warning("revoking the lease timed out after %.0f s", timeout)
+        self.lease = 0
+
+    async def _claim(self) -> None:
+        backoff = Backoff()
+        waiting_on: str | None = None
+        while True:
+            try:
+                if not self.lease:
+                    self.lease = await self.registry.grant(self.ttl)
+                result = await try_claim(self.registry, self.spec, self.me, self.lease)
+                self.health.ok()
+            except RegistryUnavailable as exc:
+                self.health.failed("claim", exc)
+                await trio.sleep(backoff.next_delay())
+                continue
+            if isinstance(result, Claimed):
+                self.claims += 1
+                self.claimed_at = time.time()
+                how = "took over its own entry" if result.took_over else "created the entry"
+                log.info(
+                    "claimed rank %d as %s (%s, lease %x, ttl %d s)",
+                    self.me.rank, self.me.instance, how, self.lease, self.ttl,
+                )
+                self.claimed.set()
+                return
+            holder = result.holder.instance if result.holder else "an unreadable entry"
+            if holder != waiting_on:
+                log.warning(
+                    "rank %d is held by %s; waiting for its lease to end", self.me.rank, holder
+                )
+                waiting_on = holder
+            await trio.sleep(min(1.0, self.ttl / 3))
+
+    async def _keep_alive(self) -> None:
+        interval = self.ttl / 3
+        while True:
+            await trio.sleep(interval)
+            try:
+                remaining = await self.registry.keepalive(self.lease)
+                self.health.ok()
+            except RegistryUnavailable as exc:
+                self.health.failed("keepalive", exc)
+                continue
+            if remaining <= 0:
+                self.lease = 0
+                return
+            if self._entry_gone():
+                log.warning("rank %d's entry vanished from the registry", self.me.rank)
+                return
+
+    def _entry_gone(self) -> bool:
+        """True when the synced view shows our entry missing (deleted by hand, or
+        the registry lost it while our lease lived on)."""
+        if self.view is None or not self.view.synced or self.health.reachable is False:
+            return False
+        current = self.view.members.get(self.me.rank)
+        return current is None or current.public_key != self.me.public_key

@@ -1,0 +1,224 @@
+"""The daemon's root nursery: device, spec check, claim, watch, reconcile, shutdown.
+
+Start-up order: the device comes up first with the rank's fixed address,
+so the address exists even while the registry is still unreachable; then
+the stored spec is checked, the rank claimed, the members watched and the
+reconciler started. On SIGTERM or SIGINT the lease is revoked (peers drop
+this rank at once), wireguard-go is stopped and the link removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import trio
+
+from vnetd import __version__
+from vnetd.claim import ClaimHolder
+from vnetd.dataplane.base import Dataplane, DeviceConfig
+from vnetd.errors import RegistryUnavailable, VnetdError
+from vnetd.identity import (
+    load_or_create_key,
+    resolve_endpoint,
+    resolve_instance,
+    resolve_rank,
+)
+from vnetd.logs import set_rank
+from vnetd.membership import ensure_spec, spec_key
+from vnetd.model import Member
+from vnetd.reconciler import Reconciler
+from vnetd.registry.base import Registry
+from vnetd.retry import Backoff, RegistryHealth
+from vnetd.spec import MeshSpec, check_etcd_url, load_spec
+from vnetd.watcher import MemberView, sync_members
+
+log = logging.getLogger("vnetd.daemon")
+
+DataplaneFactory = Callable[[DeviceConfig], AbstractAsyncContextManager[Dataplane]]
+RegistryFactory = Callable[[MeshSpec], AbstractAsyncContextManager[Registry]]
+
+
+@dataclass
+class UpOptions:
+    config: Path
+    rank: str | None = None
+    etcd: list[str] = field(default_factory=list)
+    endpoint: str | None = None
+    state_dir: Path = Path("/var/lib/vnetd")
+    instance: str | None = None
+    dataplane: str = "userspace"
+    resync_interval: float = 30.0
+
+
+@dataclass
+class Running:
+    """What a started daemon exposes (to tests, status and health endpoints)."""
+
+    spec: MeshSpec
+    me: Member
+    view: MemberView
+    claim: ClaimHolder
+    reconciler: Reconciler
+    dataplane: Dataplane
+    health: RegistryHealth
+
+
+def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
+    """Resolve spec, identity and device config; every failure is a ``VnetdError``."""
+    spec = load_spec(opts.config)
+    if opts.etcd:
+        urls = tuple(check_etcd_url(url) for url in opts.etcd)
+        spec = replace(spec, registry=replace(spec.registry, endpoints=urls))
+    rank = resolve_rank(spec, opts.rank, env, socket.gethostname())
+    set_rank(rank)
+    keys = load_or_create_key(opts.state_dir)
+    needs_route = not opts.endpoint and not env.get("POD_IP")
+    endpoint = resolve_endpoint(
+        spec, opts.endpoint, env, default_route_address() if needs_route else None
+    )
+    me = Member(
+        rank=rank,
+        public_key=keys.public_key,
+        endpoint=endpoint,
+        instance=resolve_instance(opts.instance, env),
+        started=time.time(),
+        version=__version__,
+    )
+    config = DeviceConfig(
+        interface=spec.interface,
+        private_key=keys.private_key,
+        listen_port=_port_of(endpoint, spec.port),
+        address=spec.interface_address(rank),
+        network=spec.network,
+        mtu=spec.mtu,
+        persistent_keepalive=spec.persistent_keepalive,
+    )
+    return spec, me, config
+
+
+def _port_of(endpoint: str, default: int) -> int:
+    port = endpoint.rpartition(":")[2]
+    return int(port) if port.isdigit() else default
+
+
+def default_route_address() -> str | None:
+    """The first address of the interface that holds the IPv4 (else IPv6) default route."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for route in ipr.get_default_routes(family=family):
+                oif = route.get("RTA_OIF")
+                for addr in ipr.get_addr(family=family, index=oif):
+                    value = addr.get("IFA_ADDRESS")
+                    if value:
+                        return str(value)
+    return None
+
+
+async def run_daemon(
+    opts: UpOptions,
+    env: Mapping[str, str],
+    *,
+    open_dataplane: DataplaneFactory | None = None,
+    open_registry: RegistryFactory | None = None,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run until cancelled or signalled.
+
+    Raises:
+        VnetdError: bad input, a spec that differs from the registry's, or a
+            data plane that cannot be set up.
+    """
+    spec, me, config = await trio.to_thread.run_sync(prepare, opts, env)
+    open_dataplane = open_dataplane or _dataplane_factory(opts.dataplane)
+    open_registry = open_registry or _etcd_registry
+    log.info(
+        "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
+        me.rank, config.address, config.interface, me.endpoint, me.instance,
+        ",".join(spec.registry.endpoints),
+    )
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as root:
+            root.start_soon(_cancel_on_signal, signals, root.cancel_scope)
+            async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
+                log.info("device %s up with %s, mtu %d", config.interface, config.address, config.mtu)
+                await _serve(spec, me, registry, dataplane, opts, task_status)
+    log.info("stopped")
+
+
+async def _serve(
+    spec: MeshSpec,
+    me: Member,
+    registry: Registry,
+    dataplane: Dataplane,
+    opts: UpOptions,
+    task_status: trio.TaskStatus[Running],
+) -> None:
+    health = RegistryHealth()
+    await _check_spec(registry, spec, health)
+    view = MemberView()
+    claim = ClaimHolder(registry, spec, me, health, view)
+    reconciler = Reconciler(
+        spec, me.rank, me.public_key, view, dataplane, resync_interval=opts.resync_interval
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sync_members, registry, spec, view, health)
+            await nursery.start(claim.run)
+            await nursery.start(reconciler.run)
+            task_status.started(Running(spec, me, view, claim, reconciler, dataplane, health))
+    finally:
+        await claim.release()
+
+
+async def _check_spec(registry: Registry, spec: MeshSpec, health: RegistryHealth) -> None:
+    backoff = Backoff()
+    while True:
+        try:
+            stored = await ensure_spec(registry, spec)
+        except RegistryUnavailable as exc:
+            health.failed("spec check", exc)
+            await trio.sleep(backoff.next_delay())
+            continue
+        health.ok()
+        log.info("spec %s at %s", "stored" if stored else "matches the one", spec_key(spec))
+        return
+
+
+async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:
+    async for signum in signals:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        scope.cancel()
+        return
+
+
+def _dataplane_factory(kind: str) -> DataplaneFactory:
+    if kind == "userspace":
+        from vnetd.dataplane.uapi import open_uapi_dataplane
+
+        return open_uapi_dataplane
+    if kind == "fake":
+        from vnetd.dataplane.fake import open_fake_dataplane
+
+        return open_fake_dataplane
+    raise VnetdError(f"--dataplane: {kind!r} is not one of userspace, fake")
+
+
+@asynccontextmanager
+async def _etcd_registry(spec: MeshSpec) -> AsyncIterator[Registry]:
+    from vnetd.registry.etcd import EtcdRegistry
+
+    registry = EtcdRegistry(spec.registry.endpoints)
+    try:
+        yield registry
+    finally:
+        with trio.CancelScope(shield=True):
+            await registry.aclose()

@@ -1,0 +1,39 @@
+"""Errors a user can cause. The CLI prints the message on one line and exits 2."""
+
+from __future__ import annotations
+
+
+class VnetdError(Exception):
+    """Base of every error caused by input or environment, not by a bug."""
+
+
+class SpecError(VnetdError):
+    """The mesh spec is malformed; the message names the key."""
+
+
+class IdentityError(VnetdError):
+    """Rank, key or endpoint could not be determined."""
+
+
+class RegistryError(VnetdError):
+    """The registry refused a request or returned something unusable."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The registry could not be reached (connection refused, timeout, 5xx)."""
+
+
+class WatchCompacted(RegistryError):
+    """A watch asked for a revision the registry has already compacted."""
+
+    def __init__(self, compact_revision: int) -> None:
+        super().__init__(f"watch revision compacted (oldest available: {compact_revision})")
+        self.compact_revision = compact_revision
+
+
+class SpecMismatch(VnetdError):
+    """The spec stored in the registry differs from the local one."""
+
+
+class DataplaneError(VnetdError):
+    """The WireGuard device or its link could not be configured."""

@@ -1,0 +1,194 @@
+"""Member records in the registry: the key layout, the codec and the claim.
+
+Layout (DESIGN "Registry layout")::
+
+    <prefix>/<mesh>/spec            the [mesh] table as canonical JSON, create-if-absent
+    <prefix>/<mesh>/members/<rank>  a member record, bound to its daemon's lease
+
+The claim rules: create ``members/<rank>`` if absent; if present and its
+``instance`` is ours, the old process is gone and we take it over (a
+compare-and-swap on its mod revision); otherwise it is held by someone else
+and the caller waits for its deletion.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import asdict, dataclass
+from ipaddress import ip_address
+
+from vnetd.errors import RegistryError, SpecMismatch, VnetdError
+from vnetd.model import Member
+from vnetd.registry.base import KeyValue, Registry
+from vnetd.spec import MeshSpec
+
+
+class BadEntry(VnetdError):
+    """A registry entry that cannot be a member; skipped and counted, never fatal."""
+
+
+def mesh_prefix(spec: MeshSpec) -> str:
+    return f"{spec.registry.prefix}/{spec.name}/"
+
+
+def spec_key(spec: MeshSpec) -> str:
+    return f"{mesh_prefix(spec)}spec"
+
+
+def members_prefix(spec: MeshSpec) -> str:
+    return f"{mesh_prefix(spec)}members/"
+
+
+def member_key(spec: MeshSpec, rank: int) -> str:
+    return f"{members_prefix(spec)}{rank}"
+
+
+def encode_member(member: Member) -> bytes:
+    return json.dumps(asdict(member), sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
+    """Parse and check one ``members/<rank>`` entry.
+
+    Raises:
+        BadEntry: the message names the key and the field at fault.
+    """
+    suffix = key.removeprefix(members_prefix(spec))
+    if not suffix.isdigit() or (suffix != "0" and suffix.startswith("0")):
+        raise BadEntry(f"{key}: not a rank key")
+    rank = int(suffix)
+    if rank >= spec.size:
+        raise BadEntry(f"{key}: rank {rank} is out of range 0..{spec.size - 1}")
+    try:
+        record = json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        raise BadEntry(f"{key}: value is not JSON") from None
+    if not isinstance(record, dict):
+        raise BadEntry(f"{key}: value is not a JSON object")
+    if record.get("rank") != rank or isinstance(record.get("rank"), bool):
+        raise BadEntry(f"{key}: field rank={record.get('rank')!r} does not match the key")
+    return Member(
+        rank=rank,
+        public_key=_public_key(key, record.get("public_key")),
+        endpoint=_endpoint(key, record.get("endpoint")),
+        instance=_text(key, "instance", record.get("instance"), required=True),
+        started=_number(key, "started", record.get("started", 0.0)),
+        version=_text(key, "version", record.get("version", ""), required=False),
+    )
+
+
+def _public_key(key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise BadEntry(f"{key}: field public_key is missing or not a string")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadEntry(f"{key}: field public_key is not base64") from None
+    if len(raw) != 32:
+        raise BadEntry(f"{key}: field public_key is {len(raw)} bytes, not 32")
+    return value
+
+
+def _endpoint(key: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadEntry(f"{key}: field endpoint is not a string")
+    try:
+        return check_endpoint(value)
+    except ValueError as exc:
+        raise BadEntry(f"{key}: field endpoint: {exc}") from None
+
+
+def check_endpoint(value: str) -> str:
+    """Validate ``ip:port`` (``[ip6]:port``) and return it in canonical form.
+
+    Raises:
+        ValueError: with a message saying what is wrong.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT with a port in 1..65535")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        addr = ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        raise ValueError(f"{value!r}: {host!r} is not an IP address") from None
+    if addr.version == 6 and not bracketed:
+        raise ValueError(f"{value!r}: an IPv6 address needs brackets, as [{host}]:{port}")
+    return f"[{addr}]:{int(port)}" if addr.version == 6 else f"{addr}:{int(port)}"
+
+
+def _text(key: str, field: str, value: object, *, required: bool) -> str:
+    if not isinstance(value, str) or (required and not value) or len(value) > 253:
+        raise BadEntry(f"{key}: field {field} is missing, empty or not a string")
+    return value
+
+
+def _number(key: str, field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadEntry(f"{key}: field {field} is not a number")
+    return float(value)
+
+
+async def ensure_spec(registry: Registry, spec: MeshSpec) -> bool:
+    """Store the spec if absent; refuse to run if the stored one differs.
+
+    Returns:
+        True if this call stored it.
+
+    Raises:
+        SpecMismatch: naming the keys that differ.
+    """
+    existing = await registry.create(spec_key(spec), spec.canonical_json())
+    if existing is None:
+        return True
+    keys = spec.differing_keys(existing.value)
+    if keys:
+        try:
+            stored = json.loads(existing.value)
+            detail = ", ".join(
+                f"mesh.{k}: registry has {stored.get(k)!r}, local {spec.mesh_table().get(k)!r}"
+                for k in keys
+            )
+        except ValueError:
+            detail = "stored spec is not JSON"
+        raise SpecMismatch(
+            f"the spec stored at {spec_key(spec)} differs from the local one ({detail}); "
+            "every daemon of a mesh must use the same [mesh] table"
+        )
+    return False
+
+
+@dataclass(frozen=True)
+class Claimed:
+    took_over: bool
+
+
+@dataclass(frozen=True)
+class Held:
+    """The rank is held by another instance."""
+
+    holder: Member | None
+    entry: KeyValue
+
+
+async def try_claim(registry: Registry, spec: MeshSpec, me: Member, lease: int) -> Claimed | Held:
+    """One attempt at the claim rules for ``me.rank`` under ``lease``."""
+    key = member_key(spec, me.rank)
+    value = encode_member(me)
+    for _ in range(3):  # a lost compare-and-swap race is retried a few times
+        existing = await registry.create(key, value, lease)
+        if existing is None:
+            return Claimed(took_over=False)
+        try:
+            holder: Member | None = decode_member(spec, key, existing.value)
+        except BadEntry:
+            holder = None
+        if holder is None or holder.instance != me.instance:
+            return Held(holder, existing)
+        if await registry.replace(key, value, existing.mod_revision, lease):
+            return Claimed(took_over=True)
+    raise RegistryError(f"{key}: claim kept losing compare-and-swap races")

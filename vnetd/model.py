@@ -1,0 +1,96 @@
+"""Frozen, sortable records shared by the pure core and the adapters.
+
+Public keys are the standard base64 form that ``wg`` prints. Endpoints are
+``host:port`` with IPv6 hosts in brackets. Allowed IPs are CIDR strings,
+kept sorted so that equal records compare equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class Member:
+    """One rank's registration as read from the registry."""
+
+    rank: int
+    public_key: str
+    endpoint: str | None
+    instance: str
+    started: float = 0.0
+    version: str = ""
+
+
+@dataclass(frozen=True, order=True)
+class Peer:
+    """A WireGuard peer as vnetd wants it (or as a device reports it)."""
+
+    public_key: str
+    allowed_ips: tuple[str, ...]
+    endpoint: str | None = None
+    rank: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, order=True)
+class DevicePeer:
+    """A peer as the data plane reports it, with its live counters."""
+
+    public_key: str
+    allowed_ips: tuple[str, ...]
+    endpoint: str | None = None
+    last_handshake: float = 0.0
+    rx_bytes: int = 0
+    tx_bytes: int = 0
+
+    def as_peer(self) -> Peer:
+        return Peer(self.public_key, self.allowed_ips, self.endpoint)
+
+
+@dataclass(frozen=True, order=True)
+class PeerUpdate:
+    """A change to an existing peer; ``None`` fields are left as they are."""
+
+    public_key: str
+    endpoint: str | None = None
+    allowed_ips: tuple[str, ...] | None = None
+    old_allowed_ips: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to change on a device. Applied in the order remove, update, add.
+
+    ``remove`` carries the removed peers' last known allowed IPs so the data
+    plane can drop their routes.
+    """
+
+    remove: tuple[Peer, ...] = ()
+    update: tuple[PeerUpdate, ...] = ()
+    add: tuple[Peer, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.remove or self.update or self.add)
+
+    def __len__(self) -> int:
+        return len(self.remove) + len(self.update) + len(self.add)
+
+    def describe(self) -> str:
+        """One short line for the log: what changes, by rank where known."""
+        parts: list[str] = []
+        for peer in self.add:
+            parts.append(f"+{_label(peer)}")
+        for peer in self.remove:
+            parts.append(f"-{_label(peer)}")
+        for upd in self.update:
+            what = []
+            if upd.endpoint is not None:
+                what.append(f"endpoint={upd.endpoint}")
+            if upd.allowed_ips is not None:
+                what.append(f"allowed_ips={','.join(upd.allowed_ips)}")
+            parts.append(f"~{upd.public_key[:8]}({' '.join(what)})")
+        return " ".join(parts) if parts else "no change"
+
+
+def _label(peer: Peer) -> str:
+    return f"rank{peer.rank}" if peer.rank is not None else peer.public_key[:8]

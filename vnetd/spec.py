@@ -1,0 +1,307 @@
+"""The mesh spec: a small TOML file from which every address is derived.
+
+The address plan is a pure function of the spec: rank ``r`` owns host
+number ``offset + r`` of ``network``. Everything the consumers need (Flux
+bootstrap config, ``/etc/hosts``, MPI host files) can therefore be written
+before any pod exists. ``docs/spec.md`` documents every key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from ipaddress import (
+    IPv4Address,
+    IPv4Interface,
+    IPv4Network,
+    IPv6Address,
+    IPv6Interface,
+    IPv6Network,
+    ip_network,
+)
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from vnetd.errors import SpecError
+
+IPAddress = IPv4Address | IPv6Address
+IPNetwork = IPv4Network | IPv6Network
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9.-]*$")
+
+
+@dataclass(frozen=True)
+class RegistrySpec:
+    endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    prefix: str = "/vnetd"
+    lease_ttl: int = 10
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """A validated spec. Build it with ``load_spec`` or ``parse_spec``."""
+
+    name: str
+    size: int
+    network: IPNetwork
+    port: int = 51820
+    interface: str = "vnet0"
+    mtu: int = 1420
+    hostname: str = "{name}-{rank}"
+    offset: int = 1
+    persistent_keepalive: int = 0
+    registry: RegistrySpec = RegistrySpec()
+
+    def address(self, rank: int) -> IPAddress:
+        """The fixed overlay address of ``rank``."""
+        self.check_rank(rank)
+        return self.network.network_address + self.offset + rank
+
+    def interface_address(self, rank: int) -> IPv4Interface | IPv6Interface:
+        """The rank's address with the network's prefix length."""
+        addr = self.address(rank)
+        if isinstance(addr, IPv4Address):
+            return IPv4Interface(f"{addr}/{self.network.prefixlen}")
+        return IPv6Interface(f"{addr}/{self.network.prefixlen}")
+
+    def allowed_ips(self, rank: int) -> tuple[str, ...]:
+        """The allowed IPs a peer of ``rank`` gets: its address as a host route."""
+        addr = self.address(rank)
+        return (f"{addr}/{addr.max_prefixlen}",)
+
+    def host(self, rank: int) -> str:
+        """The hostname of ``rank`` from the spec's pattern."""
+        self.check_rank(rank)
+        return self.hostname.replace("{name}", self.name).replace("{rank}", str(rank))
+
+    def rank_of_host(self, hostname: str) -> int | None:
+        """The rank whose hostname is ``hostname`` (or its first label), else None."""
+        pattern = re.escape(self.hostname.replace("{name}", self.name))
+        pattern = pattern.replace(re.escape("{rank}"), r"(0|[1-9][0-9]*)")
+        for candidate in (hostname, hostname.split(".", 1)[0]):
+            match = re.fullmatch(pattern, candidate)
+            if match:
+                rank = int(match.group(1))
+                return rank if rank < self.size else None
+        return None
+
+    def check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.size:
+            raise SpecError(f"rank {rank} is out of range: the mesh has ranks 0..{self.size - 1}")
+
+    def mesh_table(self) -> dict[str, Any]:
+        """The ``[mesh]`` table with defaults filled in, as JSON-ready values."""
+        table = asdict(self)
+        del table["registry"]
+        table["network"] = str(self.network)
+        return table
+
+    def canonical_json(self) -> bytes:
+        """The form stored in the registry: every daemon of a mesh must agree on it."""
+        return json.dumps(self.mesh_table(), sort_keys=True, separators=(",", ":")).encode()
+
+    def differing_keys(self, stored: bytes) -> list[str]:
+        """Keys of ``[mesh]`` whose stored value differs from ours (sorted)."""
+        try:
+            other = json.loads(stored)
+        except ValueError:
+            return ["<unparseable>"]
+        if not isinstance(other, dict):
+            return ["<unparseable>"]
+        mine = self.mesh_table()
+        return sorted(k for k in mine.keys() | other.keys() if mine.get(k) != other.get(k))
+
+
+_MESH_KEYS: dict[str, type] = {
+    "name": str,
+    "size": int,
+    "network": str,
+    "port": int,
+    "interface": str,
+    "mtu": int,
+    "hostname": str,
+    "offset": int,
+    "persistent_keepalive": int,
+}
+_REGISTRY_KEYS: dict[str, type] = {"endpoints": list, "prefix": str, "lease_ttl": int}
+_REQUIRED = ("name", "size", "network")
+
+
+def load_spec(path: Path | str) -> MeshSpec:
+    """Read and validate a spec file.
+
+    Raises:
+        SpecError: the file is missing, not TOML, or invalid; the message
+            names the file and the key.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_spec(data)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+
+
+def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
+    """Validate a parsed TOML document into a ``MeshSpec``."""
+    unknown = sorted(set(data) - {"mesh", "registry"})
+    if unknown:
+        raise SpecError(f"unknown table or key {unknown[0]!r} (known: [mesh], [registry])")
+    mesh = _table(data, "mesh")
+    registry = _table(data, "registry")
+    _check_keys("mesh", mesh, _MESH_KEYS)
+    _check_keys("registry", registry, _REGISTRY_KEYS)
+    for key in _REQUIRED:
+        if key not in mesh:
+            raise SpecError(f"mesh.{key}: missing (required)")
+
+    name = _name(mesh["name"])
+    size = _int_in("mesh.size", mesh["size"], 1, 1 << 20)
+    network = _network(mesh["network"])
+    offset = _int_in("mesh.offset", mesh.get("offset", 1), 0, 1 << 32)
+    _check_fits(size, offset, network)
+    port = _int_in("mesh.port", mesh.get("port", 51820), 1, 65535)
+    interface = str(mesh.get("interface", "vnet0"))
+    if not _IFNAME.fullmatch(interface):
+        raise SpecError(
+            f"mesh.interface: {interface!r} is not a valid interface name "
+            "(1-15 characters of letters, digits, '_', '.', '-')"
+        )
+    min_mtu = 1280 if network.version == 6 else 576
+    mtu = _int_in("mesh.mtu", mesh.get("mtu", 1420), min_mtu, 65535)
+    hostname = _hostname(str(mesh.get("hostname", "{name}-{rank}")))
+    keepalive = _int_in("mesh.persistent_keepalive", mesh.get("persistent_keepalive", 0), 0, 65535)
+
+    return MeshSpec(
+        name=name,
+        size=size,
+        network=network,
+        port=port,
+        interface=interface,
+        mtu=mtu,
+        hostname=hostname,
+        offset=offset,
+        persistent_keepalive=keepalive,
+        registry=_registry(registry),
+    )
+
+
+def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, Mapping):
+        raise SpecError(f"{name}: expected a table [{name}], got {_kind(table)}")
+    return table
+
+
+def _check_keys(table: str, values: Mapping[str, Any], known: Mapping[str, type]) -> None:
+    for key, value in values.items():
+        if key not in known:
+            raise SpecError(f"{table}.{key}: unknown key (known: {', '.join(sorted(known))})")
+        expected = known[key]
+        if isinstance(value, bool) or not isinstance(value, expected):
+            raise SpecError(
+                f"{table}.{key}: expected {_TYPE_NAMES[expected]}, got {_kind(value)}"
+            )
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", list: "an array"}
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, Mapping):
+        return "a table"
+    for typ, name in _TYPE_NAMES.items():
+        if isinstance(value, typ):
+            return name
+    return type(value).__name__
+
+
+def _int_in(key: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise SpecError(f"{key}: {value} is out of range ({low}..{high})")
+    return value
+
+
+def _name(value: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise SpecError(
+            f"mesh.name: {value!r} is not a DNS label "
+            "(lowercase letters, digits and '-', at most 63, no leading or trailing '-')"
+        )
+    return value
+
+
+def _network(value: str) -> IPNetwork:
+    try:
+        return ip_network(value, strict=True)
+    except ValueError as exc:
+        raise SpecError(f"mesh.network: {value!r} is not a network in CIDR form: {exc}") from None
+
+
+def _check_fits(size: int, offset: int, network: IPNetwork) -> None:
+    # IPv4 keeps the broadcast address free; IPv6 has none.
+    last_usable = network.num_addresses - (2 if network.version == 4 else 1)
+    if offset + size - 1 > last_usable:
+        room = max(0, last_usable - offset + 1)
+        raise SpecError(
+            f"mesh.size: {size} ranks do not fit in {network} with offset {offset} "
+            f"(room for {room}); use a larger network or a smaller size"
+        )
+
+
+def _hostname(value: str) -> str:
+    if "{rank}" not in value:
+        raise SpecError(f"mesh.hostname: {value!r} has no '{{rank}}' placeholder")
+    rest = value.replace("{rank}", "").replace("{name}", "")
+    if "{" in rest or "}" in rest or not _HOSTNAME.fullmatch(rest):
+        raise SpecError(
+            f"mesh.hostname: {value!r} may hold only letters, digits, '.', '-', "
+            "and the placeholders {rank} and {name}"
+        )
+    return value
+
+
+def _registry(table: Mapping[str, Any]) -> RegistrySpec:
+    endpoints = table.get("endpoints", list(RegistrySpec.endpoints))
+    if not endpoints:
+        raise SpecError("registry.endpoints: empty; give at least one etcd URL")
+    for url in endpoints:
+        _check_url(url)
+    prefix = table.get("prefix", RegistrySpec.prefix)
+    if not prefix.startswith("/") or prefix.endswith("/") and prefix != "/":
+        raise SpecError(f"registry.prefix: {prefix!r} must start with '/' and not end with '/'")
+    ttl = _int_in("registry.lease_ttl", table.get("lease_ttl", RegistrySpec.lease_ttl), 2, 3600)
+    return RegistrySpec(endpoints=tuple(endpoints), prefix=prefix.rstrip("/"), lease_ttl=ttl)
+
+
+def _check_url(url: object) -> None:
+    if not isinstance(url, str):
+        raise SpecError(f"registry.endpoints: expected strings, got {_kind(url)}")
+    check_etcd_url(url, key="registry.endpoints")
+
+
+def check_etcd_url(url: str, key: str = "--etcd") -> str:
+    """Validate an etcd client URL (``http://host:port``); returns it."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SpecError(f"{key}: {url!r} is not an etcd URL like http://127.0.0.1:2379")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise SpecError(f"{key}: {url!r} has an invalid port") from None
+    return url
