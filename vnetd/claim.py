@@ -42,6 +42,7 @@ class ClaimHolder:
         self.health = health
         self.view = view
         self.lease = 0
+        self._renewed_at = 0.0
         self.claimed = trio.Event()
         self.claims = 0
         self.claimed_at: float | None = None
@@ -62,7 +63,7 @@ class ClaimHolder:
             self.claimed = trio.Event()
             log.warning("lease %x lost; claiming rank %d again", self.lease, self.me.rank)
 
-    async def release(self, timeout: float = 2.0) -> None:
+    async def release(self, timeout: float = 2.0) -> None:  # noqa: ASYNC109 (a bounded cleanup)
         """Revoke the lease so peers drop this rank at once. Bounded; never raises."""
         if not self.lease:
             return
@@ -81,12 +82,16 @@ class ClaimHolder:
         waiting_on: str | None = None
         while True:
             try:
-                if not self.lease:
-                    self.lease = await self.registry.grant(self.ttl)
+                await self._fresh_lease()
                 result = await try_claim(self.registry, self.spec, self.me, self.lease)
                 self.health.ok()
             except RegistryUnavailable as exc:
                 self.health.failed("claim", exc)
+                await trio.sleep(backoff.next_delay())
+                continue
+            except RegistryError as exc:  # e.g. the lease vanished between calls
+                log.warning("claim of rank %d refused: %s; retrying", self.me.rank, exc)
+                self.lease = 0
                 await trio.sleep(backoff.next_delay())
                 continue
             if isinstance(result, Claimed):
@@ -95,7 +100,11 @@ class ClaimHolder:
                 how = "took over its own entry" if result.took_over else "created the entry"
                 log.info(
                     "claimed rank %d as %s (%s, lease %x, ttl %d s)",
-                    self.me.rank, self.me.instance, how, self.lease, self.ttl,
+                    self.me.rank,
+                    self.me.instance,
+                    how,
+                    self.lease,
+                    self.ttl,
                 )
                 self.claimed.set()
                 return
@@ -106,6 +115,17 @@ class ClaimHolder:
                 )
                 waiting_on = holder
             await trio.sleep(min(1.0, self.ttl / 3))
+
+    async def _fresh_lease(self) -> None:
+        """Make sure ``self.lease`` is alive: a wait on a holder can outlast it."""
+        now = trio.current_time()
+        if self.lease and now - self._renewed_at > self.ttl / 3:
+            if await self.registry.keepalive(self.lease) <= 0:
+                self.lease = 0
+            self._renewed_at = now
+        if not self.lease:
+            self.lease = await self.registry.grant(self.ttl)
+            self._renewed_at = now
 
     async def _keep_alive(self) -> None:
         interval = self.ttl / 3

@@ -21,7 +21,7 @@ from vnetd.logs import setup_logging
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vnetd",
-        description="Rank-addressed WireGuard overlay: fixed addresses that work in any start order.",
+        description="Rank-addressed WireGuard overlay: fixed addresses, any start order.",
     )
     parser.add_argument("--version", action="version", version=f"vnetd {__version__}")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
@@ -29,29 +29,62 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run the daemon for one rank")
     up.add_argument("--config", required=True, type=Path, help="the mesh spec (TOML)")
-    up.add_argument("--rank", help="this daemon's rank (else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)")
-    up.add_argument("--etcd", action="append", default=[], metavar="URL",
-                    help="etcd client URL; repeat for several (overrides registry.endpoints)")
-    up.add_argument("--endpoint", metavar="HOST:PORT",
-                    help="underlay endpoint peers send to (else POD_IP:port, else default-route address)")
-    up.add_argument("--state-dir", type=Path, default=Path("/var/lib/vnetd"),
-                    help="where the private key is kept (default /var/lib/vnetd)")
-    up.add_argument("--instance", help="the name that owns the claim (else POD_NAME, else hostname)")
-    up.add_argument("--dataplane", default="userspace", choices=["userspace", "fake"],
-                    help="userspace = wireguard-go (default); fake = in memory, for scale tests")
-    up.add_argument("--resync-interval", type=float, default=30.0, metavar="SECONDS",
-                    help="full reconcile with no event at least this often (default 30)")
+    up.add_argument(
+        "--rank", help="this daemon's rank (else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)"
+    )
+    up.add_argument(
+        "--etcd",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="etcd client URL; repeat for several (overrides registry.endpoints)",
+    )
+    up.add_argument(
+        "--endpoint",
+        metavar="HOST:PORT",
+        help="underlay endpoint peers send to (else POD_IP:port, else default-route address)",
+    )
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("/var/lib/vnetd"),
+        help="where the private key is kept (default /var/lib/vnetd)",
+    )
+    up.add_argument(
+        "--instance", help="the name that owns the claim (else POD_NAME, else hostname)"
+    )
+    up.add_argument(
+        "--dataplane",
+        default="userspace",
+        choices=["userspace", "fake"],
+        help="userspace = wireguard-go (default); fake = in memory, for scale tests",
+    )
+    up.add_argument(
+        "--resync-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="full reconcile with no event at least this often (default 30)",
+    )
 
     plan = sub.add_parser("plan", help="print the address plan of a spec")
     plan.add_argument("--config", required=True, type=Path)
 
     demo = sub.add_parser("demo", help="build a lab of N pods and watch the mesh form")
     demo.add_argument("--ranks", type=int, default=8, help="number of ranks (default 8)")
-    demo.add_argument("--max-gap", type=float, default=2.0,
-                      help="random gap between starts, 0..SECONDS (default 2)")
+    demo.add_argument(
+        "--max-gap",
+        type=float,
+        default=2.0,
+        help="random gap between starts, 0..SECONDS (default 2)",
+    )
     demo.add_argument("--seed", type=int, help="seed for the start order and gaps")
-    demo.add_argument("--timeout", type=float, default=120.0,
-                      help="give up if the mesh is not full this long after the last start")
+    demo.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="give up if the mesh is not full this long after the last start",
+    )
     return parser
 
 

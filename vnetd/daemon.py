@@ -13,8 +13,8 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -142,16 +142,38 @@ async def run_daemon(
     open_registry = open_registry or _etcd_registry
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
-        me.rank, config.address, config.interface, me.endpoint, me.instance,
+        me.rank,
+        config.address,
+        config.interface,
+        me.endpoint,
+        me.instance,
         ",".join(spec.registry.endpoints),
     )
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with _plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as root:
             root.start_soon(_cancel_on_signal, signals, root.cancel_scope)
             async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
-                log.info("device %s up with %s, mtu %d", config.interface, config.address, config.mtu)
+                log.info(
+                    "device %s up with %s, mtu %d", config.interface, config.address, config.mtu
+                )
                 await _serve(spec, me, registry, dataplane, opts, task_status)
     log.info("stopped")
+
+
+@contextmanager
+def _plain_errors() -> Iterator[None]:
+    """Re-raise a ``VnetdError`` out of nested nurseries' exception groups, so the
+    CLI can print its one line instead of a group traceback."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(VnetdError)
+        if matched is None or rest is not None:
+            raise
+        error: BaseException = matched
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+        raise error from None
 
 
 async def _serve(

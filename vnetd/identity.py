@@ -61,14 +61,14 @@ def resolve_rank(spec: MeshSpec, flag: str | None, env: Mapping[str, str], hostn
                 f"0..{spec.size - 1}"
             )
         return rank
-    rank = spec.rank_of_host(hostname)
-    if rank is None:
+    from_host = spec.rank_of_host(hostname)
+    if from_host is None:
         example = spec.host(0)
         raise IdentityError(
             "no rank: give --rank, or set VNETD_RANK or JOB_COMPLETION_INDEX, or run on a "
             f"host named like {example!r} (this host is {hostname!r})"
         )
-    return rank
+    return from_host
 
 
 def resolve_instance(flag: str | None, env: Mapping[str, str]) -> str:

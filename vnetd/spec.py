@@ -212,9 +212,7 @@ def _check_keys(table: str, values: Mapping[str, Any], known: Mapping[str, type]
             raise SpecError(f"{table}.{key}: unknown key (known: {', '.join(sorted(known))})")
         expected = known[key]
         if isinstance(value, bool) or not isinstance(value, expected):
-            raise SpecError(
-                f"{table}.{key}: expected {_TYPE_NAMES[expected]}, got {_kind(value)}"
-            )
+            raise SpecError(f"{table}.{key}: expected {_TYPE_NAMES[expected]}, got {_kind(value)}")
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", list: "an array"}

@@ -1,0 +1,371 @@
+"""One contract for every Dataplane: the in-memory fake and wireguard-go over UAPI.
+
+The uapi cases need root and wireguard-go. Each runs its device in a network
+namespace the test creates (and deletes, also on failure), under a unique
+interface name so that ``/run/wireguard/<ifname>.sock`` cannot collide.
+Overlay 10.250.0.0/16; underlay endpoints in 198.18.0.0/15 exist only as
+configuration inside those namespaces, which have no route to them.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
+from dataclasses import dataclass
+from ipaddress import ip_interface, ip_network
+
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
+from vnetd.dataplane.base import Dataplane, DeviceConfig
+from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
+from vnetd.dataplane.uapi import UapiDataplane, open_uapi_dataplane
+from vnetd.errors import DataplaneError
+from vnetd.model import Peer, PeerUpdate, Plan
+
+NETWORK = "10.250.0.0/16"
+_names = itertools.count(1)
+
+needs_lab = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("wireguard-go") is None or shutil.which("ip") is None,
+    reason="needs root, ip and wireguard-go",
+)
+
+
+def _private_key() -> X25519PrivateKey:
+    return X25519PrivateKey.generate()
+
+
+def _b64_private(key: X25519PrivateKey) -> str:
+    raw = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    return base64.b64encode(raw).decode()
+
+
+def public_key() -> str:
+    raw = _private_key().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def device_config(n: int) -> DeviceConfig:
+    return DeviceConfig(
+        interface=f"vnt{os.getpid() % 100000}x{n}",
+        private_key=_b64_private(_private_key()),
+        listen_port=51820,
+        address=ip_interface("10.250.0.1/16"),
+        network=ip_network(NETWORK),
+        mtu=1420,
+    )
+
+
+@dataclass
+class Device:
+    """A data plane under test plus what the contract needs to look behind it."""
+
+    kind: str
+    dp: Dataplane
+    config: DeviceConfig
+    netns: str | None = None
+
+    async def unreachable(self) -> set[str]:
+        if isinstance(self.dp, FakeDataplane):
+            return set(self.dp.unreachable)
+        assert self.netns is not None
+        routes = await ip_json("-n", self.netns, "route", "show", "type", "unreachable")
+        return {r["dst"] for r in routes}
+
+    def transactions(self, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+        """Record the device transactions from now on."""
+        seen: list[object] = []
+        if isinstance(self.dp, FakeDataplane):
+            self.dp.applied.clear()
+            return self.dp.applied  # type: ignore[return-value]
+        assert isinstance(self.dp, UapiDataplane)
+        original = self.dp.uapi.set
+
+        async def counting_set(lines: list[tuple[str, str]]) -> None:
+            seen.append(lines)
+            await original(lines)
+
+        monkeypatch.setattr(self.dp.uapi, "set", counting_set)
+        return seen
+
+
+async def ip_json(*args: str) -> list[dict[str, object]]:
+    result = await trio.run_process(["ip", "-j", *args], capture_stdout=True)
+    return json.loads(result.stdout or b"[]")  # type: ignore[no-any-return]
+
+
+@contextmanager
+def namespace() -> Iterator[str]:
+    """A fresh network namespace, deleted on exit whatever happened."""
+    name = f"vnct-{os.getpid()}-{next(_names)}"
+    os.makedirs("/run/wireguard", exist_ok=True)
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=10)
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    with namespace() as name:
+        yield name
+
+
+@pytest.fixture(params=["fake", pytest.param("uapi", marks=needs_lab)])
+def kind(request: pytest.FixtureRequest) -> str:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def device_netns(kind: str) -> Iterator[str | None]:
+    if kind == "fake":
+        yield None
+        return
+    with namespace() as name:
+        yield name
+
+
+def open_device(kind: str, config: DeviceConfig, ns: str | None) -> AbstractAsyncContextManager[
+    FakeDataplane | UapiDataplane
+]:
+    if kind == "fake":
+        return open_fake_dataplane(config)
+    return open_uapi_dataplane(config, netns=ns)
+
+
+@pytest.fixture
+async def device(kind: str, device_netns: str | None) -> AsyncIterator[Device]:
+    config = device_config(next(_names))
+    with trio.fail_after(30):
+        async with open_device(kind, config, device_netns) as dp:
+            yield Device(kind, dp, config, device_netns)
+
+
+@pytest.fixture
+async def uapi_device(netns: str) -> AsyncIterator[Device]:
+    config = device_config(next(_names))
+    with trio.fail_after(30):
+        async with open_uapi_dataplane(config, netns=netns) as dp:
+            yield Device("uapi", dp, config, netns)
+
+
+A_IP, B_IP = "10.250.0.2/32", "10.250.0.3/32"
+
+
+def two_peers() -> tuple[Peer, Peer]:
+    return (
+        Peer(public_key(), (A_IP,), "198.18.0.2:51820", rank=1),
+        Peer(public_key(), (B_IP,), "198.18.0.3:51820", rank=2),
+    )
+
+
+# --- the contract, for every data plane -------------------------------------------------
+
+
+async def test_fresh_device_has_no_peers_and_only_the_unreachable_route(device: Device) -> None:
+    with trio.fail_after(10):
+        assert await device.dp.peers() == {}
+        assert await device.dp.routes() == set()
+        assert await device.unreachable() == {NETWORK}
+
+
+async def test_add_two_peers(device: Device) -> None:
+    a, b = two_peers()
+    with trio.fail_after(10):
+        await device.dp.apply(Plan(add=(a, b)))
+        peers = await device.dp.peers()
+        assert {k: p.as_peer() for k, p in peers.items()} == {
+            a.public_key: Peer(a.public_key, (A_IP,), "198.18.0.2:51820"),
+            b.public_key: Peer(b.public_key, (B_IP,), "198.18.0.3:51820"),
+        }
+        assert await device.dp.routes() == {A_IP, B_IP}
+
+
+async def test_update_endpoint_leaves_the_other_peer_untouched(device: Device) -> None:
+    a, b = two_peers()
+    with trio.fail_after(10):
+        await device.dp.apply(Plan(add=(a, b)))
+        before = await device.dp.peers()
+        await device.dp.apply(Plan(update=(PeerUpdate(a.public_key, "198.18.1.2:51821"),)))
+        after = await device.dp.peers()
+        assert after[b.public_key] == before[b.public_key]
+        assert after[a.public_key].endpoint == "198.18.1.2:51821"
+        assert after[a.public_key].allowed_ips == (A_IP,)
+        assert await device.dp.routes() == {A_IP, B_IP}
+
+
+async def test_remove_peer_takes_its_route(device: Device) -> None:
+    a, b = two_peers()
+    with trio.fail_after(10):
+        await device.dp.apply(Plan(add=(a, b)))
+        await device.dp.apply(Plan(remove=(a,)))
+        assert set(await device.dp.peers()) == {b.public_key}
+        assert await device.dp.routes() == {B_IP}
+        await device.dp.apply(Plan(remove=(a,)))  # again: a no-op
+        assert await device.dp.routes() == {B_IP}
+
+
+async def test_allowed_ip_moves_between_peers(device: Device) -> None:
+    a, b = two_peers()
+    with trio.fail_after(10):
+        await device.dp.apply(Plan(add=(a, b)))
+        # Giving A's address to B takes it from A, as WireGuard does.
+        move = PeerUpdate(b.public_key, allowed_ips=(A_IP, B_IP), old_allowed_ips=(B_IP,))
+        await device.dp.apply(Plan(update=(move,)))
+        peers = await device.dp.peers()
+        assert peers[a.public_key].allowed_ips == ()
+        assert peers[b.public_key].allowed_ips == (A_IP, B_IP)
+        # Removing A with its stale allowed IPs must not drop B's route.
+        await device.dp.apply(Plan(remove=(a,)))
+        assert await device.dp.routes() == {A_IP, B_IP}
+        # A new peer added with B's address takes it.
+        c = Peer(public_key(), (B_IP,), None, rank=3)
+        await device.dp.apply(Plan(add=(c,)))
+        peers = await device.dp.peers()
+        assert peers[b.public_key].allowed_ips == (A_IP,)
+        assert peers[c.public_key].allowed_ips == (B_IP,)
+        assert await device.dp.routes() == {A_IP, B_IP}
+
+
+async def test_plan_is_applied_as_one_transaction(
+    device: Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = two_peers()
+    c = Peer(public_key(), ("10.250.0.4/32",), "198.18.0.4:51820", rank=3)
+    with trio.fail_after(10):
+        await device.dp.apply(Plan(add=(a, b)))
+        seen = device.transactions(monkeypatch)
+        plan = Plan(
+            remove=(a,),
+            update=(PeerUpdate(b.public_key, "198.18.1.3:51820"),),
+            add=(c,),
+        )
+        await device.dp.apply(plan)
+        await device.dp.apply(Plan())  # empty: nothing sent
+        assert len(seen) == 1
+        peers = await device.dp.peers()
+        assert set(peers) == {b.public_key, c.public_key}
+        assert peers[b.public_key].endpoint == "198.18.1.3:51820"
+        assert await device.dp.routes() == {B_IP, "10.250.0.4/32"}
+
+
+async def test_bad_public_key_is_refused(device: Device) -> None:
+    with trio.fail_after(10), pytest.raises(DataplaneError, match="public_key"):
+        await device.dp.apply(Plan(add=(Peer("not-a-key", (A_IP,)),)))
+
+
+# --- wireguard-go only ------------------------------------------------------------------
+
+
+@needs_lab
+async def test_address_has_no_prefix_route(uapi_device: Device) -> None:
+    ns, ifname = uapi_device.netns, uapi_device.config.interface
+    assert ns is not None
+    with trio.fail_after(10):
+        links = await ip_json("-n", ns, "addr", "show", "dev", ifname)
+        (inet,) = [a for a in links[0]["addr_info"] if a["family"] == "inet"]  # type: ignore[index,union-attr]
+        assert (inet["local"], inet["prefixlen"]) == ("10.250.0.1", 16)
+        assert inet.get("noprefixroute") is True
+        assert links[0]["mtu"] == 1420
+        routes = await ip_json("-n", ns, "route", "show", "table", "main")
+        assert [(r.get("type"), r["dst"]) for r in routes] == [("unreachable", NETWORK)]
+
+
+_CONNECT = """
+import socket, sys, time
+s = socket.socket(); s.settimeout(float(sys.argv[2])); t = time.monotonic()
+try:
+    s.connect((sys.argv[1], 80)); print("connected")
+except OSError as e:
+    print(type(e).__name__, e.errno, round(time.monotonic() - t, 3))
+"""
+
+
+async def connect_in(ns: str, address: str, connect_timeout: float) -> list[str]:
+    cmd = [
+        "ip", "netns", "exec", ns, sys.executable, "-c", _CONNECT, address, str(connect_timeout)
+    ]
+    result = await trio.run_process(cmd, capture_stdout=True)
+    return result.stdout.decode().split()
+
+
+@needs_lab
+async def test_absent_rank_fails_fast_present_rank_is_routed(uapi_device: Device) -> None:
+    ns = uapi_device.netns
+    assert ns is not None
+    with trio.fail_after(15):
+        name, code, elapsed = await connect_in(ns, "10.250.0.77", 2.0)
+        assert (name, int(code)) == ("OSError", errno.EHOSTUNREACH)
+        assert float(elapsed) < 0.5
+        # A present peer (no endpoint: nothing leaves the namespace) is routed to
+        # the device, where wireguard-go drops the SYN: a timeout, not an error.
+        peer = Peer(public_key(), ("10.250.0.9/32",), None, rank=8)
+        await uapi_device.dp.apply(Plan(add=(peer,)))
+        name, _, _ = await connect_in(ns, "10.250.0.9", 0.3)
+        assert name == "TimeoutError"
+
+
+@needs_lab
+async def test_exit_stops_wireguard_go_and_removes_the_link(netns: str) -> None:
+    config = device_config(next(_names))
+    with trio.fail_after(20):
+        async with open_uapi_dataplane(config, netns=netns) as dp:
+            pid = dp.pid
+            os.kill(pid, 0)  # alive
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        links = await ip_json("-n", netns, "link", "show")
+        assert [link["ifname"] for link in links] == ["lo"]
+        assert await ip_json("-n", netns, "route", "show", "table", "main") == []
+        assert not await trio.Path(f"/run/wireguard/{config.interface}.sock").exists()
+
+
+@needs_lab
+async def test_wireguard_go_death_raises_dataplane_error(netns: str) -> None:
+    config = device_config(next(_names))
+
+    async def kill_it() -> None:
+        async with open_uapi_dataplane(config, netns=netns) as dp:
+            os.kill(dp.pid, 9)
+            await trio.sleep(10)  # cancelled by the supervisor
+
+    with trio.fail_after(20):
+        with pytest.raises(DataplaneError, match="exited unexpectedly with code -9"):
+            await kill_it()
+        assert not await trio.Path(f"/run/wireguard/{config.interface}.sock").exists()
+        assert await ip_json("-n", netns, "route", "show", "table", "main") == []
+
+
+@needs_lab
+@pytest.mark.parametrize("after", [0.0, 0.05, 1.0], ids=["at-start", "starting", "running"])
+async def test_cancellation_cleans_up(netns: str, after: float) -> None:
+    config = device_config(next(_names))
+    pids: list[int] = []
+    with trio.fail_after(20):
+        with trio.move_on_after(after):
+            async with open_uapi_dataplane(config, netns=netns) as dp:
+                pids.append(dp.pid)
+                await trio.sleep_forever()
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        links = await ip_json("-n", netns, "link", "show")
+        assert [link["ifname"] for link in links] == ["lo"]
+        assert await ip_json("-n", netns, "route", "show", "table", "main") == []

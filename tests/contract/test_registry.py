@@ -1,0 +1,249 @@
+"""The ``Registry`` contract: every implementation must pass all of it.
+
+Each test runs against ``MemoryRegistry`` (virtual time) and ``EtcdRegistry``
+on a real etcd at 127.0.0.1 (real time); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+import trio.testing
+
+from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
+from vnetd.lab.etcd import run_etcd
+from vnetd.registry.base import Registry, WatchEvent
+from vnetd.registry.etcd import EtcdRegistry
+
+if TYPE_CHECKING:
+    from tests.contract.conftest import Backend
+
+BOUND = 10.0  # seconds; etcd's lease expiry takes up to ~2 s of real time
+
+
+async def take(events: AsyncIterator[WatchEvent], count: int) -> list[WatchEvent]:
+    """The next ``count`` events, failing after ``BOUND`` s."""
+    taken: list[WatchEvent] = []
+    with trio.fail_after(BOUND):
+        async for event in events:
+            taken.append(event)
+            if len(taken) == count:
+                break
+    return taken
+
+
+async def test_create_if_absent(registry: Registry) -> None:
+    with trio.fail_after(BOUND):
+        assert await registry.create("m/spec", b"one") is None
+        created = await registry.get("m/spec")
+        assert created is not None
+        assert (created.key, created.value, created.lease) == ("m/spec", b"one", 0)
+        assert created.create_revision == created.mod_revision > 0
+
+        existing = await registry.create("m/spec", b"two")
+        assert existing == created
+        assert await registry.get("m/spec") == created
+        assert await registry.get("m/absent") is None
+
+
+async def test_replace_checks_mod_revision(registry: Registry) -> None:
+    with trio.fail_after(BOUND):
+        await registry.create("m/k", b"v1")
+        first = await registry.get("m/k")
+        assert first is not None
+
+        assert await registry.replace("m/k", b"v2", first.mod_revision)
+        second = await registry.get("m/k")
+        assert second is not None
+        assert second.value == b"v2"
+        assert second.create_revision == first.create_revision
+        assert second.mod_revision > first.mod_revision
+
+        assert not await registry.replace("m/k", b"v3", first.mod_revision)
+        assert await registry.get("m/k") == second
+
+
+async def test_list_prefix_is_sorted_with_revision(registry: Registry) -> None:
+    with trio.fail_after(BOUND):
+        for key in ["m/members/3", "m/members/1", "m/membersX", "m/members/2", "n/members/1"]:
+            await registry.create(key, key.encode())
+        kvs, revision = await registry.list_prefix("m/members/")
+        assert [kv.key for kv in kvs] == ["m/members/1", "m/members/2", "m/members/3"]
+        assert [kv.value for kv in kvs] == [b"m/members/1", b"m/members/2", b"m/members/3"]
+        last = await registry.get("n/members/1")
+        assert last is not None
+        assert revision == last.mod_revision
+
+        empty, same = await registry.list_prefix("nothing/")
+        assert (empty, same) == ([], revision)
+
+
+async def test_delete(registry: Registry) -> None:
+    with trio.fail_after(BOUND):
+        await registry.create("m/k", b"v")
+        assert await registry.delete("m/k")
+        assert await registry.get("m/k") is None
+        assert not await registry.delete("m/k")
+        assert await registry.create("m/k", b"again") is None
+
+
+async def test_revoke_deletes_bound_keys_and_watchers_see_it(registry: Registry) -> None:
+    with trio.fail_after(BOUND):
+        lease = await registry.grant(30)
+        assert 0 < await registry.keepalive(lease) <= 30
+        await registry.create("m/members/1", b"a", lease=lease)
+        await registry.create("m/members/2", b"b", lease=lease)
+        await registry.create("m/members/3", b"c")
+        bound = await registry.get("m/members/1")
+        assert bound is not None
+        assert bound.lease == lease
+        _, revision = await registry.list_prefix("m/")
+
+        async with registry.watch("m/", revision + 1) as events:
+            await registry.revoke(lease)
+            deleted = await take(events, 2)
+
+        assert {(e.kind, e.key) for e in deleted} == {
+            ("delete", "m/members/1"),
+            ("delete", "m/members/2"),
+        }
+        assert all(e.mod_revision > revision for e in deleted)
+        kvs, _ = await registry.list_prefix("m/")
+        assert [kv.key for kv in kvs] == ["m/members/3"]
+        assert await registry.keepalive(lease) == 0
+        await registry.revoke(lease)  # unknown leases are ignored
+
+
+async def test_unknown_lease_is_refused(registry: Registry) -> None:
+    with trio.fail_after(BOUND):
+        lease = await registry.grant(30)
+        await registry.revoke(lease)
+        with pytest.raises(RegistryError) as caught:
+            await registry.create("m/k", b"v", lease=lease)
+        assert not isinstance(caught.value, RegistryUnavailable)
+        assert await registry.get("m/k") is None
+
+
+async def test_lease_expiry_deletes_keys(
+    registry: Registry, backend_clock: trio.testing.MockClock | None
+) -> None:
+    with trio.fail_after(BOUND):
+        lease = await registry.grant(1)
+        await registry.create("m/members/1", b"a", lease=lease)
+        _, revision = await registry.list_prefix("m/")
+        async with registry.watch("m/", revision + 1) as events:
+            # Nobody else calls the registry: the watch alone must see the expiry.
+            [gone] = await take(events, 1)
+        assert (gone.kind, gone.key) == ("delete", "m/members/1")
+        assert await registry.get("m/members/1") is None
+        assert await registry.keepalive(lease) == 0
+
+
+async def test_keepalive_keeps_keys(
+    registry: Registry, backend_clock: trio.testing.MockClock | None
+) -> None:
+    with trio.fail_after(BOUND):
+        lease = await registry.grant(2)
+        await registry.create("m/members/1", b"a", lease=lease)
+        for _ in range(6):  # 3 s in all, longer than the TTL
+            await trio.sleep(0.5)
+            assert await registry.keepalive(lease) > 0
+        assert await registry.get("m/members/1") is not None
+
+
+async def test_watch_replays_from_a_past_revision(registry: Registry) -> None:
+    with trio.fail_after(BOUND):
+        await registry.create("m/a", b"1")
+        first = await registry.get("m/a")
+        assert first is not None
+        await registry.create("other/x", b"ignored")
+        await registry.create("m/b", b"2")
+        await registry.delete("m/a")
+
+        async with registry.watch("m/", first.mod_revision) as events:
+            await registry.create("m/c", b"3")
+            seen = await take(events, 4)
+
+        assert [(e.kind, e.key, e.value) for e in seen] == [
+            ("put", "m/a", b"1"),
+            ("put", "m/b", b"2"),
+            ("delete", "m/a", b""),
+            ("put", "m/c", b"3"),
+        ]
+        revisions = [e.mod_revision for e in seen]
+        assert revisions == sorted(set(revisions))
+        assert revisions[0] == first.mod_revision
+
+
+async def test_watch_from_compacted_revision(backend: Backend) -> None:
+    registry = backend.registry
+    with trio.fail_after(BOUND):
+        for i in range(3):
+            await registry.create(f"m/{i}", b"v")
+        _, revision = await registry.list_prefix("m/")
+        await backend.compact(revision)
+
+        with pytest.raises(WatchCompacted) as caught:
+            async with registry.watch("m/", 1) as events:
+                await take(events, 1)
+        assert caught.value.compact_revision == revision
+
+        # The compacted revision itself is still kept.
+        async with registry.watch("m/", revision) as events:
+            [event] = await take(events, 1)
+        assert (event.key, event.mod_revision) == ("m/2", revision)
+
+
+async def test_unreachable_backend_fails_fast(backend: Backend) -> None:
+    down = backend.unreachable()
+    try:
+        with trio.fail_after(3):
+            with pytest.raises(RegistryUnavailable):
+                await down.get("m/k")
+            with pytest.raises(RegistryUnavailable):
+                await down.grant(5)
+            with pytest.raises(RegistryUnavailable):
+                async with down.watch("m/", 1) as events:
+                    await take(events, 1)
+    finally:
+        await down.aclose()
+
+
+async def test_outage_breaks_watch_then_recovers(backend: Backend) -> None:
+    registry = backend.registry
+    with trio.fail_after(BOUND * 2):
+        await registry.create("m/a", b"1")
+        _, revision = await registry.list_prefix("m/")
+        async with registry.watch("m/", revision + 1) as events:
+            await backend.outage()
+            with pytest.raises(RegistryUnavailable):
+                await take(events, 1)
+        with pytest.raises(RegistryUnavailable):
+            await registry.get("m/a")
+
+        await backend.recover()
+        kept = await registry.get("m/a")
+        assert kept is not None
+        assert kept.value == b"1"
+        async with registry.watch("m/", revision + 1) as events:
+            await registry.create("m/b", b"2")
+            [event] = await take(events, 1)
+        assert (event.kind, event.key) == ("put", "m/b")
+
+
+async def test_etcd_rotates_past_a_dead_endpoint(tmp_path: Path) -> None:
+    """EtcdRegistry only: a dead first endpoint costs one refused connect."""
+    async with run_etcd(tmp_path / "etcd") as server:
+        registry = EtcdRegistry(["http://127.0.0.1:1", server.url], timeout=2)
+        try:
+            with trio.fail_after(BOUND):
+                assert await registry.create("m/k", b"v") is None
+                async with registry.watch("m/", 1) as events:
+                    [event] = await take(events, 1)
+                assert event.key == "m/k"
+        finally:
+            await registry.aclose()

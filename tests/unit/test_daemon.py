@@ -1,0 +1,231 @@
+"""The whole daemon in one process: MemoryRegistry + FakeDataplane, virtual time."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from vnetd.daemon import Running, UpOptions, run_daemon
+from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.fake import FakeDataplane
+from vnetd.errors import SpecMismatch
+from vnetd.membership import encode_member, member_key
+from vnetd.model import Member
+from vnetd.registry.base import Registry
+from vnetd.registry.memory import MemoryRegistry
+from vnetd.spec import MeshSpec
+
+SPEC = """
+[mesh]
+name = "unit"
+size = {size}
+network = "10.250.0.0/16"
+hostname = "unit-{{rank}}"
+[registry]
+lease_ttl = 6
+"""
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+class Cluster:
+    """Daemons for several ranks sharing one MemoryRegistry."""
+
+    def __init__(self, tmp: Path, nursery: trio.Nursery, size: int = 4) -> None:
+        self.tmp = tmp
+        self.nursery = nursery
+        self.registry = MemoryRegistry()
+        self.config = tmp / "mesh.toml"
+        self.config.write_text(SPEC.format(size=size))
+        self.devices: dict[str, FakeDataplane] = {}
+        self.running: dict[str, Running] = {}
+        self.scopes: dict[str, trio.CancelScope] = {}
+
+    @asynccontextmanager
+    async def _registry(self, spec: MeshSpec) -> AsyncIterator[Registry]:
+        yield self.registry
+
+    async def start(self, rank: int, instance: str | None = None) -> Running:
+        name = instance or f"pod{rank}"
+        opts = UpOptions(
+            config=self.config,
+            rank=str(rank),
+            state_dir=self.tmp / name,
+            instance=name,
+            resync_interval=30.0,
+        )
+        env = {"POD_IP": f"198.18.1.{rank + 1}"}
+
+        @asynccontextmanager
+        async def dataplane(config: DeviceConfig) -> AsyncIterator[FakeDataplane]:
+            device = FakeDataplane(config)
+            self.devices[name] = device
+            try:
+                yield device
+            finally:
+                device.close()
+
+        async def runner(task_status: trio.TaskStatus[Running]) -> None:
+            with trio.CancelScope() as scope:
+                self.scopes[name] = scope
+                await run_daemon(opts, env, open_dataplane=dataplane,
+                                 open_registry=self._registry, task_status=task_status)
+
+        running: Running = await self.nursery.start(runner)
+        self.running[name] = running
+        return running
+
+    def stop(self, name: str) -> None:
+        self.scopes[name].cancel()
+
+    def peer_ranks(self, name: str) -> set[int]:
+        device = self.devices[name]
+        return {int(ip.split(".")[-1].split("/")[0]) - 1
+                for peer in device.device.values() for ip in peer.allowed_ips}
+
+    async def wait_full(self, names: list[str], ranks: set[int], timeout: float = 30) -> None:
+        with trio.fail_after(timeout):
+            while any(self.peer_ranks(n) != ranks - {self.running[n].me.rank} for n in names):
+                await trio.sleep(0.1)
+
+
+async def test_any_start_order_forms_full_mesh(tmp_path, autojump_clock):
+    order = [2, 0, 3, 1]
+    random.Random(7).shuffle(order)
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        for rank in order:
+            await cluster.start(rank)
+            await trio.sleep(random.Random(rank).uniform(0, 2))
+        await cluster.wait_full([f"pod{r}" for r in order], {0, 1, 2, 3})
+        # Each device's routes follow its peers.
+        device = cluster.devices["pod0"]
+        assert await device.routes() == {"10.250.0.2/32", "10.250.0.3/32", "10.250.0.4/32"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_join_and_leave_change_one_peer_only(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        for rank in (0, 1, 2):
+            await cluster.start(rank)
+        await cluster.wait_full(["pod0", "pod1", "pod2"], {0, 1, 2})
+        before = len(cluster.devices["pod0"].applied)
+        await cluster.start(3)
+        await cluster.wait_full(["pod0"], {0, 1, 2, 3})
+        new_plans = cluster.devices["pod0"].applied[before:]
+        assert [(len(p.add), len(p.remove), len(p.update)) for p in new_plans] == [(1, 0, 0)]
+
+        # A graceful stop revokes the lease: peers drop the rank without waiting for the TTL.
+        before = len(cluster.devices["pod0"].applied)
+        cluster.stop("pod3")
+        with trio.fail_after(1.0):
+            while 3 in cluster.peer_ranks("pod0"):
+                await trio.sleep(0.05)
+        new_plans = cluster.devices["pod0"].applied[before:]
+        assert [(len(p.add), len(p.remove), len(p.update)) for p in new_plans] == [(0, 1, 0)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_registry_outage_leaves_data_plane_alone(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        for rank in (0, 1, 2):
+            await cluster.start(rank)
+        await cluster.wait_full(["pod0", "pod1", "pod2"], {0, 1, 2})
+        applied = {n: len(d.applied) for n, d in cluster.devices.items()}
+        peers = {n: dict(d.device) for n, d in cluster.devices.items()}
+
+        cluster.registry.fail(True)
+        await trio.sleep(120)  # far past the lease TTL and several resyncs
+        assert {n: len(d.applied) for n, d in cluster.devices.items()} == applied
+        assert {n: dict(d.device) for n, d in cluster.devices.items()} == peers
+        assert all(r.health.reachable is False for r in cluster.running.values())
+
+        cluster.registry.fail(False)
+        await cluster.start(3)
+        await cluster.wait_full(["pod0", "pod1", "pod2", "pod3"], {0, 1, 2, 3})
+        assert all(r.health.reachable for r in cluster.running.values())
+        nursery.cancel_scope.cancel()
+
+
+async def test_lost_lease_is_reclaimed(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        r0 = await cluster.start(0)
+        await cluster.start(1)
+        await cluster.wait_full(["pod0", "pod1"], {0, 1})
+        await cluster.registry.revoke(r0.claim.lease)  # as if etcd forgot it
+        with trio.fail_after(10):
+            while await cluster.registry.get(member_key(r0.spec, 0)) is None or r0.claim.claims < 2:
+                await trio.sleep(0.1)
+        await cluster.wait_full(["pod0", "pod1"], {0, 1})
+        nursery.cancel_scope.cancel()
+
+
+async def test_rank_held_by_another_instance_waits(tmp_path, autojump_clock, caplog):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        first = await cluster.start(1, instance="pod-a")
+        second = await cluster.start(1, instance="pod-b")
+        await trio.sleep(20)
+        assert first.claim.claimed.is_set()
+        assert not second.claim.claimed.is_set()
+        assert "rank 1 is held by pod-a" in caplog.text
+        cluster.stop("pod-a")
+        with trio.fail_after(10):
+            await second.claim.claimed.wait()
+        entry = await cluster.registry.get(member_key(second.spec, 1))
+        assert entry is not None and b'"instance":"pod-b"' in entry.value
+        nursery.cancel_scope.cancel()
+
+
+async def test_restart_with_same_instance_takes_over(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        # A stale entry from this pod's previous process, under a lease still alive.
+        lease = await cluster.registry.grant(3600)
+        stale = Member(1, "A" * 43 + "=", "198.18.9.9:51820", "pod1")
+        running = await cluster.start(0)
+        await cluster.registry.create(member_key(running.spec, 1), encode_member(stale), lease)
+        r1 = await cluster.start(1)
+        with trio.fail_after(5):
+            await r1.claim.claimed.wait()
+        await cluster.wait_full(["pod0", "pod1"], {0, 1})
+        assert {p.endpoint for p in cluster.devices["pod0"].device.values()} == {"198.18.1.2:51820"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_spec_mismatch_is_refused(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await cluster.start(0)
+        cluster.config.write_text(SPEC.format(size=5))
+        with pytest.raises(SpecMismatch, match=r"mesh\.size: registry has 4, local 5"):
+            await cluster.start(1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_bad_registry_entry_is_skipped_and_counted(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        r0 = await cluster.start(0)
+        await cluster.start(1)
+        await cluster.wait_full(["pod0", "pod1"], {0, 1})
+        await cluster.registry.create(member_key(r0.spec, 2), b"{garbage")
+        await cluster.registry.create(member_key(r0.spec, 0) + "x", b"{}")
+        await trio.sleep(1)
+        assert r0.view.bad_total == 2
+        assert cluster.peer_ranks("pod0") == {1}
+        await cluster.start(3)
+        await cluster.wait_full(["pod0"], {0, 1, 3})
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import base64
+import stat
+
+import pytest
+
+from vnetd.errors import IdentityError
+from vnetd.identity import load_or_create_key, public_key_of, resolve_endpoint, resolve_rank
+from vnetd.spec import parse_spec
+
+SPEC = parse_spec({"mesh": {"name": "m", "size": 8, "network": "10.250.0.0/16",
+                            "hostname": "flux-{rank}", "port": 51820}})
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "hostname", "rank"),
+    [
+        pytest.param("3", {"VNETD_RANK": "4"}, "flux-5", 3, id="flag-first"),
+        pytest.param(None, {"VNETD_RANK": "4", "JOB_COMPLETION_INDEX": "6"}, "flux-5", 4, id="env-second"),
+        pytest.param(None, {"JOB_COMPLETION_INDEX": "6"}, "flux-5", 6, id="job-index-third"),
+        pytest.param(None, {}, "flux-5", 5, id="hostname-last"),
+        pytest.param(None, {}, "flux-5.flux.default.svc", 5, id="hostname-fqdn"),
+    ],
+)
+def test_rank_sources_in_order(flag, env, hostname, rank):
+    assert resolve_rank(SPEC, flag, env, hostname) == rank
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "hostname", "message"),
+    [
+        pytest.param("8", {}, "x", r"--rank: rank 8 is out of range: .* 0\.\.7", id="out-of-range"),
+        pytest.param(None, {"VNETD_RANK": "-1"}, "x", r"VNETD_RANK: '-1' is not a rank", id="negative"),
+        pytest.param(None, {}, "login1", r"no rank: .*'flux-0'.*'login1'", id="none"),
+    ],
+)
+def test_rank_errors(flag, env, hostname, message):
+    with pytest.raises(IdentityError, match=message):
+        resolve_rank(SPEC, flag, env, hostname)
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "route_ip", "expected"),
+    [
+        pytest.param("198.18.0.9:4000", {"POD_IP": "198.18.0.1"}, None, "198.18.0.9:4000", id="flag"),
+        pytest.param(None, {"POD_IP": "198.18.0.1"}, "198.18.0.2", "198.18.0.1:51820", id="pod-ip"),
+        pytest.param(None, {"POD_IP": "fd00::5"}, None, "[fd00::5]:51820", id="pod-ip-v6"),
+        pytest.param(None, {}, "198.18.0.2", "198.18.0.2:51820", id="default-route"),
+    ],
+)
+def test_endpoint_sources(flag, env, route_ip, expected):
+    assert resolve_endpoint(SPEC, flag, env, route_ip) == expected
+
+
+def test_endpoint_missing_is_clear():
+    with pytest.raises(IdentityError, match="no endpoint"):
+        resolve_endpoint(SPEC, None, {}, None)
+    with pytest.raises(IdentityError, match="--endpoint"):
+        resolve_endpoint(SPEC, "nohost", {}, None)
+
+
+def test_key_is_created_once_0600_and_reused(tmp_path):
+    state = tmp_path / "state"
+    first = load_or_create_key(state)
+    again = load_or_create_key(state)
+    assert first == again
+    assert stat.S_IMODE((state / "private.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert len(base64.b64decode(first.public_key)) == 32
+    assert first.private_key not in repr(first)
+
+
+def test_loose_key_file_is_refused(tmp_path):
+    load_or_create_key(tmp_path)
+    (tmp_path / "private.key").chmod(0o644)
+    with pytest.raises(IdentityError, match="chmod 600"):
+        load_or_create_key(tmp_path)
+
+
+def test_public_key_matches_wireguard_vector():
+    # `wg pubkey` (wireguard-tools) printed this for the private key bytes 0..31.
+    private = base64.b64encode(bytes(range(32))).decode()
+    assert public_key_of(private) == "j0DFrbaPJWJK5bIU6nZ6bslNgp09e14a0bpvPiE4KF8="

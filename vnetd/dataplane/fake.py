@@ -1,0 +1,107 @@
+"""An in-memory data plane with the device's observable semantics, for tests.
+
+It follows WireGuard where the reconciler can see it: an allowed IP belongs
+to at most one peer (giving it to peer B takes it from peer A), ``update``
+touches only existing peers, ``remove`` of an absent peer is a no-op, and
+routes follow the peers exactly as ``UapiDataplane`` moves them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from ipaddress import ip_network
+
+from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.uapi import describe, key_to_hex, route_changes
+from vnetd.model import DevicePeer, Plan
+
+log = logging.getLogger("vnetd.dataplane")
+
+
+class FakeDataplane:
+    """A device in memory. ``applied`` records every non-empty plan, in order."""
+
+    def __init__(self, config: DeviceConfig) -> None:
+        self.config = config
+        self.applied: list[Plan] = []
+        self.device: dict[str, DevicePeer] = {}
+        self.device_routes: set[str] = set()
+        self.unreachable: set[str] = {str(config.network)}
+
+    async def peers(self) -> dict[str, DevicePeer]:
+        return dict(self.device)
+
+    async def apply(self, plan: Plan) -> None:
+        if not plan:
+            return
+        for key in _public_keys(plan):
+            key_to_hex(key)  # the same validation as the device
+        for removed in plan.remove:
+            self.device.pop(removed.public_key, None)
+        for upd in plan.update:
+            current = self.device.get(upd.public_key)
+            if current is None:
+                continue  # update_only
+            if upd.endpoint is not None:
+                current = replace(current, endpoint=upd.endpoint)
+            self.device[upd.public_key] = current
+            if upd.allowed_ips is not None:
+                self._assign(upd.public_key, upd.allowed_ips)
+        for added in plan.add:
+            current = self.device.get(added.public_key, DevicePeer(added.public_key, ()))
+            if added.endpoint is not None:
+                current = replace(current, endpoint=added.endpoint)
+            self.device[added.public_key] = current
+            self._assign(added.public_key, added.allowed_ips)
+        live = {ip for peer in self.device.values() for ip in peer.allowed_ips}
+        gone, new = route_changes(plan, live)
+        self.device_routes = (self.device_routes - gone) | new
+        self.applied.append(plan)
+        log.info(
+            "%s: applied %s (routes -%d +%d)",
+            self.config.interface,
+            describe(plan),
+            len(gone),
+            len(new),
+        )
+
+    async def routes(self) -> set[str]:
+        return set(self.device_routes)
+
+    def close(self) -> None:
+        """What leaving the device does: peers, routes and the unreachable route go."""
+        self.device.clear()
+        self.device_routes.clear()
+        self.unreachable.clear()
+
+    def _assign(self, public_key: str, allowed_ips: Iterable[str]) -> None:
+        """Replace a peer's allowed IPs, taking each from whichever peer held it."""
+        wanted = {str(ip_network(ip, strict=False)) for ip in allowed_ips}
+        for key, peer in self.device.items():
+            if key != public_key and wanted & set(peer.allowed_ips):
+                kept = tuple(ip for ip in peer.allowed_ips if ip not in wanted)
+                self.device[key] = replace(peer, allowed_ips=kept)
+        self.device[public_key] = replace(
+            self.device[public_key], allowed_ips=tuple(sorted(wanted))
+        )
+
+
+def _public_keys(plan: Plan) -> list[str]:
+    return [
+        *(p.public_key for p in plan.remove),
+        *(u.public_key for u in plan.update),
+        *(p.public_key for p in plan.add),
+    ]
+
+
+@asynccontextmanager
+async def open_fake_dataplane(config: DeviceConfig) -> AsyncIterator[FakeDataplane]:
+    """A ``FakeDataplane`` for the block; closed on exit like a real device."""
+    dataplane = FakeDataplane(config)
+    try:
+        yield dataplane
+    finally:
+        dataplane.close()

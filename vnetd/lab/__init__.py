@@ -1,0 +1,1 @@
+"""Test lab helpers: real etcd, network namespaces, wireguard-go."""

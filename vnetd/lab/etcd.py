@@ -1,0 +1,207 @@
+"""Run a throwaway single-member etcd for tests and the lab.
+
+``run_etcd`` starts ``/usr/bin/etcd`` (optionally inside a network namespace),
+waits until it answers, and stops it by pid on exit, also on failure or
+cancellation. The yielded ``EtcdServer`` can be stopped and started again on
+the same data dir and ports, to simulate an outage.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import trio
+
+ETCD_BIN = "/usr/bin/etcd"
+ETCDCTL_BIN = "/usr/bin/etcdctl"
+READY_TIMEOUT = 20.0
+STOP_TIMEOUT = 5.0
+NETNS_CLIENT_PORT = 2379
+NETNS_PEER_PORT = 2380
+
+
+class EtcdStartError(RuntimeError):
+    """etcd exited or did not answer in time; the message ends with its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@dataclass
+class EtcdServer:
+    """A running (or stopped) etcd member; ``pid`` is 0 while stopped."""
+
+    url: str
+    pid: int
+    data_dir: Path
+    log_path: Path
+    netns: str | None = None
+    name: str = "vnetd-lab"
+    peer_url: str = ""
+    _process: trio.Process | None = field(default=None, repr=False)
+
+    def command(self) -> list[str]:
+        """The argv that starts this member."""
+        argv = [
+            ETCD_BIN,
+            "--name", self.name,
+            "--data-dir", str(self.data_dir),
+            "--listen-client-urls", self.url,
+            "--advertise-client-urls", self.url,
+            "--listen-peer-urls", self.peer_url,
+            "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", f"{self.name}={self.peer_url}",
+            "--initial-cluster-state", "new",
+            "--heartbeat-interval", "100",
+            "--election-timeout", "500",
+            "--log-level", "warn",
+        ]  # fmt: skip
+        if self.netns is not None:
+            return ["ip", "netns", "exec", self.netns, *argv]
+        return argv
+
+    async def start(self) -> None:
+        """Start etcd and wait (at most ``READY_TIMEOUT`` s) until it answers.
+
+        Raises:
+            EtcdStartError: it exited or never answered; it is stopped again.
+        """
+        if self._process is not None:
+            raise RuntimeError(f"etcd {self.name} is already running (pid {self.pid})")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._process = await trio.lowlevel.open_process(
+                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.pid = self._process.pid
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """SIGTERM by pid, wait up to ``STOP_TIMEOUT`` s, then SIGKILL; idempotent.
+
+        Cancellation: shielded, so it completes even in a cancelled scope.
+        """
+        process, self._process = self._process, None
+        if process is None:
+            return
+        self.pid = 0
+        with trio.CancelScope(shield=True):
+            _signal(process, signal.SIGTERM)
+            with trio.move_on_after(STOP_TIMEOUT):
+                await process.wait()
+                return
+            _signal(process, signal.SIGKILL)
+            with trio.move_on_after(STOP_TIMEOUT):
+                await process.wait()
+
+    async def _wait_ready(self) -> None:
+        assert self._process is not None
+        with trio.move_on_after(READY_TIMEOUT):
+            for _ in range(int(READY_TIMEOUT / 0.1) + 1):
+                if self._process.poll() is not None:
+                    raise EtcdStartError(
+                        f"etcd exited with {self._process.returncode}\n{self._log_tail()}"
+                    )
+                if await self._answers():
+                    return
+                await trio.sleep(0.1)
+        raise EtcdStartError(f"etcd did not answer within {READY_TIMEOUT} s\n{self._log_tail()}")
+
+    async def _answers(self) -> bool:
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, ETCDCTL_BIN, "--endpoints", self.url,
+                    "--dial-timeout=1s", "--command-timeout=1s", "endpoint", "health"]  # fmt: skip
+            with trio.move_on_after(3):
+                result = await trio.run_process(argv, check=False, capture_stdout=True,
+                                                capture_stderr=True)  # fmt: skip
+                return result.returncode == 0
+            return False
+        try:
+            async with httpx.AsyncClient(timeout=1.0) as client:
+                response = await client.post(f"{self.url}/v3/maintenance/status", json={})
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _signal(process: trio.Process, signum: signal.Signals) -> None:
+    if process.returncode is None:
+        try:
+            os.kill(process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+@asynccontextmanager
+async def run_etcd(
+    data_dir: Path,
+    host: str = "127.0.0.1",
+    client_port: int | None = None,
+    *,
+    netns: str | None = None,
+    name: str = "vnetd-lab",
+) -> AsyncIterator[EtcdServer]:
+    """Run etcd on ``host:client_port`` with ``data_dir``; stop it by pid on exit.
+
+    Args:
+        data_dir: etcd's data dir (created; pass a fresh one). The log goes
+            beside it, to ``<data_dir>.log``.
+        host: the client listen/advertise address.
+        client_port: None picks a free port (loopback), or 2379 inside ``netns``.
+        netns: run under ``ip netns exec NETNS``; the peer URL is then
+            ``127.0.0.1:2380`` inside it.
+        name: the member name.
+
+    Raises:
+        EtcdStartError: etcd did not start or answer within 20 s.
+
+    Cancellation: the process is stopped (SIGTERM, then SIGKILL after 5 s).
+    """
+    if netns is None:
+        port = client_port if client_port is not None else free_port(host)
+        peer_port = free_port("127.0.0.1")
+    else:
+        port = client_port if client_port is not None else NETNS_CLIENT_PORT
+        peer_port = NETNS_PEER_PORT
+    server = EtcdServer(
+        url=_url(host, port),
+        pid=0,
+        data_dir=data_dir,
+        log_path=data_dir.with_name(data_dir.name + ".log"),
+        netns=netns,
+        name=name,
+        peer_url=_url("127.0.0.1", peer_port),
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

@@ -1,0 +1,458 @@
+"""The netns lab: pods on one machine, a bridge, and etcd, all in namespaces.
+
+Layout of a lab with id ``ab12`` (nothing lives in the root namespace)::
+
+    vlab-ab12-sw     bridge br0; veth p0..pN-1 and "etcd" enslaved to it
+    vlab-ab12-pod0   eth0 198.18.1.0/15, lo up, no default route
+    vlab-ab12-pod1   eth0 198.18.1.1/15 ...
+    vlab-ab12-etcd   eth0 198.18.0.10/15, etcd on :2379
+
+Processes started with ``Lab.start`` run in their pod's network namespace and
+in a private mount namespace with their own tmpfs on ``/run/wireguard``, so
+every pod can use the same WireGuard interface name. A marker file
+``/run/vnetd-lab/<id>.json`` names the owning process; ``cleanup_stale_labs``
+removes labs whose owner is dead, never a live one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from vnetd.lab.etcd import EtcdServer, run_etcd
+from vnetd.lab.netns import (
+    add_netns,
+    delete_netns,
+    ip_batch,
+    kill_pids,
+    list_netns,
+    pids_in_netns,
+    proc_start_time,
+    signal_pid,
+)
+
+LAB_RUN_DIR = Path("/run/vnetd-lab")
+WG_RUN_DIR = "/run/wireguard"
+NETNS_PREFIX = "vlab-"
+_NETNS_RE = re.compile(r"^vlab-([0-9a-f]{4})-")
+_WORKDIR_PREFIX = "vnetd-lab-"
+
+UNDERLAY_PREFIXLEN = 15
+FIRST_POD_IP = ipaddress.IPv4Address("198.18.1.0")
+ETCD_IP = "198.18.0.10"
+ETCD_PORT = 2379
+MAX_PODS = 1000
+"""A Linux bridge takes at most 1024 ports."""
+
+STOP_TIMEOUT = 5.0
+KILL_WAIT = 5.0
+TEARDOWN_TIMEOUT = 40.0
+_MOUNT_SCRIPT = f'mount -t tmpfs none {WG_RUN_DIR} && exec "$@"'
+
+
+class LabError(RuntimeError):
+    """The lab could not be built or a lab process misbehaved."""
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One simulated pod: a network namespace on the lab bridge plus a directory."""
+
+    index: int
+    name: str
+    netns: str
+    underlay_ip: str
+    dir: Path
+    """``<workdir>/<name>``: holds ``state/`` and ``logs/``."""
+
+    @property
+    def state_dir(self) -> Path:
+        """Persistent across restarts of the pod's processes (keys, caches)."""
+        return self.dir / "state"
+
+    @property
+    def log_dir(self) -> Path:
+        """One log file per process started in this pod."""
+        return self.dir / "logs"
+
+
+@dataclass
+class LabProcess:
+    """A process started in a pod; ``pid`` is the program's own pid."""
+
+    pod: Pod
+    argv: list[str]
+    log_path: Path
+    _process: trio.Process = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """None while running; negative signal number if killed by one."""
+        return self._process.poll()
+
+    async def wait(self, timeout: float) -> int:  # noqa: ASYNC109 (the lab's API)
+        """Wait for the exit code.
+
+        Raises:
+            trio.TooSlowError: still running after ``timeout`` s.
+        """
+        with trio.fail_after(timeout):
+            return await self._process.wait()
+
+    async def stop(
+        self,
+        sig: int = signal.SIGTERM,
+        timeout: float = STOP_TIMEOUT,  # noqa: ASYNC109 (the lab's API)
+    ) -> int:
+        """Send ``sig`` by pid, wait up to ``timeout`` s, then SIGKILL; returns the exit code.
+
+        Raises:
+            LabError: the process survived SIGKILL for ``KILL_WAIT`` s.
+
+        Cancellation: shielded, bounded by ``timeout + KILL_WAIT``.
+        """
+        with trio.CancelScope(shield=True):
+            if self.returncode is None:
+                signal_pid(self.pid, sig)
+                with trio.move_on_after(timeout):
+                    await self._process.wait()
+            if self.returncode is None:
+                signal_pid(self.pid, signal.SIGKILL)
+                with trio.move_on_after(KILL_WAIT):
+                    await self._process.wait()
+        code = self.returncode
+        if code is None:
+            raise LabError(f"pid {self.pid} ({self.argv[0]}) survived SIGKILL")
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL by pid (a no-op once it has exited and been reaped)."""
+        if self.returncode is None:
+            signal_pid(self.pid, signal.SIGKILL)
+
+    def log_text(self) -> str:
+        """Everything the process wrote to stdout and stderr so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+class Lab:
+    """A built lab; get one from ``open_lab``."""
+
+    def __init__(self, lab_id: str, workdir: Path, pods: int) -> None:
+        self.id = lab_id
+        self.workdir = workdir
+        self.switch_netns = f"{NETNS_PREFIX}{lab_id}-sw"
+        self.etcd_netns = f"{NETNS_PREFIX}{lab_id}-etcd"
+        self.etcd_url = f"http://{ETCD_IP}:{ETCD_PORT}"
+        self.pods = [self._pod(i) for i in range(pods)]
+        self.processes: list[LabProcess] = []
+        self._etcd: EtcdServer | None = None
+        self._etcd_stack = AsyncExitStack()
+        self._seq = 0
+        self._closed = False
+
+    def _pod(self, index: int) -> Pod:
+        name = f"pod{index}"
+        return Pod(
+            index=index,
+            name=name,
+            netns=f"{NETNS_PREFIX}{self.id}-{name}",
+            underlay_ip=str(FIRST_POD_IP + index),
+            dir=self.workdir / name,
+        )
+
+    @property
+    def netns_names(self) -> list[str]:
+        """Every namespace this lab makes: pods, etcd, switch."""
+        return [*(p.netns for p in self.pods), self.etcd_netns, self.switch_netns]
+
+    @property
+    def etcd(self) -> EtcdServer | None:
+        """The etcd server once started (its ``pid`` is 0 while stopped)."""
+        return self._etcd
+
+    async def start_etcd(self) -> EtcdServer:
+        """Start etcd in the etcd namespace (again, on the same data, after ``stop_etcd``).
+
+        Raises:
+            EtcdStartError: it did not answer within 20 s.
+        """
+        self._check_open()
+        if self._etcd is None:
+            self._etcd = await self._etcd_stack.enter_async_context(
+                run_etcd(
+                    self.workdir / "etcd" / "data",
+                    ETCD_IP,
+                    ETCD_PORT,
+                    netns=self.etcd_netns,
+                    name=f"vlab-{self.id}",
+                )
+            )
+        elif self._etcd.pid == 0:
+            await self._etcd.start()
+        return self._etcd
+
+    async def stop_etcd(self) -> None:
+        """Stop etcd by pid (SIGTERM, SIGKILL after 5 s); its data stays for a restart."""
+        if self._etcd is not None:
+            await self._etcd.stop()
+
+    async def start(
+        self,
+        pod: Pod,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        private_mount: bool = True,
+    ) -> LabProcess:
+        """Start ``argv`` inside ``pod``; stdout and stderr go to a log in ``pod.log_dir``.
+
+        Args:
+            pod: one of ``self.pods``.
+            argv: the program and its arguments.
+            env: variables added to (or overriding) this process's environment.
+            private_mount: also give it a private mount namespace with its own
+                tmpfs on /run/wireguard.
+        """
+        self._check_open()
+        if not argv:
+            raise ValueError("argv is empty")
+        self._seq += 1
+        log_path = pod.log_dir / f"{self._seq:03d}-{Path(argv[0]).name}.log"
+        wrapper: list[str] = ["ip", "netns", "exec", pod.netns]
+        if private_mount:
+            os.makedirs(WG_RUN_DIR, exist_ok=True)
+            wrapper += ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        _MOUNT_SCRIPT, "sh"]  # fmt: skip
+        full_env = {**os.environ, **env} if env is not None else None
+        with log_path.open("ab") as log:
+            process = await trio.lowlevel.open_process(
+                [*wrapper, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+            )
+        lab_process = LabProcess(pod, list(argv), log_path, process)
+        self.processes.append(lab_process)
+        return lab_process
+
+    async def run(
+        self,
+        pod: Pod,
+        argv: Sequence[str],
+        timeout: float = 10.0,  # noqa: ASYNC109 (the lab's API)
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run a short command in ``pod``'s network namespace and capture its output.
+
+        Raises:
+            trio.TooSlowError: it ran over ``timeout`` s (it is killed).
+        """
+        self._check_open()
+        with trio.fail_after(timeout):
+            return await trio.run_process(
+                ["ip", "netns", "exec", pod.netns, *argv],
+                stdin=b"",
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LabError(f"lab {self.id} is closed")
+
+    async def _build(self) -> None:
+        for pod in self.pods:
+            pod.state_dir.mkdir(parents=True, exist_ok=True)
+            pod.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "etcd").mkdir(parents=True, exist_ok=True)
+        await add_netns(self.netns_names)
+        ports = [(f"p{p.index}", p.netns) for p in self.pods] + [("etcd", self.etcd_netns)]
+        switch = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
+        for port, netns in ports:
+            switch += [f"link add {port} type veth peer name eth0 netns {netns}",
+                       f"link set {port} master br0 up"]  # fmt: skip
+        await ip_batch(switch, netns=self.switch_netns)
+        hosts = [(p.netns, p.underlay_ip) for p in self.pods] + [(self.etcd_netns, ETCD_IP)]
+        for netns, addr in hosts:
+            await ip_batch(
+                ["link set lo up", f"addr add {addr}/{UNDERLAY_PREFIXLEN} dev eth0",
+                 "link set eth0 up"], netns=netns,
+            )  # fmt: skip
+
+    async def _teardown(self, *, remove_workdir: bool) -> None:
+        """Stop everything by pid and delete every namespace and the marker."""
+        self._closed = True
+        with trio.move_on_after(TEARDOWN_TIMEOUT, shield=True):
+            running = [p for p in self.processes if p.returncode is None]
+            for p in running:
+                signal_pid(p.pid, signal.SIGTERM)
+            for p in running:
+                with contextlib.suppress(LabError):
+                    await p.stop(timeout=STOP_TIMEOUT)
+            try:
+                await self._etcd_stack.aclose()
+                await _destroy_netns(self.netns_names)
+            finally:
+                _remove_marker(self.id)
+                if remove_workdir:
+                    shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def _destroy_netns(names: Sequence[str]) -> None:
+    """Kill (by pid) whatever still runs in the namespaces, then delete them."""
+    leftover = [pid for pids in pids_in_netns(names).values() for pid in pids]
+    if leftover:
+        await kill_pids(leftover)
+    await delete_netns(names)
+
+
+@asynccontextmanager
+async def open_lab(
+    pods: int, *, workdir: Path | None = None, with_etcd: bool = True
+) -> AsyncIterator[Lab]:
+    """Build a lab of ``pods`` pods (and etcd), yield it, and tear it all down.
+
+    Args:
+        pods: how many pods (1..1000); pod i has underlay address 198.18.1.0 + i.
+        workdir: where pod dirs, logs and etcd data go; kept afterwards. None
+            makes a temp dir that is removed on exit.
+        with_etcd: start etcd now; otherwise call ``Lab.start_etcd`` later.
+
+    Raises:
+        LabError: a namespace or link could not be made (all is undone).
+        EtcdStartError: etcd did not start.
+
+    Cancellation: teardown runs shielded, bounded by ``TEARDOWN_TIMEOUT``:
+    processes get SIGTERM then SIGKILL by pid, namespaces are deleted, and the
+    temp workdir is removed, also on an exception or cancellation.
+    """
+    if not 1 <= pods <= MAX_PODS:
+        raise ValueError(f"pods must be 1..{MAX_PODS}, got {pods}")
+    await cleanup_stale_labs()
+    created = workdir is None
+    lab_id = _claim_lab_id()
+    try:
+        if workdir is None:
+            workdir = Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{lab_id}-"))
+        else:
+            workdir.mkdir(parents=True, exist_ok=True)
+        _write_marker(lab_id, workdir if created else None)
+    except BaseException:
+        _remove_marker(lab_id)
+        raise
+    lab = Lab(lab_id, workdir, pods)
+    try:
+        try:
+            await lab._build()
+        except Exception as exc:
+            raise LabError(f"building lab {lab_id} failed: {exc}") from exc
+        if with_etcd:
+            await lab.start_etcd()
+        yield lab
+    finally:
+        await lab._teardown(remove_workdir=created)
+
+
+async def cleanup_stale_labs() -> list[str]:
+    """Remove the namespaces, processes and temp dirs of labs whose owner is dead.
+
+    A lab is live while the pid in its marker runs with the same start time;
+    namespaces named like a lab but without a marker are orphans. Returns the
+    ids of the labs removed.
+    """
+    markers = _read_markers()
+    live = {lab_id for lab_id, m in markers.items() if _owner_alive(m)}
+    stale_ns: dict[str, list[str]] = {}
+    for name in await list_netns():
+        match = _NETNS_RE.match(name)
+        if match and match.group(1) not in live:
+            stale_ns.setdefault(match.group(1), []).append(name)
+    stale_ids = sorted(set(stale_ns) | (set(markers) - live))
+    if not stale_ids:
+        return []
+    with trio.move_on_after(TEARDOWN_TIMEOUT, shield=True):
+        await _destroy_netns([n for names in stale_ns.values() for n in names])
+        for lab_id in stale_ids:
+            workdir = markers.get(lab_id, {}).get("workdir")
+            if isinstance(workdir, str) and Path(workdir).name.startswith(_WORKDIR_PREFIX):
+                shutil.rmtree(workdir, ignore_errors=True)
+            _remove_marker(lab_id)
+    return stale_ids
+
+
+def _claim_lab_id() -> str:
+    """A fresh 4-hex id whose marker names this process; the marker appears whole."""
+    LAB_RUN_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = LAB_RUN_DIR / f"claim.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(_owner_record(None)))
+    try:
+        for _ in range(100):
+            lab_id = secrets.token_hex(2)
+            try:
+                os.link(tmp, LAB_RUN_DIR / f"{lab_id}.json")
+            except FileExistsError:
+                continue
+            return lab_id
+    finally:
+        tmp.unlink()
+    raise LabError(f"no free lab id in {LAB_RUN_DIR} (clean it up)")
+
+
+def _owner_record(workdir: Path | None) -> dict[str, Any]:
+    pid = os.getpid()
+    return {"pid": pid, "start": proc_start_time(pid),
+            "workdir": str(workdir) if workdir else None}  # fmt: skip
+
+
+def _write_marker(lab_id: str, workdir: Path | None) -> None:
+    path = LAB_RUN_DIR / f"{lab_id}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(_owner_record(workdir)))
+    os.replace(tmp, path)
+
+
+def _read_markers() -> dict[str, dict[str, Any]]:
+    LAB_RUN_DIR.mkdir(parents=True, exist_ok=True)
+    return {path.stem: _read_marker(path) for path in LAB_RUN_DIR.glob("*.json")}
+
+
+def _read_marker(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _owner_alive(marker: Mapping[str, Any]) -> bool:
+    pid, start = marker.get("pid"), marker.get("start")
+    return isinstance(pid, int) and start is not None and proc_start_time(pid) == start
+
+
+def _remove_marker(lab_id: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (LAB_RUN_DIR / f"{lab_id}.json").unlink()

@@ -1,0 +1,248 @@
+"""A tiny UDP prober and responder, run inside each lab pod (stdlib only, starts fast).
+
+    python -m vnetd.lab.probe --self-addr A --targets A1,A2 --port 7777 \\
+        --interval 0.1 --duration 30
+
+It answers echo requests on ``--port`` (all local addresses) and sends one
+request per target per interval (``--self-addr`` is skipped, so every pod can
+get the same target list). It prints one JSON line per event on stdout:
+
+- ``{"event": "started", "self": A, "port": P, "t": T}`` once it listens;
+- ``{"event": "reached", "target": A, "t": T}`` the first time a target answers;
+- ``{"event": "lost", "target": A, "t": T}`` when a target that answered stays
+  silent for ``--lost-after`` s, and ``{"event": "recovered", ...}`` when it
+  answers again;
+- ``{"event": "summary", "sent": {A: n}, "received": {A: n}, "errors": {A: n}}``
+  on exit (``--duration`` reached, SIGTERM or SIGINT).
+
+``T`` is ``time.monotonic()``, which all processes on one machine share. A send
+that fails (no route, EHOSTUNREACH) is counted in ``errors`` and never crashes it.
+Replies carry the target address in the payload, so a reply from a different
+source address still counts for the right target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+MAGIC = b"vnetd-probe1"
+MAX_DURATION = 3600.0
+DEFAULT_PORT = 7777
+
+
+@dataclass
+class TargetState:
+    """Counters and reachability of one target."""
+
+    sent: int = 0
+    received: int = 0
+    errors: int = 0
+    reached: bool = False
+    lost: bool = False
+    last_reply: float = 0.0
+
+
+@dataclass
+class Prober:
+    """Sends requests, answers requests, and reports events as JSON lines."""
+
+    self_addr: str
+    targets: list[str]
+    port: int
+    lost_after: float
+    state: dict[str, TargetState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.state = {t: TargetState() for t in self.targets}
+
+    def send_round(self, sock: socket.socket, seq: int) -> None:
+        """One request to every target; a failing send counts as an error."""
+        for target in self.targets:
+            st = self.state[target]
+            st.sent += 1
+            try:
+                sock.sendto(b"%s req %d %s" % (MAGIC, seq, target.encode()), (target, self.port))
+            except OSError:
+                st.errors += 1
+
+    def handle(self, sock: socket.socket, data: bytes, addr: tuple[str, int]) -> None:
+        """Answer a request, or account a reply."""
+        parts = data.split()
+        if len(parts) != 4 or parts[0] != MAGIC:
+            return
+        kind, seq, target = parts[1], parts[2], parts[3]
+        if kind == b"req":
+            try:
+                sock.sendto(b"%s rep %s %s" % (MAGIC, seq, target), addr)
+            except OSError:
+                pass
+        elif kind == b"rep":
+            self.on_reply(target.decode(errors="replace"))
+
+    def on_reply(self, target: str) -> None:
+        st = self.state.get(target)
+        if st is None:
+            return
+        now = time.monotonic()
+        st.received += 1
+        st.last_reply = now
+        if not st.reached:
+            st.reached = True
+            emit({"event": "reached", "target": target, "t": now})
+        elif st.lost:
+            st.lost = False
+            emit({"event": "recovered", "target": target, "t": now})
+
+    def check_lost(self) -> None:
+        now = time.monotonic()
+        for target, st in self.state.items():
+            if st.reached and not st.lost and now - st.last_reply > self.lost_after:
+                st.lost = True
+                emit({"event": "lost", "target": target, "t": now})
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "event": "summary",
+            "sent": {t: s.sent for t, s in self.state.items()},
+            "received": {t: s.received for t, s in self.state.items()},
+            "errors": {t: s.errors for t, s in self.state.items()},
+            "t": time.monotonic(),
+        }
+
+
+def emit(event: dict[str, Any]) -> None:
+    """One JSON line on stdout, flushed at once."""
+    sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Probe until the duration ends or a signal arrives; returns the exit code."""
+    stop = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    targets = [t for t in args.targets if t != args.self_addr]
+    prober = Prober(args.self_addr, targets, args.port, args.lost_after)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("0.0.0.0", args.port))
+        sock.setblocking(False)
+        start = time.monotonic()
+        end = start + args.duration
+        emit({"event": "started", "self": args.self_addr, "port": args.port, "t": start})
+        next_send, seq = start, 0
+        while not stop:
+            now = time.monotonic()
+            if now >= end:
+                break
+            if now >= next_send:
+                prober.send_round(sock, seq)
+                prober.check_lost()
+                seq += 1
+                next_send = max(next_send + args.interval, now)
+            wait = max(0.0, min(next_send, end) - time.monotonic())
+            try:
+                readable, _, _ = select.select([sock], [], [], wait)
+            except InterruptedError:
+                continue
+            for _ in range(256 if readable else 0):
+                try:
+                    data, addr = sock.recvfrom(2048)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    continue
+                prober.handle(sock, data, addr)
+    emit(prober.summary())
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="vnetd.lab.probe", description=__doc__.split("\n")[0])
+    parser.add_argument("--self-addr", required=True, type=_ipv4, help="this pod's address")
+    parser.add_argument(
+        "--targets", required=True, type=_ipv4_list, help="comma-separated addresses to probe"
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--interval", type=float, default=0.1, help="seconds between rounds")
+    parser.add_argument(
+        "--duration", required=True, type=float, help=f"seconds to run (max {MAX_DURATION:g})"
+    )
+    parser.add_argument(
+        "--lost-after", type=float, default=None, help="silence (s) that counts as lost"
+    )
+    args = parser.parse_args(argv)
+    if not 0 < args.duration <= MAX_DURATION:
+        parser.error(f"--duration must be in (0, {MAX_DURATION:g}], got {args.duration}")
+    if not 0.001 <= args.interval <= 60:
+        parser.error(f"--interval must be in [0.001, 60], got {args.interval}")
+    if not 1 <= args.port <= 65535:
+        parser.error(f"--port must be in 1..65535, got {args.port}")
+    if args.lost_after is None:
+        args.lost_after = max(1.0, 10 * args.interval)
+    return args
+
+
+def _ipv4(text: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(text.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IPv4 address: {text!r}") from None
+
+
+def _ipv4_list(text: str) -> list[str]:
+    return [_ipv4(t) for t in text.split(",") if t.strip()]
+
+
+def probe_command(
+    self_addr: str,
+    targets: Sequence[str],
+    *,
+    duration: float,
+    port: int = DEFAULT_PORT,
+    interval: float = 0.1,
+) -> list[str]:
+    """The argv that runs this prober with the current Python (for ``Lab.start``)."""
+    return [
+        sys.executable, "-m", "vnetd.lab.probe",
+        "--self-addr", self_addr, "--targets", ",".join(targets),
+        "--port", str(port), "--interval", str(interval), "--duration", str(duration),
+    ]  # fmt: skip
+
+
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON event lines of a probe's output (other lines are skipped)."""
+    events: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+    return events
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
