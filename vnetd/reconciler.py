@@ -7,6 +7,17 @@ applies the plan only when it is not empty. A pass also runs every
 ``resync_interval`` with no event, which heals a device changed behind our
 back. A failed apply is retried with backoff; the last written endpoints
 are only recorded after a successful one.
+
+Crossed handshakes. When two ranks learn of each other within a few
+milliseconds and both have traffic queued, both WireGuard devices send a
+handshake initiation at once; each answers the other's, which discards its
+own pending handshake, so neither response is accepted and the pair stays
+silent until WireGuard's 5 s retry (seen in the lab with wireguard-go's
+verbose log). A peer added moments ago that has sent packets but not
+completed a handshake is therefore re-added once, by the lower rank after
+``NUDGE_AFTER`` and by the higher after twice that, which resets its
+handshake state; the other side's 5 s rate limit keeps the next attempt
+from crossing again. Peers with a handshake are never touched.
 """
 
 from __future__ import annotations
@@ -20,12 +31,15 @@ import trio
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
 from vnetd.mesh import Skipped, desired_peers, diff, written_after
-from vnetd.model import Plan
+from vnetd.model import Peer, Plan
 from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
 from vnetd.watcher import MemberView
 
 log = logging.getLogger("vnetd.reconcile")
+
+NUDGE_AFTER = 1.0  # seconds after a join with no handshake before re-adding the peer
+NUDGE_WINDOW = 10.0  # only peers younger than this are watched
 
 
 @dataclass
@@ -35,6 +49,7 @@ class ReconcileStats:
     changes: int = 0
     failures: int = 0
     last_duration: float = 0.0
+    nudges: int = 0
     peer_ranks: dict[str, int] = field(default_factory=dict)
 
 
@@ -58,6 +73,7 @@ class Reconciler:
         self.stats = ReconcileStats()
         self._written: dict[str, str | None] = {}
         self._skipped_logged: set[tuple[int, str]] = set()
+        self._young: dict[str, float] = {}  # public key -> when it was added
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reconcile forever.
@@ -68,11 +84,19 @@ class Reconciler:
         seen = -1
         backoff = Backoff(initial=0.1, maximum=5.0)
         task_status.started()
+        next_resync = trio.current_time() + self.resync_interval
         while True:
-            with trio.move_on_after(self.resync_interval):
+            wake = next_resync
+            if self._young:
+                wake = min(wake, trio.current_time() + NUDGE_AFTER / 4)
+            with trio.move_on_at(wake):
                 await self.view.wait_changed(seen)
-            seen = self.view.version
             try:
+                if self.view.version == seen and trio.current_time() < next_resync:
+                    await self.nudge_handshakes()
+                    continue
+                seen = self.view.version
+                next_resync = trio.current_time() + self.resync_interval
                 await self.reconcile_once()
                 backoff.reset()
             except DataplaneError as exc:
@@ -99,9 +123,43 @@ class Reconciler:
             self.stats.changes += len(plan)
             self._log_plan(plan, ranks, time.perf_counter() - started)
         self._written = written_after(desired)
+        now = trio.current_time()
+        for peer in plan.add:
+            self._young[peer.public_key] = now
+        for peer in plan.remove:
+            self._young.pop(peer.public_key, None)
         self.stats.peer_ranks = ranks
         self.stats.last_duration = time.perf_counter() - started
         return plan
+
+    async def nudge_handshakes(self) -> None:
+        """Re-add young peers stuck without a handshake (see the module doc)."""
+        now = trio.current_time()
+        self._young = {k: t for k, t in self._young.items() if now - t < NUDGE_WINDOW}
+        if not self._young:
+            return
+        device = await self.dataplane.peers()
+        stuck = []
+        for key, added in list(self._young.items()):
+            peer = device.get(key)
+            rank = self.stats.peer_ranks.get(key)
+            if peer is None or rank is None or peer.last_handshake:
+                self._young.pop(key, None)
+                continue
+            wait = NUDGE_AFTER if self.self_rank < rank else 2 * NUDGE_AFTER
+            if now - added >= wait and peer.tx_bytes:
+                stuck.append(Peer(key, peer.allowed_ips, peer.endpoint, rank))
+                self._young.pop(key, None)  # once per join
+        if stuck:
+            await self.dataplane.apply(Plan(remove=tuple(stuck), add=tuple(stuck)))
+            self.stats.nudges += len(stuck)
+            for nudged in stuck:
+                log.info(
+                    "peer rank %s: no handshake %.1f s after joining; re-added it to restart "
+                    "the handshake",
+                    nudged.rank,
+                    NUDGE_AFTER,
+                )
 
     def _log_plan(self, plan: Plan, ranks: dict[str, int], elapsed: float) -> None:
         old_ranks = self.stats.peer_ranks

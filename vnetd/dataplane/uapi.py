@@ -454,7 +454,8 @@ async def _spawn(config: DeviceConfig, netns: str | None, wireguard_go: str) -> 
     path = f"{SOCKET_DIR}/{config.interface}.sock"
     if await _socket_answers(path):
         raise DataplaneError(f"{path}: another wireguard-go already serves this name")
-    env = dict(os.environ, WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD="1", LOG_LEVEL="error")
+    level = os.environ.get("VNETD_WIREGUARD_LOG", "error")  # "verbose" to debug handshakes
+    env = dict(os.environ, WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD="1", LOG_LEVEL=level)
     try:
         return await trio.lowlevel.open_process(
             _command(config, netns, wireguard_go),
