@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import subprocess
 import time
 
 import pytest
@@ -139,7 +138,8 @@ async def test_sigterm_revokes_lease_and_cleans_up():
             links = await lab.run(mesh.pod(2), ["ip", "-o", "link", "show"])
             assert b"vnet0" not in links.stdout
             assert "lease revoked" in mesh.daemons[2].log_text()
-            pids = subprocess.run(["ip", "netns", "pids", mesh.pod(2).netns],
-                                  capture_output=True, text=True, check=True).stdout.split()
-            names = {open(f"/proc/{pid}/comm").read().strip() for pid in pids}
+            result = await trio.run_process(["ip", "netns", "pids", mesh.pod(2).netns],
+                                            capture_stdout=True, check=True)
+            comms = [trio.Path(f"/proc/{pid}/comm") for pid in result.stdout.decode().split()]
+            names = {(await comm.read_text()).strip() for comm in comms}
             assert "wireguard-go" not in names, names
