@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from vnetd.daemon import UpOptions, run_daemon
+    from vnetd.daemon import UpOptions, run_until_signal
 
     opts = UpOptions(
         config=args.config,
@@ -121,7 +121,7 @@ def _up(args: argparse.Namespace) -> int:
         dataplane=args.dataplane,
         resync_interval=args.resync_interval,
     )
-    trio.run(run_daemon, opts, dict(os.environ))
+    trio.run(run_until_signal, opts, dict(os.environ))
     return 0
 
 

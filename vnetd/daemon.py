@@ -131,7 +131,7 @@ async def run_daemon(
     open_registry: RegistryFactory | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run until cancelled or signalled.
+    """Run until cancelled. Signals are the caller's: see ``run_until_signal``.
 
     Raises:
         VnetdError: bad input, a spec that differs from the registry's, or a
@@ -149,14 +149,23 @@ async def run_daemon(
         me.instance,
         ",".join(spec.registry.endpoints),
     )
+    with _plain_errors():
+        async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
+            log.info("device %s up with %s, mtu %d", config.interface, config.address, config.mtu)
+            await _serve(spec, me, registry, dataplane, opts, task_status)
+
+
+async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:
+    """The process's entry point: run the daemon until SIGTERM or SIGINT.
+
+    Signal handlers are process-wide, so they are installed here, once, and
+    not by ``run_daemon``, which tests run several times in one process.
+    """
     with _plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as root:
             root.start_soon(_cancel_on_signal, signals, root.cancel_scope)
-            async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
-                log.info(
-                    "device %s up with %s, mtu %d", config.interface, config.address, config.mtu
-                )
-                await _serve(spec, me, registry, dataplane, opts, task_status)
+            await run_daemon(opts, env)
+            root.cancel_scope.cancel()
     log.info("stopped")
 
 
