@@ -75,8 +75,13 @@ class Plan:
     def __len__(self) -> int:
         return len(self.remove) + len(self.update) + len(self.add)
 
-    def describe(self) -> str:
-        """One short line for the log: what changes, by rank where known."""
+    def describe(self, limit: int = 16) -> str:
+        """One short line for the log: what changes, by rank where known.
+
+        A plan of more than ``limit`` changes is shown as counts.
+        """
+        if len(self) > limit:
+            return f"+{len(self.add)} -{len(self.remove)} ~{len(self.update)} peers"
         parts: list[str] = []
         for peer in self.add:
             parts.append(f"+{_label(peer)}")

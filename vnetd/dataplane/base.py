@@ -13,10 +13,13 @@ fails at once with "No route to host" on both data planes.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
-from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network
+from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network, ip_network
 from typing import Protocol
 
+from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
 
@@ -60,3 +63,51 @@ class Dataplane(Protocol):
     async def routes(self) -> set[str]:
         """Destinations routed to the device (CIDR strings), for tests and status."""
         ...
+
+
+# Rules both data planes share (the fake must behave exactly like the device).
+
+
+def key_to_hex(key: str, field: str = "public_key") -> str:
+    """Base64 WireGuard key (as ``wg`` prints it) to the UAPI's hex form.
+
+    Raises:
+        DataplaneError: not 32 bytes of base64; the key itself is not echoed.
+    """
+    try:
+        raw = base64.b64decode(key, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != 32:
+        raise DataplaneError(f"{field}: not a base64 WireGuard key (32 bytes)")
+    return raw.hex()
+
+
+def key_from_hex(value: str) -> str:
+    """The UAPI's hex key to base64."""
+    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+
+
+def route_changes(plan: Plan, live: set[str]) -> tuple[set[str], set[str]]:
+    """Routes to delete and to add after ``plan``, given the allowed IPs now live.
+
+    A destination still held by some peer (WireGuard moved it) is never
+    deleted; one no peer holds is never added.
+    """
+    gone: set[str] = set()
+    new: set[str] = set()
+    for peer in plan.remove:
+        gone.update(peer.allowed_ips)
+    for upd in plan.update:
+        if upd.allowed_ips is not None:
+            gone.update(set(upd.old_allowed_ips) - set(upd.allowed_ips))
+            new.update(upd.allowed_ips)
+    for peer in plan.add:
+        new.update(peer.allowed_ips)
+    gone = {_cidr(ip) for ip in gone}
+    new = {_cidr(ip) for ip in new}
+    return gone - live - new, new & live
+
+
+def _cidr(ip: str) -> str:
+    return str(ip_network(ip, strict=False))

@@ -14,8 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from ipaddress import ip_network
 
-from vnetd.dataplane.base import DeviceConfig
-from vnetd.dataplane.uapi import describe, key_to_hex, route_changes
+from vnetd.dataplane.base import DeviceConfig, key_to_hex, route_changes
 from vnetd.model import DevicePeer, Plan
 
 log = logging.getLogger("vnetd.dataplane")
@@ -63,7 +62,7 @@ class FakeDataplane:
         log.info(
             "%s: applied %s (routes -%d +%d)",
             self.config.interface,
-            describe(plan),
+            plan.describe(),
             len(gone),
             len(new),
         )

@@ -8,36 +8,30 @@ there is no maintained Python client for this protocol, and it is a tiny
 line protocol that fits in a few dozen lines (pyroute2's ``WireGuard`` only
 speaks the kernel's generic netlink family, which this device does not have).
 
-The link (address, MTU, state, routes) is configured with pyroute2, whose
-sync calls run in worker threads, never on the event loop. The rank's
-address is added with the network's prefix length and ``IFA_F_NOPREFIXROUTE``
-so the kernel adds no route for the whole network; should the kernel refuse
-that flag, the address falls back to a /32 (/128), which routes the same.
-The network itself is routed ``unreachable`` and each present peer's
-allowed IPs get a route to the device (DESIGN invariant 9).
+The link, its address and the routes are ``vnetd.dataplane.link``'s job.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import errno
 import logging
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
-from functools import partial
-from ipaddress import ip_network
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE
 
-from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.base import DeviceConfig, key_from_hex, key_to_hex, route_changes
+from vnetd.dataplane.link import (
+    change_routes,
+    configure_link,
+    device_routes,
+    remove_link,
+    run_netlink,
+)
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
@@ -46,33 +40,12 @@ log = logging.getLogger("vnetd.dataplane")
 SOCKET_DIR = "/run/wireguard"
 UAPI_TIMEOUT = 5.0  # one request/response on the socket
 START_TIMEOUT = 5.0  # wireguard-go start until its socket answers
-NETLINK_TIMEOUT = 5.0  # one batch of netlink calls
 STOP_GRACE = 5.0  # SIGTERM until SIGKILL
 CLEANUP_DEADLINE = STOP_GRACE + 5.0
 _MAX_RESPONSE = 64 * 1024 * 1024
-_RT_TABLE_MAIN = 254
-_RTN_UNICAST = 1
-
-T = TypeVar("T")
 
 
-# --- keys and the UAPI client ----------------------------------------------------------
-
-
-def key_to_hex(key: str, field: str = "public_key") -> str:
-    """Base64 WireGuard key (as ``wg`` prints it) to the UAPI's hex form."""
-    try:
-        raw = base64.b64decode(key, validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        raise DataplaneError(f"{field}: not a base64 WireGuard key (32 bytes)")
-    return raw.hex()
-
-
-def key_from_hex(value: str) -> str:
-    """The UAPI's hex key to base64."""
-    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+# --- the UAPI client --------------------------------------------------------------------
 
 
 class UapiClient:
@@ -197,151 +170,6 @@ def plan_lines(plan: Plan, persistent_keepalive: int = 0) -> list[tuple[str, str
     return lines
 
 
-def route_changes(plan: Plan, live: set[str]) -> tuple[set[str], set[str]]:
-    """Routes to delete and to add after ``plan``, given the allowed IPs now live.
-
-    A destination still held by some peer (WireGuard moved it) is never
-    deleted; one no peer holds is never added.
-    """
-    gone: set[str] = set()
-    new: set[str] = set()
-    for peer in plan.remove:
-        gone.update(peer.allowed_ips)
-    for upd in plan.update:
-        if upd.allowed_ips is not None:
-            gone.update(set(upd.old_allowed_ips) - set(upd.allowed_ips))
-            new.update(upd.allowed_ips)
-    for peer in plan.add:
-        new.update(peer.allowed_ips)
-    gone = {_cidr(ip) for ip in gone}
-    new = {_cidr(ip) for ip in new}
-    return gone - live - new, new & live
-
-
-def describe(plan: Plan, limit: int = 16) -> str:
-    """``plan.describe()``, or counts when the plan is too long for one log line."""
-    if len(plan) <= limit:
-        return plan.describe()
-    return f"+{len(plan.add)} -{len(plan.remove)} ~{len(plan.update)} peers"
-
-
-def _cidr(ip: str) -> str:
-    return str(ip_network(ip, strict=False))
-
-
-# --- the link, through pyroute2 (sync; called in worker threads) ------------------------
-
-
-def _iproute(netns: str | None) -> IPRoute:
-    # flags=0: never create the namespace (pyroute2's default is O_CREAT).
-    return IPRoute(netns=netns, flags=0) if netns else IPRoute()
-
-
-def _ignore(codes: tuple[int, ...], call: Callable[[], object]) -> None:
-    try:
-        call()
-    except NetlinkError as exc:
-        if exc.code not in codes:
-            raise
-
-
-def _configure_link(netns: str | None, config: DeviceConfig) -> tuple[int, bool]:
-    """Address (no prefix route), MTU, up, ``unreachable <network>``.
-
-    Returns the link index and whether IFA_F_NOPREFIXROUTE was accepted.
-    """
-    addr = config.address
-    with _iproute(netns) as ipr:
-        found = ipr.link_lookup(ifname=config.interface)
-        if not found:
-            raise DataplaneError(f"interface {config.interface}: not found after start")
-        index = int(found[0])
-        noprefixroute = True
-        try:
-            _ignore(
-                (errno.EEXIST,),
-                lambda: ipr.addr(
-                    "add",
-                    index=index,
-                    address=str(addr.ip),
-                    prefixlen=addr.network.prefixlen,
-                    flags=IFA_F_NOPREFIXROUTE,
-                ),
-            )
-        except NetlinkError as exc:
-            log.warning(
-                "%s: IFA_F_NOPREFIXROUTE refused (%s); using a host address", config.interface, exc
-            )
-            noprefixroute = False
-            _ignore(
-                (errno.EEXIST,),
-                lambda: ipr.addr(
-                    "add",
-                    index=index,
-                    address=str(addr.ip),
-                    prefixlen=addr.max_prefixlen,
-                ),
-            )
-        ipr.link("set", index=index, mtu=config.mtu, state="up")
-        _ignore(
-            (errno.EEXIST,), lambda: ipr.route("add", dst=str(config.network), type="unreachable")
-        )
-    return index, noprefixroute
-
-
-def _change_routes(netns: str | None, index: int, gone: set[str], new: set[str]) -> None:
-    with _iproute(netns) as ipr:
-        for dst in sorted(gone):
-            _ignore((errno.ESRCH, errno.ENOENT), partial(ipr.route, "del", dst=dst, oif=index))
-        for dst in sorted(new):
-            _ignore((errno.EEXIST,), partial(ipr.route, "add", dst=dst, oif=index))
-
-
-def _device_routes(netns: str | None, index: int) -> set[str]:
-    found: set[str] = set()
-    with _iproute(netns) as ipr:
-        for route in ipr.get_routes():
-            if (
-                route.get("oif") != index
-                or route.get("table") != _RT_TABLE_MAIN
-                or route["type"] != _RTN_UNICAST
-            ):
-                continue
-            default = "0.0.0.0" if route["family"] == 2 else "::"
-            net = ip_network(f"{route.get('dst') or default}/{route['dst_len']}")
-            if not net.is_link_local:
-                found.add(str(net))
-    return found
-
-
-def _teardown_link(netns: str | None, config: DeviceConfig) -> None:
-    # A killed wireguard-go leaves its socket behind; the name was ours.
-    with suppress(FileNotFoundError):
-        os.unlink(f"{SOCKET_DIR}/{config.interface}.sock")
-    try:
-        ipr = _iproute(netns)
-    except OSError:
-        return  # the namespace is gone, and everything in it
-    with ipr:
-        for index in ipr.link_lookup(ifname=config.interface):
-            _ignore((errno.ENODEV,), partial(ipr.link, "del", index=index))
-        _ignore(
-            (errno.ESRCH, errno.ENOENT),
-            lambda: ipr.route("del", dst=str(config.network), type="unreachable"),
-        )
-
-
-async def _netlink(fn: Callable[[], T]) -> T:
-    """Run a sync pyroute2 batch in a worker thread, bounded."""
-    try:
-        with trio.fail_after(NETLINK_TIMEOUT):
-            return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
-    except trio.TooSlowError:
-        raise DataplaneError(f"netlink: no answer within {NETLINK_TIMEOUT:g} s") from None
-    except NetlinkError as exc:
-        raise DataplaneError(f"netlink: {exc}") from exc
-
-
 # --- the data plane ---------------------------------------------------------------------
 
 
@@ -381,19 +209,19 @@ class UapiDataplane:
             live = {ip for p in (await self.peers()).values() for ip in p.allowed_ips}
             gone, new = route_changes(plan, live)
             if gone or new:
-                await _netlink(lambda: _change_routes(self.netns, self.index, gone, new))
+                await run_netlink(lambda: change_routes(self.netns, self.index, gone, new))
             elapsed = (trio.current_time() - start) * 1000
         log.info(
             "%s: applied %s (routes -%d +%d) in %.1f ms",
             self.config.interface,
-            describe(plan),
+            plan.describe(limit=16),
             len(gone),
             len(new),
             elapsed,
         )
 
     async def routes(self) -> set[str]:
-        return await _netlink(lambda: _device_routes(self.netns, self.index))
+        return await run_netlink(lambda: device_routes(self.netns, self.index))
 
 
 def _command(config: DeviceConfig, netns: str | None, wireguard_go: str) -> list[str]:
@@ -491,7 +319,7 @@ async def _bring_up(
             ("listen_port", str(config.listen_port)),
         ]
     )
-    index, noprefixroute = await _netlink(lambda: _configure_link(netns, config))
+    index, noprefixroute = await run_netlink(lambda: configure_link(netns, config))
     dataplane = UapiDataplane(config, uapi, netns, index, process.pid)
     dataplane.noprefixroute = noprefixroute
     return dataplane
@@ -518,9 +346,14 @@ async def _stop(process: trio.Process, config: DeviceConfig, netns: str | None) 
             )
             process.kill()
             await process.wait()
+    # A killed wireguard-go leaves its socket behind; the name was ours.
+    with suppress(FileNotFoundError):
+        os.unlink(f"{SOCKET_DIR}/{config.interface}.sock")
     try:
-        await trio.to_thread.run_sync(_teardown_link, netns, config)
-    except (OSError, NetlinkError) as exc:
+        # Bounded by the caller's cleanup deadline; a loaded machine can take
+        # more than NETLINK_TIMEOUT to enter a namespace here.
+        await run_netlink(lambda: remove_link(netns, config), timeout=CLEANUP_DEADLINE)
+    except DataplaneError as exc:
         log.error("%s: could not remove link or routes: %s", config.interface, exc)
 
 

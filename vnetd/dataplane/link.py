@@ -1,0 +1,134 @@
+"""The device's link, addresses and routes, through pyroute2.
+
+The rank's address is added with the network's prefix length and
+``IFA_F_NOPREFIXROUTE`` so the kernel adds no route for the whole network;
+should the kernel refuse that flag, the address falls back to a /32 (/128),
+which routes the same. The network itself is routed ``unreachable`` and
+each present peer's allowed IPs get a route to the device (DESIGN
+invariant 9).
+
+pyroute2's calls here are sync; ``run_netlink`` runs a batch of them in a
+worker thread with a timeout, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+from functools import partial
+from ipaddress import ip_network
+from typing import TypeVar
+
+import trio
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE
+
+from vnetd.dataplane.base import DeviceConfig
+from vnetd.errors import DataplaneError
+
+log = logging.getLogger("vnetd.dataplane")
+
+NETLINK_TIMEOUT = 5.0  # one batch of netlink calls
+_RT_TABLE_MAIN = 254
+_RTN_UNICAST = 1
+
+T = TypeVar("T")
+
+
+async def run_netlink(fn: Callable[[], T], timeout: float = NETLINK_TIMEOUT) -> T:  # noqa: ASYNC109
+    """Run a sync pyroute2 batch in a worker thread, bounded by ``timeout`` seconds."""
+    try:
+        with trio.fail_after(timeout):
+            return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+    except trio.TooSlowError:
+        raise DataplaneError(f"netlink: no answer within {timeout:g} s") from None
+    except NetlinkError as exc:
+        raise DataplaneError(f"netlink: {exc}") from exc
+
+
+def _iproute(netns: str | None) -> IPRoute:
+    # flags=0: never create the namespace (pyroute2's default is O_CREAT).
+    return IPRoute(netns=netns, flags=0) if netns else IPRoute()
+
+
+def _ignore(codes: tuple[int, ...], call: Callable[[], object]) -> None:
+    try:
+        call()
+    except NetlinkError as exc:
+        if exc.code not in codes:
+            raise
+
+
+def configure_link(netns: str | None, config: DeviceConfig) -> tuple[int, bool]:
+    """Address (no prefix route), MTU, up, ``unreachable <network>``.
+
+    Returns the link index and whether IFA_F_NOPREFIXROUTE was accepted.
+    """
+    addr = config.address
+    with _iproute(netns) as ipr:
+        found = ipr.link_lookup(ifname=config.interface)
+        if not found:
+            raise DataplaneError(f"interface {config.interface}: not found after start")
+        index = int(found[0])
+        add = partial(ipr.addr, "add", index=index, address=str(addr.ip))
+        noprefixroute = True
+        try:
+            _ignore(
+                (errno.EEXIST,),
+                lambda: add(prefixlen=addr.network.prefixlen, flags=IFA_F_NOPREFIXROUTE),
+            )
+        except NetlinkError as exc:
+            log.warning(
+                "%s: IFA_F_NOPREFIXROUTE refused (%s); using a host address", config.interface, exc
+            )
+            noprefixroute = False
+            _ignore((errno.EEXIST,), lambda: add(prefixlen=addr.max_prefixlen))
+        ipr.link("set", index=index, mtu=config.mtu, state="up")
+        _ignore(
+            (errno.EEXIST,), lambda: ipr.route("add", dst=str(config.network), type="unreachable")
+        )
+    return index, noprefixroute
+
+
+def change_routes(netns: str | None, index: int, gone: set[str], new: set[str]) -> None:
+    """Delete the routes to ``gone`` and add routes to the device for ``new``; idempotent."""
+    with _iproute(netns) as ipr:
+        for dst in sorted(gone):
+            _ignore((errno.ESRCH, errno.ENOENT), partial(ipr.route, "del", dst=dst, oif=index))
+        for dst in sorted(new):
+            _ignore((errno.EEXIST,), partial(ipr.route, "add", dst=dst, oif=index))
+
+
+def device_routes(netns: str | None, index: int) -> set[str]:
+    """Destinations routed to the device in the main table (CIDR strings)."""
+    found: set[str] = set()
+    with _iproute(netns) as ipr:
+        for route in ipr.get_routes():
+            if (
+                route.get("oif") != index
+                or route.get("table") != _RT_TABLE_MAIN
+                or route["type"] != _RTN_UNICAST
+            ):
+                continue
+            default = "0.0.0.0" if route["family"] == 2 else "::"
+            net = ip_network(f"{route.get('dst') or default}/{route['dst_len']}")
+            if not net.is_link_local:
+                found.add(str(net))
+    return found
+
+
+def remove_link(netns: str | None, config: DeviceConfig) -> None:
+    """Delete the link (its routes go with it) and the unreachable route."""
+    try:
+        ipr = _iproute(netns)
+    except OSError:
+        return  # the namespace is gone, and everything in it
+    with ipr:
+        for index in ipr.link_lookup(ifname=config.interface):
+            _ignore((errno.ENODEV,), partial(ipr.link, "del", index=index))
+        _ignore(
+            (errno.ESRCH, errno.ENOENT),
+            lambda: ipr.route("del", dst=str(config.network), type="unreachable"),
+        )
