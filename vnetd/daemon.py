@@ -151,7 +151,6 @@ async def run_daemon(
     )
     with _plain_errors():
         async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
-            log.info("device %s up with %s, mtu %d", config.interface, config.address, config.mtu)
             await _serve(spec, me, registry, dataplane, opts, task_status)
 
 

@@ -59,7 +59,7 @@ class FakeDataplane:
         gone, new = route_changes(plan, live)
         self.device_routes = (self.device_routes - gone) | new
         self.applied.append(plan)
-        log.info(
+        log.debug(
             "%s: applied %s (routes -%d +%d)",
             self.config.interface,
             plan.describe(),

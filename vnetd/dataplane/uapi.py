@@ -211,7 +211,7 @@ class UapiDataplane:
             if gone or new:
                 await run_netlink(lambda: change_routes(self.netns, self.index, gone, new))
             elapsed = (trio.current_time() - start) * 1000
-        log.info(
+        log.debug(
             "%s: applied %s (routes -%d +%d) in %.1f ms",
             self.config.interface,
             plan.describe(limit=16),
