@@ -49,16 +49,26 @@ def encode_member(member: Member) -> bytes:
     return json.dumps(asdict(member), sort_keys=True, separators=(",", ":")).encode()
 
 
+def rank_of_key(spec: MeshSpec, key: str) -> int | None:
+    """The rank a ``members/<rank>`` key names, or None for any other key.
+
+    Only the canonical form counts: ``members/02`` is not rank 2.
+    """
+    suffix = key.removeprefix(members_prefix(spec))
+    if suffix == key or not suffix.isdigit() or (suffix != "0" and suffix.startswith("0")):
+        return None
+    return int(suffix)
+
+
 def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
     """Parse and check one ``members/<rank>`` entry.
 
     Raises:
         BadEntry: the message names the key and the field at fault.
     """
-    suffix = key.removeprefix(members_prefix(spec))
-    if not suffix.isdigit() or (suffix != "0" and suffix.startswith("0")):
+    rank = rank_of_key(spec, key)
+    if rank is None:
         raise BadEntry(f"{key}: not a rank key")
-    rank = int(suffix)
     if rank >= spec.size:
         raise BadEntry(f"{key}: rank {rank} is out of range 0..{spec.size - 1}")
     try:

@@ -14,7 +14,7 @@ import logging
 import trio
 
 from vnetd.errors import RegistryUnavailable, WatchCompacted
-from vnetd.membership import BadEntry, decode_member, members_prefix
+from vnetd.membership import BadEntry, decode_member, members_prefix, rank_of_key
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry, WatchEvent
 from vnetd.retry import Backoff, RegistryHealth
@@ -49,13 +49,13 @@ class MemberView:
     def apply(self, spec: MeshSpec, event: WatchEvent) -> None:
         self.bad_entries.pop(event.key, None)
         if event.kind == "delete":
-            rank = _rank_of(spec, event.key)
+            rank = rank_of_key(spec, event.key)
             if rank is not None and self.members.pop(rank, None) is not None:
                 self._bump()
             return
         member = self._decode(spec, event.key, event.value, self.bad_entries)
         if member is None:
-            rank = _rank_of(spec, event.key)
+            rank = rank_of_key(spec, event.key)
             if rank is not None and self.members.pop(rank, None) is not None:
                 self._bump()
         elif self.members.get(member.rank) != member:
@@ -81,11 +81,6 @@ class MemberView:
         """Return once ``version`` is past ``since``."""
         while self.version <= since:
             await self._changed.wait()
-
-
-def _rank_of(spec: MeshSpec, key: str) -> int | None:
-    suffix = key.removeprefix(members_prefix(spec))
-    return int(suffix) if suffix.isdigit() else None
 
 
 async def sync_members(

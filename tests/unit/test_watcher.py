@@ -80,3 +80,20 @@ async def test_outage_keeps_view_then_relists(autojump_clock):
                 await trio.sleep(0.05)
         assert health.reachable is True
         nursery.cancel_scope.cancel()
+
+
+async def test_deleting_a_junk_key_does_not_drop_a_member():
+    registry = MemoryRegistry()
+    view = MemberView()
+    await registry.create(member_key(SPEC, 2), encode_member(member(2)))
+    kvs, revision = await registry.list_prefix("/vnetd/m/members/")
+    view.replace(SPEC, kvs)
+    junk = member_key(SPEC, 2).replace("/2", "/02")
+    await registry.create(junk, b"{}")
+    await registry.delete(junk)
+    async with registry.watch("/vnetd/m/members/", revision + 1) as events:
+        async for event in events:
+            view.apply(SPEC, event)
+            if event.kind == "delete":
+                break
+    assert set(view.members) == {2}
