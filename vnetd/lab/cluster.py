@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,7 +113,7 @@ class MeshLab:
         timeout: float,  # noqa: ASYNC109 (a bound the caller states)
         ranks: set[int] | None = None,
         *,
-        on_progress: object = None,
+        on_progress: Callable[[list[tuple[int, int]]], None] | None = None,
     ) -> float:
         """Wait until every ordered pair of ``ranks`` has reached the other.
 
@@ -126,7 +127,7 @@ class MeshLab:
         deadline = trio.current_time() + timeout
         while True:
             missing = self.missing_pairs(ranks)
-            if callable(on_progress):
+            if on_progress is not None:
                 on_progress(missing)
             if not missing:
                 return max(self.first_reached().values(), default=time.monotonic())
