@@ -1,4 +1,4 @@
-"""The ``vnetd`` command line: ``up``, ``plan`` and ``demo``.
+"""The ``vnetd`` command line: ``up``, ``plan``, ``render``, ``hosts``, ``wait``, ``demo``.
 
 Errors a user can cause print one line (``vnetd: error: ...``) and exit 2.
 """
@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the address plan of a spec")
     plan.add_argument("--config", required=True, type=Path)
 
+    from vnetd.render import command as render_command
+    from vnetd.wait import command as wait_command
+
+    render_command.add_parsers(sub)
+    wait_command.add_parser(sub)
+
     demo = sub.add_parser("demo", help="build a lab of N pods and watch the mesh form")
     demo.add_argument("--ranks", type=int, default=8, help="number of ranks (default 8)")
     demo.add_argument(
@@ -96,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _up(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command in ("render", "hosts", "wait"):
+            result: int = args.run(args)
+            return result
         if args.command == "demo":
             from vnetd.demo import run_demo
 

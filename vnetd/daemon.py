@@ -14,8 +14,8 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass, field, replace
+from contextlib import AbstractAsyncContextManager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -36,7 +36,7 @@ from vnetd.model import Member
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import Registry
 from vnetd.retry import Backoff, RegistryHealth
-from vnetd.spec import MeshSpec, check_etcd_url, load_spec
+from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
 from vnetd.watcher import MemberView, sync_members
 
 log = logging.getLogger("vnetd.daemon")
@@ -72,10 +72,7 @@ class Running:
 
 def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
     """Resolve spec, identity and device config; every failure is a ``VnetdError``."""
-    spec = load_spec(opts.config)
-    if opts.etcd:
-        urls = tuple(check_etcd_url(url) for url in opts.etcd)
-        spec = replace(spec, registry=replace(spec.registry, endpoints=urls))
+    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
     rank = resolve_rank(spec, opts.rank, env, socket.gethostname())
     set_rank(rank)
     keys = load_or_create_key(opts.state_dir)
@@ -242,13 +239,7 @@ def _dataplane_factory(kind: str) -> DataplaneFactory:
     raise VnetdError(f"--dataplane: {kind!r} is not one of userspace, fake")
 
 
-@asynccontextmanager
-async def _etcd_registry(spec: MeshSpec) -> AsyncIterator[Registry]:
-    from vnetd.registry.etcd import EtcdRegistry
+def _etcd_registry(spec: MeshSpec) -> AbstractAsyncContextManager[Registry]:
+    from vnetd.registry.etcd import open_etcd_registry
 
-    registry = EtcdRegistry(spec.registry.endpoints)
-    try:
-        yield registry
-    finally:
-        with trio.CancelScope(shield=True):
-            await registry.aclose()
+    return open_etcd_registry(spec.registry.endpoints)

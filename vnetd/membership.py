@@ -202,3 +202,22 @@ async def try_claim(registry: Registry, spec: MeshSpec, me: Member, lease: int) 
         if await registry.replace(key, value, existing.mod_revision, lease):
             return Claimed(took_over=True)
     raise RegistryError(f"{key}: claim kept losing compare-and-swap races")
+
+
+async def read_members(registry: Registry, spec: MeshSpec) -> tuple[dict[int, Member], int]:
+    """One list of the members (for the CLI): ``({rank: member}, bad entries skipped)``.
+
+    Raises:
+        RegistryUnavailable: no etcd endpoint answered.
+    """
+    kvs, _revision = await registry.list_prefix(members_prefix(spec))
+    members: dict[int, Member] = {}
+    bad = 0
+    for kv in kvs:
+        try:
+            member = decode_member(spec, kv.key, kv.value)
+        except BadEntry:
+            bad += 1
+            continue
+        members[member.rank] = member
+    return members, bad

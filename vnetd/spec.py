@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from ipaddress import (
     IPv4Address,
     IPv4Interface,
@@ -303,3 +303,11 @@ def check_etcd_url(url: str, key: str = "--etcd") -> str:
     except ValueError:
         raise SpecError(f"{key}: {url!r} has an invalid port") from None
     return url
+
+
+def with_etcd_endpoints(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
+    """``spec`` with its etcd endpoints replaced by ``--etcd`` URLs (if any were given)."""
+    if not urls:
+        return spec
+    checked = tuple(check_etcd_url(url) for url in urls)
+    return replace(spec, registry=replace(spec.registry, endpoints=checked))

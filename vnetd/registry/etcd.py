@@ -296,3 +296,14 @@ async def _watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[WatchEvent,
                 value=_unb64(kv.get("value", "")),
                 mod_revision=int(kv.get("mod_revision", 0)),
             )
+
+
+@asynccontextmanager
+async def open_etcd_registry(endpoints: Sequence[str]) -> AsyncIterator[EtcdRegistry]:
+    """An ``EtcdRegistry`` that is closed (shielded from cancellation) on exit."""
+    registry = EtcdRegistry(endpoints)
+    try:
+        yield registry
+    finally:
+        with trio.CancelScope(shield=True):
+            await registry.aclose()
