@@ -255,3 +255,44 @@ async def test_cleanup_removes_labs_of_dead_owners_only(lab: Lab) -> None:
         finally:
             squatter.kill()
             await squatter.wait()
+
+
+async def test_a_process_can_get_its_own_hostname(lab: Lab) -> None:
+    with trio.fail_after(20):
+        root_hostname = (await trio.run_process(["hostname"], capture_stdout=True)).stdout
+        named = await lab.start(lab.pods[0], ["hostname"], hostname="lab-0")
+        assert await named.wait(10) == 0
+        assert named.log_text().strip() == "lab-0"
+        after = (await trio.run_process(["hostname"], capture_stdout=True)).stdout
+        assert after == root_hostname, "the root namespace's hostname must not change"
+
+
+async def test_a_process_beside_another_shares_its_namespaces(lab: Lab) -> None:
+    with trio.fail_after(20):
+        marker = "/run/wireguard/vlab-beside-test"
+        script = f"touch {marker} && hostname && sleep 30"
+        holder = await lab.start(lab.pods[1], ["sh", "-c", script], hostname="side-1")
+        for _ in range(100):
+            if holder.log_text().strip():
+                break
+            await trio.sleep(0.05)
+        beside = await lab.run(
+            lab.pods[1], ["sh", "-c", f"ls {marker} && hostname"], 5, beside=holder
+        )
+        assert beside.stdout.decode().split() == [marker, "side-1"], beside.stderr
+        elsewhere = await lab.run(lab.pods[1], ["ls", marker], 5)
+        assert elsewhere.returncode != 0, "the private /run/wireguard must not leak"
+        await holder.stop()
+
+
+async def test_a_pod_can_move_to_a_new_underlay_address(lab: Lab) -> None:
+    with trio.fail_after(20):
+        moved = await lab.move_pod(lab.pods[2], "198.18.3.2")
+        assert lab.pods[2] is moved and moved.underlay_ip == "198.18.3.2"
+        addrs = await lab.run(moved, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"], 5)
+        assert "198.18.3.2/15" in addrs.stdout.decode()
+        assert "198.18.1.2/" not in addrs.stdout.decode()
+        ping = await lab.run(lab.pods[0], ["ping", "-c", "1", "-W", "2", "198.18.3.2"], 5)
+        assert ping.returncode == 0, ping.stdout.decode()
+        with pytest.raises(ValueError, match="underlay"):
+            await lab.move_pod(moved, "10.0.0.1")

@@ -19,7 +19,9 @@ async def device_dump(mesh: MeshLab, rank: int) -> list[list[str]]:
     pid = mesh.daemons[rank].pid
     result = await trio.run_process(
         ["nsenter", "-t", str(pid), "-m", "-n", "wg", "show", "vnet0", "dump"],
-        capture_stdout=True, capture_stderr=True, check=False,
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr.decode()
     return [line.split("\t") for line in result.stdout.decode().splitlines()[1:]]
@@ -61,7 +63,9 @@ async def test_any_start_order_forms_full_mesh(kind):
                 await trio.sleep(rng.uniform(0, 2))
             last_start = max(mesh.started_at.values())
             full_at = await mesh.wait_full_mesh(timeout=15 + (time.monotonic() - last_start))
-            print(f"order {order} (seed {seed}): full mesh {full_at - last_start:.2f} s after the last start")
+            print(
+                f"order {order} (seed {seed}): full mesh {full_at - last_start:.2f} s after the last start"
+            )
             assert full_at - last_start <= 15
             assert mesh.dead_daemons() == {}
             await assert_devices_consistent(mesh, set(range(RANKS)))
@@ -93,7 +97,9 @@ async def connect(lab, pod, address: str, timeout: float) -> tuple[str, float]:
         "except OSError as e: r=type(e).__name__+':'+str(e.errno)\n"
         "print(r, time.monotonic()-t)\n"
     )
-    result = await lab.run(pod, ["python3", "-c", code, address, str(timeout)], timeout=timeout + 10)
+    result = await lab.run(
+        pod, ["python3", "-c", code, address, str(timeout)], timeout=timeout + 10
+    )
     outcome, seconds = result.stdout.decode().split()
     return outcome, float(seconds)
 
@@ -123,7 +129,9 @@ async def test_absent_rank_fails_fast_then_joins():
 async def test_sigterm_revokes_lease_and_cleans_up():
     with trio.fail_after(90):
         async with open_lab(3) as lab:
-            mesh = MeshLab.create(lab, ttl=30)  # a TTL long enough that only a revoke explains a fast drop
+            mesh = MeshLab.create(
+                lab, ttl=30
+            )  # a TTL long enough that only a revoke explains a fast drop
             await mesh.start_probes()
             for rank in range(3):
                 await mesh.start_rank(rank)
@@ -138,8 +146,9 @@ async def test_sigterm_revokes_lease_and_cleans_up():
             links = await lab.run(mesh.pod(2), ["ip", "-o", "link", "show"])
             assert b"vnet0" not in links.stdout
             assert "lease revoked" in mesh.daemons[2].log_text()
-            result = await trio.run_process(["ip", "netns", "pids", mesh.pod(2).netns],
-                                            capture_stdout=True, check=True)
+            result = await trio.run_process(
+                ["ip", "netns", "pids", mesh.pod(2).netns], capture_stdout=True, check=True
+            )
             comms = [trio.Path(f"/proc/{pid}/comm") for pid in result.stdout.decode().split()]
             names = {(await comm.read_text()).strip() for comm in comms}
             assert "wireguard-go" not in names, names

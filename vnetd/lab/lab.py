@@ -22,13 +22,14 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,6 @@ MAX_PODS = 1000
 STOP_TIMEOUT = 5.0
 KILL_WAIT = 5.0
 TEARDOWN_TIMEOUT = 40.0
-_MOUNT_SCRIPT = f'mount -t tmpfs none {WG_RUN_DIR} && exec "$@"'
 
 
 class LabError(RuntimeError):
@@ -226,6 +226,8 @@ class Lab:
         env: Mapping[str, str] | None = None,
         *,
         private_mount: bool = True,
+        hostname: str | None = None,
+        beside: LabProcess | None = None,
     ) -> LabProcess:
         """Start ``argv`` inside ``pod``; stdout and stderr go to a log in ``pod.log_dir``.
 
@@ -235,17 +237,17 @@ class Lab:
             env: variables added to (or overriding) this process's environment.
             private_mount: also give it a private mount namespace with its own
                 tmpfs on /run/wireguard.
+            hostname: also give it a private UTS namespace with this hostname.
+            beside: instead of new namespaces, join this running process's
+                network, mount and UTS namespaces (as a second container of
+                the same pod would see its sidecar's interface and sockets).
         """
         self._check_open()
         if not argv:
             raise ValueError("argv is empty")
         self._seq += 1
         log_path = pod.log_dir / f"{self._seq:03d}-{Path(argv[0]).name}.log"
-        wrapper: list[str] = ["ip", "netns", "exec", pod.netns]
-        if private_mount:
-            os.makedirs(WG_RUN_DIR, exist_ok=True)
-            wrapper += ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                        _MOUNT_SCRIPT, "sh"]  # fmt: skip
+        wrapper = self._wrapper(pod, private_mount=private_mount, hostname=hostname, beside=beside)
         full_env = {**os.environ, **env} if env is not None else None
         with log_path.open("ab") as log:
             process = await trio.lowlevel.open_process(
@@ -259,26 +261,73 @@ class Lab:
         self.processes.append(lab_process)
         return lab_process
 
+    def _wrapper(
+        self, pod: Pod, *, private_mount: bool, hostname: str | None, beside: LabProcess | None
+    ) -> list[str]:
+        if beside is not None:
+            if beside.returncode is not None:
+                raise LabError(f"pid {beside.pid} ({beside.argv[0]}) has exited")
+            return ["nsenter", "-t", str(beside.pid), "-n", "-m", "-u", "--"]
+        wrapper = ["ip", "netns", "exec", pod.netns]
+        flags: list[str] = []
+        steps: list[str] = []
+        if private_mount:
+            os.makedirs(WG_RUN_DIR, exist_ok=True)
+            flags += ["-m", "--propagation", "private"]
+            steps.append(f"mount -t tmpfs none {WG_RUN_DIR}")
+        if hostname is not None:
+            flags.append("-u")
+            steps.append(f"hostname {shlex.quote(hostname)}")
+        if flags:
+            script = " && ".join([*steps, 'exec "$@"'])
+            wrapper += ["unshare", *flags, "sh", "-c", script, "sh"]
+        return wrapper
+
     async def run(
         self,
         pod: Pod,
         argv: Sequence[str],
         timeout: float = 10.0,  # noqa: ASYNC109 (the lab's API)
+        *,
+        beside: LabProcess | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run a short command in ``pod``'s network namespace and capture its output.
+
+        Args:
+            beside: run in this process's network, mount and UTS namespaces instead.
 
         Raises:
             trio.TooSlowError: it ran over ``timeout`` s (it is killed).
         """
         self._check_open()
+        wrapper = self._wrapper(pod, private_mount=False, hostname=None, beside=beside)
         with trio.fail_after(timeout):
             return await trio.run_process(
-                ["ip", "netns", "exec", pod.netns, *argv],
+                [*wrapper, *argv],
                 stdin=b"",
                 capture_stdout=True,
                 capture_stderr=True,
                 check=False,
             )
+
+    async def move_pod(self, pod: Pod, underlay_ip: str) -> Pod:
+        """Give ``pod`` a new underlay address, as a pod rescheduled elsewhere gets.
+
+        The old address is removed from eth0 and ``underlay_ip`` (inside
+        198.18.0.0/15) added; returns the updated pod, which also replaces
+        the old one in ``self.pods``.
+        """
+        self._check_open()
+        network = ipaddress.ip_network(f"{FIRST_POD_IP}/{UNDERLAY_PREFIXLEN}", strict=False)
+        if ipaddress.ip_address(underlay_ip) not in network:
+            raise ValueError(f"{underlay_ip} is not in the lab's underlay {network}")
+        await ip_batch(
+            [f"addr del {pod.underlay_ip}/{UNDERLAY_PREFIXLEN} dev eth0",
+             f"addr add {underlay_ip}/{UNDERLAY_PREFIXLEN} dev eth0"], netns=pod.netns,
+        )  # fmt: skip
+        moved = replace(pod, underlay_ip=underlay_ip)
+        self.pods[pod.index] = moved
+        return moved
 
     def _check_open(self) -> None:
         if self._closed:
