@@ -57,6 +57,10 @@ class UpOptions:
     resync_interval: float = 30.0
 
 
+PEERS_BEFORE_CLAIM = 5.0
+"""How long the claim waits for the known peers to be on the device (etcd may be down)."""
+
+
 @dataclass
 class Running:
     """What a started daemon exposes (to tests, status and health endpoints)."""
@@ -199,8 +203,13 @@ async def _serve(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sync_members, registry, spec, view, health)
-            await nursery.start(claim.run)
             await nursery.start(reconciler.run)
+            # Peers first, then the claim: whoever learns of us from the
+            # registry then finds itself already a peer on our device, and
+            # its first handshake is answered instead of dropped.
+            with trio.move_on_after(PEERS_BEFORE_CLAIM):
+                await reconciler.wait_synced()
+            await nursery.start(claim.run)
             task_status.started(Running(spec, me, view, claim, reconciler, dataplane, health))
     finally:
         await claim.release()

@@ -74,6 +74,7 @@ class Reconciler:
         self._written: dict[str, str | None] = {}
         self._skipped_logged: set[tuple[int, str]] = set()
         self._young: dict[str, float] = {}  # public key -> when it was added
+        self._synced = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reconcile forever.
@@ -130,7 +131,13 @@ class Reconciler:
             self._young.pop(peer.public_key, None)
         self.stats.peer_ranks = ranks
         self.stats.last_duration = time.perf_counter() - started
+        if self.view.synced:
+            self._synced.set()
         return plan
+
+    async def wait_synced(self) -> None:
+        """Return once a pass has applied the peers of a full list of the members."""
+        await self._synced.wait()
 
     async def nudge_handshakes(self) -> None:
         """Re-add young peers stuck without a handshake (see the module doc)."""

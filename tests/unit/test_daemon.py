@@ -77,8 +77,13 @@ class Cluster:
         async def runner(task_status: trio.TaskStatus[Running]) -> None:
             with trio.CancelScope() as scope:
                 self.scopes[name] = scope
-                await run_daemon(opts, env, open_dataplane=dataplane,
-                                 open_registry=self._registry, task_status=task_status)
+                await run_daemon(
+                    opts,
+                    env,
+                    open_dataplane=dataplane,
+                    open_registry=self._registry,
+                    task_status=task_status,
+                )
 
         running: Running = await self.nursery.start(runner)
         self.running[name] = running
@@ -89,8 +94,11 @@ class Cluster:
 
     def peer_ranks(self, name: str) -> set[int]:
         device = self.devices[name]
-        return {int(ip.split(".")[-1].split("/")[0]) - 1
-                for peer in device.device.values() for ip in peer.allowed_ips}
+        return {
+            int(ip.split(".")[-1].split("/")[0]) - 1
+            for peer in device.device.values()
+            for ip in peer.allowed_ips
+        }
 
     async def wait_full(self, names: list[str], ranks: set[int], timeout: float = 30) -> None:
         with trio.fail_after(timeout):
@@ -228,4 +236,27 @@ async def test_bad_registry_entry_is_skipped_and_counted(tmp_path, autojump_cloc
         assert cluster.peer_ranks("pod0") == {1}
         await cluster.start(3)
         await cluster.wait_full(["pod0"], {0, 1, 3})
+        nursery.cancel_scope.cancel()
+
+
+async def test_known_peers_are_on_the_device_before_the_claim(tmp_path, autojump_clock):
+    """Whoever learns of rank 0 from the registry must already be its peer, so
+    their first handshake to it is answered instead of dropped."""
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        for rank in (1, 2, 3):
+            await cluster.start(rank)
+        seen_at_claim: list[set[int]] = []
+        create = cluster.registry.create
+        key0 = member_key(cluster.running["pod1"].spec, 0)
+
+        async def watching_create(key: str, value: bytes, lease: int = 0):
+            if key == key0:
+                seen_at_claim.append(cluster.peer_ranks("pod0"))
+            return await create(key, value, lease)
+
+        cluster.registry.create = watching_create  # type: ignore[method-assign]
+        await cluster.start(0)
+        await cluster.wait_full(["pod0", "pod1"], {0, 1, 2, 3})
+        assert seen_at_claim == [{1, 2, 3}]
         nursery.cancel_scope.cancel()
