@@ -1,0 +1,97 @@
+"""Specs, keys and members shared by the render tests (conftest.py holds the fixtures)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+from vnetd.identity import KeyPair, public_key_of
+from vnetd.membership import encode_member, member_key
+from vnetd.model import Member
+from vnetd.registry.base import Registry
+from vnetd.registry.memory import MemoryRegistry
+from vnetd.spec import MeshSpec, parse_spec
+
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLE = Path(__file__).parents[3] / "examples" / "mesh.toml"
+
+LAB_TOML = """\
+[mesh]
+name = "lab"
+size = 4
+network = "10.250.0.0/24"
+hostname = "lab-{rank}"
+"""
+
+LAB6_TOML = """\
+[mesh]
+name = "lab6"
+size = 5
+network = "fd00:250::/64"
+hostname = "lab6-{rank}"
+interface = "ovl0"
+mtu = 1380
+port = 51900
+persistent_keepalive = 25
+"""
+
+LAB = parse_spec(
+    {"mesh": {"name": "lab", "size": 4, "network": "10.250.0.0/24", "hostname": "lab-{rank}"}}
+)
+LAB6 = parse_spec(
+    {
+        "mesh": {
+            "name": "lab6",
+            "size": 5,
+            "network": "fd00:250::/64",
+            "hostname": "lab6-{rank}",
+            "interface": "ovl0",
+            "mtu": 1380,
+            "port": 51900,
+            "persistent_keepalive": 25,
+        }
+    }
+)
+
+
+def private_key(n: int) -> str:
+    """A fixed, valid X25519 private key, different for each ``n``."""
+    return base64.b64encode(bytes([n + 1]) * 32).decode()
+
+
+def key_pair(n: int) -> KeyPair:
+    return KeyPair(private_key(n), public_key_of(private_key(n)))
+
+
+def member(
+    spec: MeshSpec, rank: int, key: int | None = None, endpoint: str | None = "auto"
+) -> Member:
+    """Rank ``rank`` registered with key number ``key`` (default: its rank)."""
+    if endpoint == "auto":
+        endpoint = (
+            f"198.18.1.{rank + 1}:{spec.port}"
+            if spec.network.version == 4
+            else f"[2001:db8::{rank + 1}]:{spec.port}"
+        )
+    return Member(rank, key_pair(rank if key is None else key).public_key, endpoint, f"pod{rank}")
+
+
+def memory_opener(
+    spec: MeshSpec, members: Sequence[Member], bad: int = 0, fail: bool = False
+) -> Callable[[Sequence[str]], AbstractAsyncContextManager[Registry]]:
+    """An opener of a fresh ``MemoryRegistry`` holding ``members`` and ``bad`` broken entries."""
+
+    @asynccontextmanager
+    async def open_registry(endpoints: Sequence[str]) -> AsyncIterator[MemoryRegistry]:
+        registry = MemoryRegistry()
+        for m in members:
+            await registry.create(member_key(spec, m.rank), encode_member(m))
+        for i in range(bad):
+            await registry.create(member_key(spec, spec.size + i), b"{}")
+        if fail:
+            registry.fail()
+        yield registry
+
+    return open_registry
