@@ -42,6 +42,7 @@ from vnetd.lab.netns import (
     ip_batch,
     kill_pids,
     list_netns,
+    pid_alive,
     pids_in_netns,
     proc_start_time,
     signal_pid,
@@ -309,6 +310,24 @@ class Lab:
                 capture_stderr=True,
                 check=False,
             )
+
+    async def kill_pod(self, pod: Pod) -> None:
+        """SIGKILL every process in ``pod``'s network namespace, as a node failure would.
+
+        Raises:
+            LabError: a process survived SIGKILL for ``KILL_WAIT`` s.
+        """
+        pids = pids_in_netns([pod.netns]).get(pod.netns, [])
+        for pid in pids:
+            signal_pid(pid, signal.SIGKILL)
+        for process in self.processes:
+            if process.pod.index == pod.index and process.returncode is None:
+                with trio.move_on_after(KILL_WAIT):
+                    await process._process.wait()
+        # Grandchildren (wireguard-go) are reaped by init; poll /proc for them.
+        left = await kill_pids([pid for pid in pids if pid_alive(pid)], grace=KILL_WAIT)
+        if left:
+            raise LabError(f"pids {left} in {pod.netns} survived SIGKILL")
 
     async def move_pod(self, pod: Pod, underlay_ip: str) -> Pod:
         """Give ``pod`` a new underlay address, as a pod rescheduled elsewhere gets.
