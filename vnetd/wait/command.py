@@ -1,9 +1,267 @@
-"""PLACEHOLDER: the helper replaces this with the ``wait`` subcommand."""
+"""``vnetd wait``: exit 0 once the named ranks are registered (and reachable), 1 on timeout.
+
+The gate a launcher runs before a job that needs N ranks::
+
+    vnetd wait --config mesh.toml --ranks all --timeout 300
+    vnetd wait --config mesh.toml --min-peers 7 --reachable
+
+Exit status: 0 ready, 1 timed out, 2 bad input (the CLI prints the error).
+Progress goes to stderr at the start and every 5 s; the success line to stdout.
+"""
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import trio
 
-def add_parser(sub: Any) -> None:  # noqa: ANN401
-    del sub
+from vnetd.errors import DataplaneError, IdentityError, SpecError, VnetdError
+from vnetd.identity import resolve_rank
+from vnetd.ranks import parse_ranks
+from vnetd.registry.base import Registry
+from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
+from vnetd.wait.gate import Gate, ready_line, timeout_line
+from vnetd.wait.run import HandshakeReader, wait_for_gate
+
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_WIREGUARD_DIR = Path("/var/run/wireguard")
+UAPI_TIMEOUT = 2.0
+EXIT_READY = 0
+EXIT_TIMED_OUT = 1
+
+RegistryOpener = Callable[[MeshSpec], AbstractAsyncContextManager[Registry]]
+
+
+@dataclass(frozen=True)
+class WaitOptions:
+    """The command line of ``vnetd wait``, as given."""
+
+    config: Path
+    ranks: str | None = None
+    min_peers: int | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    reachable: bool = False
+    rank: str | None = None
+    etcd: Sequence[str] = ()
+    wireguard_dir: Path = DEFAULT_WIREGUARD_DIR
+
+
+@dataclass(frozen=True)
+class WaitPlan:
+    """Validated options: what to wait for, where, and how long."""
+
+    spec: MeshSpec
+    gate: Gate
+    timeout: float
+    device_socket: Path | None
+    """wireguard-go's UAPI socket of this rank's device (with ``--reachable``)."""
+
+
+def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
+    parser = sub.add_parser(
+        "wait",
+        help="wait until ranks are registered (and reachable), for gating a job",
+        description=(
+            "Exit 0 once the ranks are registered in the registry (with --reachable: and "
+            "have completed a WireGuard handshake with this rank); exit 1 on timeout."
+        ),
+        epilog="exit status: 0 ready, 1 timed out, 2 bad input",
+    )
+    parser.add_argument("--config", required=True, type=Path, help="the mesh spec (TOML)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--ranks", metavar="SPEC", help="ranks that must be registered: all, 5, 0-7, 0,3,5-9"
+    )
+    which.add_argument(
+        "--min-peers",
+        type=int,
+        metavar="K",
+        help="at least K ranks other than this one must be registered (0..size-1)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"give up and exit 1 after this long (default {DEFAULT_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--reachable",
+        action="store_true",
+        help="also require a WireGuard handshake between this rank and each counted rank",
+    )
+    parser.add_argument(
+        "--rank", help="this host's rank (else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)"
+    )
+    parser.add_argument(
+        "--etcd",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="etcd client URL; repeat for several (overrides registry.endpoints)",
+    )
+    parser.add_argument(
+        "--wireguard-dir",
+        type=Path,
+        default=DEFAULT_WIREGUARD_DIR,
+        metavar="DIR",
+        help=(
+            "where wireguard-go's <interface>.sock lives, shared with vnetd "
+            f"(default {DEFAULT_WIREGUARD_DIR}; for --reachable)"
+        ),
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The CLI entry point: validate, then wait; returns the exit status."""
+    opts = WaitOptions(
+        config=args.config,
+        ranks=args.ranks,
+        min_peers=args.min_peers,
+        timeout=args.timeout,
+        reachable=args.reachable,
+        rank=args.rank,
+        etcd=args.etcd,
+        wireguard_dir=args.wireguard_dir,
+    )
+    plan = plan_wait(opts, os.environ, socket.gethostname())
+    return trio.run(run_wait, plan)
+
+
+def plan_wait(opts: WaitOptions, env: Mapping[str, str], hostname: str) -> WaitPlan:
+    """Check every option against the spec.
+
+    Raises:
+        VnetdError: naming the option and the fix (the CLI exits 2).
+    """
+    if not math.isfinite(opts.timeout) or opts.timeout <= 0:
+        raise SpecError(f"--timeout: {opts.timeout:g} is not a positive number of seconds")
+    if (opts.ranks is None) == (opts.min_peers is None):
+        raise SpecError("give exactly one of --ranks SPEC and --min-peers K")
+    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
+    self_rank = _self_rank(spec, opts, env, hostname)
+    if opts.min_peers is not None:
+        if not 0 <= opts.min_peers <= spec.size - 1:
+            raise SpecError(
+                f"--min-peers: {opts.min_peers} is out of range; mesh {spec.name!r} has "
+                f"{spec.size} ranks, so give 0..{spec.size - 1}"
+            )
+        gate = Gate(spec.size, (), opts.min_peers, self_rank, opts.reachable)
+    else:
+        assert opts.ranks is not None
+        gate = Gate(spec.size, parse_ranks(opts.ranks, spec.size), None, self_rank, opts.reachable)
+    socket_path = opts.wireguard_dir / f"{spec.interface}.sock" if opts.reachable else None
+    return WaitPlan(spec, gate, opts.timeout, socket_path)
+
+
+def _self_rank(
+    spec: MeshSpec, opts: WaitOptions, env: Mapping[str, str], hostname: str
+) -> int | None:
+    """This host's rank as the daemon resolves it.
+
+    With ``--reachable`` it is required. Otherwise only a host that gives no
+    rank at all is accepted (as None); a rank that is given but bad is an error.
+    """
+    try:
+        return resolve_rank(spec, opts.rank, env, hostname)
+    except IdentityError:
+        given = opts.rank or env.get("VNETD_RANK") or env.get("JOB_COMPLETION_INDEX")
+        if opts.reachable or given:
+            raise
+        return None
+
+
+async def run_wait(
+    plan: WaitPlan,
+    *,
+    open_registry: RegistryOpener | None = None,
+    read_handshakes: HandshakeReader | None = None,
+) -> int:
+    """Wait as ``plan`` says, print the outcome, return the exit status.
+
+    Args:
+        open_registry: the registry for a spec (default: etcd at its endpoints).
+        read_handshakes: the device reader (default: wireguard-go's UAPI socket
+            at ``plan.device_socket``); only used with ``--reachable``.
+
+    Raises:
+        VnetdError: the registry refused a request.
+    """
+    opener = open_registry or _open_etcd
+    if plan.gate.reachable and read_handshakes is None:
+        assert plan.device_socket is not None
+        read_handshakes = uapi_handshakes(plan.device_socket)
+    with _plain_errors():
+        async with opener(plan.spec) as registry:
+            outcome = await wait_for_gate(
+                plan.gate,
+                plan.spec,
+                registry,
+                timeout=plan.timeout,
+                report=_to_stderr,
+                read_handshakes=read_handshakes,
+            )
+    if outcome.ready:
+        print(ready_line(outcome.summary, outcome.elapsed), flush=True)
+        return EXIT_READY
+    _to_stderr(timeout_line(outcome.summary, outcome.notes, plan.timeout))
+    return EXIT_TIMED_OUT
+
+
+def uapi_handshakes(path: Path) -> HandshakeReader:
+    """Read the keys with a handshake from wireguard-go's UAPI socket at ``path``."""
+    from vnetd.dataplane.uapi import UapiClient, parse_peers
+
+    client = UapiClient(str(path), timeout=UAPI_TIMEOUT)
+
+    async def read() -> Collection[str]:
+        try:
+            pairs = await client.get()
+        except DataplaneError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError | ConnectionRefusedError):
+                raise DataplaneError(
+                    f"no WireGuard device at {path} (is vnetd up running, and is "
+                    "--wireguard-dir the directory it shares?)"
+                ) from None
+            raise
+        peers = parse_peers(pairs)
+        return frozenset(key for key, peer in peers.items() if peer.last_handshake > 0)
+
+    return read
+
+
+@asynccontextmanager
+async def _open_etcd(spec: MeshSpec) -> AsyncIterator[Registry]:
+    from vnetd.registry.etcd import open_etcd_registry
+
+    async with open_etcd_registry(spec.registry.endpoints) as registry:
+        yield registry
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _plain_errors() -> Iterator[None]:
+    """A ``VnetdError`` out of the nursery's exception group, as itself, for the CLI."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(VnetdError)
+        if matched is None or rest is not None:
+            raise
+        error: BaseException = matched
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+        raise error from None

@@ -1,0 +1,141 @@
+"""What ``vnetd wait`` waits for, how far along it is, and the lines it prints.
+
+Pure: no trio, no I/O. ``evaluate`` takes what the caller has observed (the
+registered members' public keys, the keys the local device has completed a
+handshake with) and returns whether the gate is open and a one-line summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from vnetd.ranks import format_ranks
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The condition: every rank of ``ranks`` (``--ranks``), or ``min_peers`` (``--min-peers``).
+
+    Attributes:
+        size: the mesh size.
+        ranks: the ranks that must be registered; unused when ``min_peers`` is set.
+        min_peers: how many ranks other than ``self_rank`` must be registered.
+        self_rank: this host's rank, or None when it cannot be resolved (then
+            ``--min-peers`` counts any ranks; ``reachable`` needs it).
+        reachable: also require a WireGuard handshake between this rank and
+            each counted rank.
+    """
+
+    size: int
+    ranks: tuple[int, ...] = ()
+    min_peers: int | None = None
+    self_rank: int | None = None
+    reachable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reachable and self.self_rank is None:
+            raise ValueError("a reachable gate needs this host's rank")
+
+
+@dataclass(frozen=True)
+class Status:
+    ready: bool
+    summary: str
+    """``5/8 ranks registered, missing: 3, 4, 7`` and the like."""
+
+
+def evaluate(
+    gate: Gate,
+    registered: Mapping[int, str],
+    handshakes: Collection[str] = frozenset(),
+    *,
+    listed: bool = True,
+) -> Status:
+    """How far ``gate`` is from open.
+
+    Args:
+        registered: rank to public key of every valid member record.
+        handshakes: public keys the local device has completed a handshake with.
+        listed: whether the members have been read at least once; the gate
+            never opens before (so ``--min-peers 0`` still needs the registry).
+    """
+    if gate.min_peers is None:
+        ready, summary = _ranks_status(gate, registered, handshakes)
+    else:
+        ready, summary = _peers_status(gate, gate.min_peers, registered, handshakes)
+    return Status(ready and listed, summary)
+
+
+def _ranks_status(
+    gate: Gate, registered: Mapping[int, str], handshakes: Collection[str]
+) -> tuple[bool, str]:
+    missing = [rank for rank in gate.ranks if rank not in registered]
+    summary = f"{len(gate.ranks) - len(missing)}/{len(gate.ranks)} ranks registered"
+    if missing:
+        summary += f", missing: {format_ranks(missing)}"
+    if not gate.reachable:
+        return not missing, summary
+    peers = [rank for rank in gate.ranks if rank != gate.self_rank]
+    reached, silent = _split_by_handshake(peers, registered, handshakes)
+    summary += f"; {len(reached)}/{len(peers)} peers reachable"
+    if silent:
+        summary += f", no handshake: {format_ranks(silent)}"
+    return not missing and len(reached) == len(peers), summary
+
+
+def _peers_status(
+    gate: Gate, needed: int, registered: Mapping[int, str], handshakes: Collection[str]
+) -> tuple[bool, str]:
+    noun = "ranks" if gate.self_rank is None else "peers"
+    present = sorted(rank for rank in registered if rank != gate.self_rank)
+    if gate.reachable:
+        reached, silent = _split_by_handshake(present, registered, handshakes)
+        ready = len(reached) >= needed
+        summary = f"{len(reached)} {noun} reachable (need {needed}), {len(present)} registered"
+        if silent:
+            summary += f", no handshake: {format_ranks(silent)}"
+    else:
+        ready = len(present) >= needed
+        summary = f"{len(present)} {noun} registered (need {needed})"
+    if not ready:
+        absent = _absent(gate, registered)
+        if absent:
+            summary += f", unregistered: {format_ranks(absent)}"
+    return ready, summary
+
+
+def _split_by_handshake(
+    ranks: Sequence[int], registered: Mapping[int, str], handshakes: Collection[str]
+) -> tuple[list[int], list[int]]:
+    """The registered ones of ``ranks``: (with a handshake, without one)."""
+    reached: list[int] = []
+    silent: list[int] = []
+    for rank in ranks:
+        key = registered.get(rank)
+        if key is not None:
+            (reached if key in handshakes else silent).append(rank)
+    return reached, silent
+
+
+def _absent(gate: Gate, registered: Mapping[int, str]) -> list[int]:
+    return [r for r in range(gate.size) if r not in registered and r != gate.self_rank]
+
+
+def progress_line(summary: str, notes: Sequence[str], elapsed: float, timeout: float) -> str:
+    """``vnetd wait: 5/8 ranks registered, missing: 3, 4, 7 (12 s of 300 s)``."""
+    return f"vnetd wait: {_with_notes(summary, notes)} ({elapsed:.0f} s of {timeout:g} s)"
+
+
+def ready_line(summary: str, elapsed: float) -> str:
+    """``vnetd wait: 8/8 ranks registered after 3.2 s``."""
+    return f"vnetd wait: {summary} after {elapsed:.1f} s"
+
+
+def timeout_line(summary: str, notes: Sequence[str], timeout: float) -> str:
+    """``vnetd: timed out after 300 s: 6/8 ranks registered, missing: 3, 7``."""
+    return f"vnetd: timed out after {timeout:g} s: {_with_notes(summary, notes)}"
+
+
+def _with_notes(summary: str, notes: Sequence[str]) -> str:
+    return "; ".join([summary, *notes])
