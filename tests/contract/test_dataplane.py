@@ -142,9 +142,9 @@ def device_netns(kind: str) -> Iterator[str | None]:
         yield name
 
 
-def open_device(kind: str, config: DeviceConfig, ns: str | None) -> AbstractAsyncContextManager[
-    FakeDataplane | UapiDataplane
-]:
+def open_device(
+    kind: str, config: DeviceConfig, ns: str | None
+) -> AbstractAsyncContextManager[FakeDataplane | UapiDataplane]:
     if kind == "fake":
         return open_fake_dataplane(config)
     return open_uapi_dataplane(config, netns=ns)
@@ -299,9 +299,7 @@ except OSError as e:
 
 
 async def connect_in(ns: str, address: str, connect_timeout: float) -> list[str]:
-    cmd = [
-        "ip", "netns", "exec", ns, sys.executable, "-c", _CONNECT, address, str(connect_timeout)
-    ]
+    cmd = ["ip", "netns", "exec", ns, sys.executable, "-c", _CONNECT, address, str(connect_timeout)]
     result = await trio.run_process(cmd, capture_stdout=True)
     return result.stdout.decode().split()
 

@@ -9,15 +9,26 @@ from vnetd.errors import IdentityError
 from vnetd.identity import load_or_create_key, public_key_of, resolve_endpoint, resolve_rank
 from vnetd.spec import parse_spec
 
-SPEC = parse_spec({"mesh": {"name": "m", "size": 8, "network": "10.250.0.0/16",
-                            "hostname": "flux-{rank}", "port": 51820}})
+SPEC = parse_spec(
+    {
+        "mesh": {
+            "name": "m",
+            "size": 8,
+            "network": "10.250.0.0/16",
+            "hostname": "flux-{rank}",
+            "port": 51820,
+        }
+    }
+)
 
 
 @pytest.mark.parametrize(
     ("flag", "env", "hostname", "rank"),
     [
         pytest.param("3", {"VNETD_RANK": "4"}, "flux-5", 3, id="flag-first"),
-        pytest.param(None, {"VNETD_RANK": "4", "JOB_COMPLETION_INDEX": "6"}, "flux-5", 4, id="env-second"),
+        pytest.param(
+            None, {"VNETD_RANK": "4", "JOB_COMPLETION_INDEX": "6"}, "flux-5", 4, id="env-second"
+        ),
         pytest.param(None, {"JOB_COMPLETION_INDEX": "6"}, "flux-5", 6, id="job-index-third"),
         pytest.param(None, {}, "flux-5", 5, id="hostname-last"),
         pytest.param(None, {}, "flux-5.flux.default.svc", 5, id="hostname-fqdn"),
@@ -31,7 +42,9 @@ def test_rank_sources_in_order(flag, env, hostname, rank):
     ("flag", "env", "hostname", "message"),
     [
         pytest.param("8", {}, "x", r"--rank: rank 8 is out of range: .* 0\.\.7", id="out-of-range"),
-        pytest.param(None, {"VNETD_RANK": "-1"}, "x", r"VNETD_RANK: '-1' is not a rank", id="negative"),
+        pytest.param(
+            None, {"VNETD_RANK": "-1"}, "x", r"VNETD_RANK: '-1' is not a rank", id="negative"
+        ),
         pytest.param(None, {}, "login1", r"no rank: .*'flux-0'.*'login1'", id="none"),
     ],
 )
@@ -43,7 +56,9 @@ def test_rank_errors(flag, env, hostname, message):
 @pytest.mark.parametrize(
     ("flag", "env", "route_ip", "expected"),
     [
-        pytest.param("198.18.0.9:4000", {"POD_IP": "198.18.0.1"}, None, "198.18.0.9:4000", id="flag"),
+        pytest.param(
+            "198.18.0.9:4000", {"POD_IP": "198.18.0.1"}, None, "198.18.0.9:4000", id="flag"
+        ),
         pytest.param(None, {"POD_IP": "198.18.0.1"}, "198.18.0.2", "198.18.0.1:51820", id="pod-ip"),
         pytest.param(None, {"POD_IP": "fd00::5"}, None, "[fd00::5]:51820", id="pod-ip-v6"),
         pytest.param(None, {}, "198.18.0.2", "198.18.0.2:51820", id="default-route"),

@@ -11,8 +11,14 @@ from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 KEY = base64.b64encode(b"k" * 32).decode()
-GOOD = {"rank": 2, "public_key": KEY, "endpoint": "198.18.1.3:51820", "instance": "pod-2",
-        "started": 1.5, "version": "0.1.0"}
+GOOD = {
+    "rank": 2,
+    "public_key": KEY,
+    "endpoint": "198.18.1.3:51820",
+    "instance": "pod-2",
+    "started": 1.5,
+    "version": "0.1.0",
+}
 
 
 def test_round_trip():
@@ -37,15 +43,39 @@ _DROP = object()
         pytest.param("/vnetd/m/members/9", bad(rank=9), "out of range", id="rank-out-of-range"),
         pytest.param("/vnetd/m/members/2", b"{", "not JSON", id="not-json"),
         pytest.param("/vnetd/m/members/2", b"[1]", "not a JSON object", id="not-object"),
-        pytest.param("/vnetd/m/members/2", bad(rank=3), "field rank=3 does not match", id="rank-mismatch"),
-        pytest.param("/vnetd/m/members/2", bad(public_key="zz"), "public_key is not base64", id="bad-key"),
-        pytest.param("/vnetd/m/members/2", bad(public_key=base64.b64encode(b"x").decode()),
-                     "public_key is 1 bytes", id="short-key"),
-        pytest.param("/vnetd/m/members/2", bad(public_key=_DROP), "public_key is missing", id="no-key"),
-        pytest.param("/vnetd/m/members/2", bad(endpoint="host:1"), "endpoint: .*not an IP", id="endpoint-hostname"),
-        pytest.param("/vnetd/m/members/2", bad(endpoint="1.2.3.4"), "endpoint: .*HOST:PORT", id="endpoint-no-port"),
-        pytest.param("/vnetd/m/members/2", bad(instance=""), "instance is missing", id="empty-instance"),
-        pytest.param("/vnetd/m/members/2", bad(started="now"), "started is not a number", id="bad-started"),
+        pytest.param(
+            "/vnetd/m/members/2", bad(rank=3), "field rank=3 does not match", id="rank-mismatch"
+        ),
+        pytest.param(
+            "/vnetd/m/members/2", bad(public_key="zz"), "public_key is not base64", id="bad-key"
+        ),
+        pytest.param(
+            "/vnetd/m/members/2",
+            bad(public_key=base64.b64encode(b"x").decode()),
+            "public_key is 1 bytes",
+            id="short-key",
+        ),
+        pytest.param(
+            "/vnetd/m/members/2", bad(public_key=_DROP), "public_key is missing", id="no-key"
+        ),
+        pytest.param(
+            "/vnetd/m/members/2",
+            bad(endpoint="host:1"),
+            "endpoint: .*not an IP",
+            id="endpoint-hostname",
+        ),
+        pytest.param(
+            "/vnetd/m/members/2",
+            bad(endpoint="1.2.3.4"),
+            "endpoint: .*HOST:PORT",
+            id="endpoint-no-port",
+        ),
+        pytest.param(
+            "/vnetd/m/members/2", bad(instance=""), "instance is missing", id="empty-instance"
+        ),
+        pytest.param(
+            "/vnetd/m/members/2", bad(started="now"), "started is not a number", id="bad-started"
+        ),
     ],
 )
 def test_bad_entries_name_the_field(key, value, message):

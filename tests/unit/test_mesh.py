@@ -16,12 +16,18 @@ def key(n: int) -> str:
 
 
 def member(rank: int, k: int | None = None, endpoint: str | None = None) -> Member:
-    return Member(rank, key(rank if k is None else k), endpoint or f"198.18.1.{rank + 1}:51820", f"pod{rank}")
+    return Member(
+        rank, key(rank if k is None else k), endpoint or f"198.18.1.{rank + 1}:51820", f"pod{rank}"
+    )
 
 
 def peer(rank: int, k: int | None = None, endpoint: str | None = None) -> Peer:
-    return Peer(key(rank if k is None else k), (f"10.250.0.{rank + 1}/32",),
-                endpoint or f"198.18.1.{rank + 1}:51820", rank)
+    return Peer(
+        key(rank if k is None else k),
+        (f"10.250.0.{rank + 1}/32",),
+        endpoint or f"198.18.1.{rank + 1}:51820",
+        rank,
+    )
 
 
 def test_desired_peers_derive_addresses_from_rank_not_registry():
@@ -57,14 +63,23 @@ def device(p: Peer, endpoint: str | None = None) -> DevicePeer:
     [
         pytest.param([], [], {}, ((), (), ()), id="empty"),
         pytest.param([peer(1)], [], {}, ((), (), (peer(1),)), id="join-adds-one"),
-        pytest.param([peer(1), peer(2)], [peer(1)], {key(1): peer(1).endpoint},
-                     ((), (), (peer(2),)), id="second-join-touches-only-it"),
-        pytest.param([peer(1)], [peer(1), peer(2)], {}, ((peer(2),), (), ()), id="leave-removes-one"),
+        pytest.param(
+            [peer(1), peer(2)],
+            [peer(1)],
+            {key(1): peer(1).endpoint},
+            ((), (), (peer(2),)),
+            id="second-join-touches-only-it",
+        ),
+        pytest.param(
+            [peer(1)], [peer(1), peer(2)], {}, ((peer(2),), (), ()), id="leave-removes-one"
+        ),
         pytest.param([peer(1)], [peer(1)], {key(1): peer(1).endpoint}, ((), (), ()), id="steady"),
     ],
 )
 def test_diff_is_incremental(desired, actual, written, expect):
-    plan = diff({p.public_key: p for p in desired}, {p.public_key: device(p) for p in actual}, written)
+    plan = diff(
+        {p.public_key: p for p in desired}, {p.public_key: device(p) for p in actual}, written
+    )
     removed = tuple(p.public_key for p in plan.remove)
     assert removed == tuple(p.public_key for p in expect[0])
     assert plan.update == expect[1]
@@ -106,7 +121,9 @@ def test_wrong_allowed_ips_on_device_are_fixed():
     want = peer(1)
     actual = {want.public_key: DevicePeer(want.public_key, ("10.250.0.99/32",), want.endpoint)}
     plan = diff({want.public_key: want}, actual, {want.public_key: want.endpoint})
-    assert plan.update == (PeerUpdate(want.public_key, None, want.allowed_ips, ("10.250.0.99/32",)),)
+    assert plan.update == (
+        PeerUpdate(want.public_key, None, want.allowed_ips, ("10.250.0.99/32",)),
+    )
 
 
 def test_written_after_records_registry_endpoints():

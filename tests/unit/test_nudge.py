@@ -30,8 +30,9 @@ def autojump_clock():
 
 
 def setup(self_rank: int) -> tuple[Reconciler, FakeDataplane, MemberView]:
-    config = DeviceConfig("vnet0", key(9), 51820, ip_interface("10.250.0.1/16"),
-                          ip_network("10.250.0.0/16"), 1420)
+    config = DeviceConfig(
+        "vnet0", key(9), 51820, ip_interface("10.250.0.1/16"), ip_network("10.250.0.0/16"), 1420
+    )
     device = FakeDataplane(config)
     view = MemberView()
     view.members = {r: Member(r, key(r), f"198.18.1.{r}:51820", f"pod{r}") for r in range(4)}
@@ -47,7 +48,9 @@ def setup(self_rank: int) -> tuple[Reconciler, FakeDataplane, MemberView]:
         pytest.param(0, 148, 1234.0, set(), id="handshake-done-never-touched"),
     ],
 )
-async def test_nudge_readds_only_stuck_peers(autojump_clock, self_rank, tx, handshake, expect_nudged):
+async def test_nudge_readds_only_stuck_peers(
+    autojump_clock, self_rank, tx, handshake, expect_nudged
+):
     reconciler, device, _ = setup(self_rank)
     await reconciler.reconcile_once()
     for k, p in device.device.items():
@@ -60,7 +63,9 @@ async def test_nudge_readds_only_stuck_peers(autojump_clock, self_rank, tx, hand
     assert ranks == expect_nudged
     for plan in nudged:  # remove and re-add the same peers in one transaction
         assert [p.public_key for p in plan.remove] == [p.public_key for p in plan.add]
-    assert await device.routes() == {"10.250.0.3/32", "10.250.0.4/32", "10.250.0.2/32"} - {"10.250.0.1/32"}
+    assert await device.routes() == {"10.250.0.3/32", "10.250.0.4/32", "10.250.0.2/32"} - {
+        "10.250.0.1/32"
+    }
     # Once per join: a second check does nothing.
     after = len(device.applied)
     await trio.sleep(NUDGE_AFTER * 3)

@@ -96,31 +96,73 @@ def test_rank_out_of_range_is_refused():
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        pytest.param(with_("mesh", "size", 70000), r"mesh\.size: 70000 ranks do not fit", id="too-big"),
+        pytest.param(
+            with_("mesh", "size", 70000), r"mesh\.size: 70000 ranks do not fit", id="too-big"
+        ),
         pytest.param(
             {"mesh": {**BASE["mesh"], "network": "10.250.0.0/30", "size": 3}},
             r"mesh\.size: 3 ranks do not fit in 10\.250\.0\.0/30",
             id="broadcast-kept-free",
         ),
-        pytest.param(with_("mesh", "network", "10.250.0.0/33"), r"mesh\.network: .* not a network", id="bad-cidr"),
-        pytest.param(with_("mesh", "network", "10.250.0.1/16"), r"mesh\.network: .*host bits", id="host-bits"),
+        pytest.param(
+            with_("mesh", "network", "10.250.0.0/33"),
+            r"mesh\.network: .* not a network",
+            id="bad-cidr",
+        ),
+        pytest.param(
+            with_("mesh", "network", "10.250.0.1/16"), r"mesh\.network: .*host bits", id="host-bits"
+        ),
         pytest.param(with_("mesh", "port", 0), r"mesh\.port: 0 is out of range", id="port-low"),
-        pytest.param(with_("mesh", "port", 70000), r"mesh\.port: 70000 is out of range", id="port-high"),
-        pytest.param(with_("mesh", "hostname", "node"), r"mesh\.hostname: .*no '\{rank\}'", id="no-rank"),
-        pytest.param(with_("mesh", "hostname", "n-{rank}-{x}"), r"mesh\.hostname: .*placeholders", id="bad-placeholder"),
-        pytest.param(with_("mesh", "colour", "red"), r"mesh\.colour: unknown key", id="unknown-key"),
+        pytest.param(
+            with_("mesh", "port", 70000), r"mesh\.port: 70000 is out of range", id="port-high"
+        ),
+        pytest.param(
+            with_("mesh", "hostname", "node"), r"mesh\.hostname: .*no '\{rank\}'", id="no-rank"
+        ),
+        pytest.param(
+            with_("mesh", "hostname", "n-{rank}-{x}"),
+            r"mesh\.hostname: .*placeholders",
+            id="bad-placeholder",
+        ),
+        pytest.param(
+            with_("mesh", "colour", "red"), r"mesh\.colour: unknown key", id="unknown-key"
+        ),
         pytest.param({**BASE, "extra": {}}, r"unknown table or key 'extra'", id="unknown-table"),
-        pytest.param(with_("mesh", "size", "8"), r"mesh\.size: expected an integer, got a string", id="wrong-type"),
-        pytest.param(with_("mesh", "size", True), r"mesh\.size: expected an integer, got a boolean", id="bool-not-int"),
+        pytest.param(
+            with_("mesh", "size", "8"),
+            r"mesh\.size: expected an integer, got a string",
+            id="wrong-type",
+        ),
+        pytest.param(
+            with_("mesh", "size", True),
+            r"mesh\.size: expected an integer, got a boolean",
+            id="bool-not-int",
+        ),
         pytest.param(with_("mesh", "size", 0), r"mesh\.size: 0 is out of range", id="size-zero"),
-        pytest.param(with_("mesh", "name", "Flux_Sample"), r"mesh\.name: .*DNS label", id="bad-name"),
+        pytest.param(
+            with_("mesh", "name", "Flux_Sample"), r"mesh\.name: .*DNS label", id="bad-name"
+        ),
         pytest.param(with_("mesh", "name", _DELETE), r"mesh\.name: missing", id="missing-name"),
-        pytest.param(with_("mesh", "interface", "a-very-long-ifname0"), r"mesh\.interface", id="long-ifname"),
+        pytest.param(
+            with_("mesh", "interface", "a-very-long-ifname0"), r"mesh\.interface", id="long-ifname"
+        ),
         pytest.param(with_("mesh", "mtu", 100), r"mesh\.mtu: 100 is out of range", id="mtu-low"),
-        pytest.param(with_("registry", "endpoints", []), r"registry\.endpoints: empty", id="no-endpoints"),
-        pytest.param(with_("registry", "endpoints", ["127.0.0.1:2379"]), r"registry\.endpoints: .*not an etcd URL", id="url-no-scheme"),
-        pytest.param(with_("registry", "prefix", "vnetd"), r"registry\.prefix", id="relative-prefix"),
-        pytest.param(with_("registry", "lease_ttl", 1), r"registry\.lease_ttl: 1 is out of range", id="ttl-low"),
+        pytest.param(
+            with_("registry", "endpoints", []), r"registry\.endpoints: empty", id="no-endpoints"
+        ),
+        pytest.param(
+            with_("registry", "endpoints", ["127.0.0.1:2379"]),
+            r"registry\.endpoints: .*not an etcd URL",
+            id="url-no-scheme",
+        ),
+        pytest.param(
+            with_("registry", "prefix", "vnetd"), r"registry\.prefix", id="relative-prefix"
+        ),
+        pytest.param(
+            with_("registry", "lease_ttl", 1),
+            r"registry\.lease_ttl: 1 is out of range",
+            id="ttl-low",
+        ),
         pytest.param({"mesh": "x"}, r"mesh: expected a table", id="mesh-not-table"),
     ],
 )

@@ -26,7 +26,12 @@ def autojump_clock():
 
 
 def member(rank: int) -> Member:
-    return Member(rank, base64.b64encode(bytes([rank + 1]) * 32).decode(), f"198.18.1.{rank}:51820", f"pod{rank}")
+    return Member(
+        rank,
+        base64.b64encode(bytes([rank + 1]) * 32).decode(),
+        f"198.18.1.{rank}:51820",
+        f"pod{rank}",
+    )
 
 
 class CompactedOnce(MemoryRegistry):
