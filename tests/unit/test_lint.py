@@ -1,0 +1,27 @@
+"""The conventions of STYLE.md that tools can check: ruff (lint and format) and mypy strict."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["ruff", "check", "vnetd", "tests"], id="ruff-check"),
+        pytest.param(["ruff", "format", "--check", "vnetd", "tests"], id="ruff-format"),
+        pytest.param(["mypy", "vnetd"], id="mypy-strict"),
+    ],
+)
+def test_tool_passes(argv: list[str]) -> None:
+    result = subprocess.run(
+        [str(BIN / argv[0]), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
