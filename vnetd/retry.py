@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 import random
 
 log = logging.getLogger("vnetd.registry")
@@ -31,6 +32,7 @@ class RegistryHealth:
     def __init__(self) -> None:
         self.reachable: bool | None = None
         self.errors = 0
+        self.errors_by_operation: Counter[str] = Counter()
 
     def ok(self) -> None:
         if self.reachable is False:
@@ -39,6 +41,7 @@ class RegistryHealth:
 
     def failed(self, operation: str, exc: Exception) -> None:
         self.errors += 1
+        self.errors_by_operation[operation] += 1
         if self.reachable is not False:
             log.warning(
                 "registry unreachable during %s: %s; data plane left as it is, retrying",

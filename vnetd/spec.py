@@ -20,6 +20,7 @@ from ipaddress import (
     IPv6Address,
     IPv6Interface,
     IPv6Network,
+    ip_address,
     ip_network,
 )
 from pathlib import Path
@@ -44,6 +45,12 @@ class RegistrySpec:
 
 
 @dataclass(frozen=True)
+class HttpSpec:
+    listen: str | None = None
+    """``host:port`` of the health, readiness, metrics and status endpoint; None: off."""
+
+
+@dataclass(frozen=True)
 class MeshSpec:
     """A validated spec. Build it with ``load_spec`` or ``parse_spec``."""
 
@@ -57,6 +64,7 @@ class MeshSpec:
     offset: int = 1
     persistent_keepalive: int = 0
     registry: RegistrySpec = RegistrySpec()
+    http: HttpSpec = HttpSpec()
 
     def address(self, rank: int) -> IPAddress:
         """The fixed overlay address of ``rank``."""
@@ -99,6 +107,7 @@ class MeshSpec:
         """The ``[mesh]`` table with defaults filled in, as JSON-ready values."""
         table = asdict(self)
         del table["registry"]
+        del table["http"]
         table["network"] = str(self.network)
         return table
 
@@ -130,6 +139,7 @@ _MESH_KEYS: dict[str, type] = {
     "persistent_keepalive": int,
 }
 _REGISTRY_KEYS: dict[str, type] = {"endpoints": list, "prefix": str, "lease_ttl": int}
+_HTTP_KEYS: dict[str, type] = {"listen": str}
 _REQUIRED = ("name", "size", "network")
 
 
@@ -157,13 +167,15 @@ def load_spec(path: Path | str) -> MeshSpec:
 
 def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
     """Validate a parsed TOML document into a ``MeshSpec``."""
-    unknown = sorted(set(data) - {"mesh", "registry"})
+    unknown = sorted(set(data) - {"mesh", "registry", "http"})
     if unknown:
-        raise SpecError(f"unknown table or key {unknown[0]!r} (known: [mesh], [registry])")
+        raise SpecError(f"unknown table or key {unknown[0]!r} (known: [mesh], [registry], [http])")
     mesh = _table(data, "mesh")
     registry = _table(data, "registry")
     _check_keys("mesh", mesh, _MESH_KEYS)
     _check_keys("registry", registry, _REGISTRY_KEYS)
+    http = _table(data, "http")
+    _check_keys("http", http, _HTTP_KEYS)
     for key in _REQUIRED:
         if key not in mesh:
             raise SpecError(f"mesh.{key}: missing (required)")
@@ -196,6 +208,9 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         offset=offset,
         persistent_keepalive=keepalive,
         registry=_registry(registry),
+        http=HttpSpec(
+            listen=check_listen(http["listen"], "http.listen") if "listen" in http else None
+        ),
     )
 
 
@@ -311,3 +326,26 @@ def with_etcd_endpoints(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
         return spec
     checked = tuple(check_etcd_url(url) for url in urls)
     return replace(spec, registry=replace(spec.registry, endpoints=checked))
+
+
+def check_listen(value: str, key: str = "--http-listen") -> str:
+    """Validate a ``host:port`` listen address (IPv6 hosts in brackets); returns it."""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ok = bool(sep) and 0 <= int(port) <= 65535 and bool(ip_address(host))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise SpecError(
+            f"{key}: {value!r} is not an address and port like 0.0.0.0:9090 or [::]:9090"
+        )
+    return value
+
+
+def with_http_listen(spec: MeshSpec, listen: str | None) -> MeshSpec:
+    """``spec`` with the HTTP endpoint's listen address replaced by ``--http-listen``."""
+    if listen is None:
+        return spec
+    return replace(spec, http=HttpSpec(listen=check_listen(listen)))

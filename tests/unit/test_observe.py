@@ -1,0 +1,147 @@
+"""Readiness rules, the metrics exposition, and the HTTP app (served on loopback)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from vnetd.model import DevicePeer
+from vnetd.observe.http import Check, serve_http
+from vnetd.observe.metrics import DaemonMetrics, Snapshot
+from vnetd.observe.readiness import LinkState, readiness
+
+ADDR = "10.250.0.2"
+
+
+@pytest.mark.parametrize(
+    ("link", "claimed", "ok", "why"),
+    [
+        pytest.param(LinkState(False), True, False, "does not exist", id="no-interface"),
+        pytest.param(LinkState(True, True), True, False, "does not hold", id="no-address"),
+        pytest.param(
+            LinkState(True, True, frozenset({"10.250.0.3"})), True, False, "does not hold",
+            id="another-address",
+        ),
+        pytest.param(LinkState(True, False, frozenset({ADDR})), True, False, "down", id="down"),
+        pytest.param(
+            LinkState(True, True, frozenset({ADDR})), False, False, "not claimed", id="unclaimed"
+        ),
+        pytest.param(LinkState(True, True, frozenset({ADDR})), True, True, "ready", id="ready"),
+    ],
+)  # fmt: skip
+def test_readiness(link: LinkState, claimed: bool, ok: bool, why: str) -> None:
+    check = readiness(link, "vnet0", ADDR, claimed)
+    assert check.ok is ok
+    assert why in check.detail
+
+
+def test_readiness_compares_ipv6_addresses_in_any_notation() -> None:
+    link = LinkState(True, True, frozenset({"fd00:250:0:0::2"}))
+    assert readiness(link, "vnet0", "fd00:250::2", True).ok
+
+
+def scrape(metrics: DaemonMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    samples = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_metrics_report_the_snapshot() -> None:
+    now = time.time()
+    peers = {
+        "k1": DevicePeer("k1", ("10.250.0.2/32",), last_handshake=now - 10),
+        "k2": DevicePeer("k2", ("10.250.0.3/32",), last_handshake=now - 400),
+        "k3": DevicePeer("k3", ("10.250.0.4/32",)),
+    }
+    metrics = DaemonMetrics()
+    metrics.update(
+        Snapshot(
+            members=4,
+            peers=peers,
+            peer_ranks={"k1": 1, "k2": 2, "k3": 3},
+            reconcile_runs=7,
+            bad_entries=2,
+            watch_restarts=1,
+            claims=3,
+            registry_errors={"watch": 5, "keepalive": 1},
+            wireguard_restarts=1,
+            now=now,
+        )
+    )
+    metrics.observe_pass(0.004, 3)
+    metrics.observe_pass(0.002, 0)
+    s = scrape(metrics)
+    assert s[("vnetd_members_registered", ())] == 4
+    assert s[("vnetd_peers_configured", ())] == 3
+    assert s[("vnetd_peers_handshake_fresh", ())] == 1
+    assert s[("vnetd_peer_last_handshake_seconds", (("rank", "1"),))] == pytest.approx(10)
+    assert s[("vnetd_peer_last_handshake_seconds", (("rank", "2"),))] == pytest.approx(400)
+    assert ("vnetd_peer_last_handshake_seconds", (("rank", "3"),)) not in s  # never
+    assert s[("vnetd_reconcile_runs_total", ())] == 7
+    assert s[("vnetd_registry_errors_total", (("operation", "watch"),))] == 5
+    assert s[("vnetd_registry_bad_entries_total", ())] == 2
+    assert s[("vnetd_watch_restarts_total", ())] == 1
+    assert s[("vnetd_lease_reclaims_total", ())] == 2
+    assert s[("vnetd_wireguard_restarts_total", ())] == 1
+    assert s[("vnetd_reconcile_duration_seconds_count", ())] == 2
+    assert s[("vnetd_plan_changes_count", ())] == 1  # the empty pass applied nothing
+    assert s[("vnetd_plan_changes_sum", ())] == 3
+
+
+def test_two_daemons_in_one_process_have_separate_metrics() -> None:
+    a, b = DaemonMetrics(), DaemonMetrics()
+    a.update(Snapshot(members=5))
+    b.update(Snapshot(members=1))
+    assert scrape(a)[("vnetd_members_registered", ())] == 5
+    assert scrape(b)[("vnetd_members_registered", ())] == 1
+
+
+class FakeEndpoints:
+    def __init__(self) -> None:
+        self.ready_now = False
+
+    async def health(self) -> Check:
+        return Check(True, "ok: alive")
+
+    async def ready(self) -> Check:
+        return Check(self.ready_now, "ready" if self.ready_now else "not ready: starting")
+
+    async def metrics(self) -> bytes:
+        metrics = DaemonMetrics()
+        metrics.update(Snapshot(members=2))
+        return metrics.exposition()
+
+    async def status(self) -> dict[str, Any]:
+        return {"rank": 0, "registered": [0, 1]}
+
+
+async def test_http_endpoints_on_loopback() -> None:
+    endpoints = FakeEndpoints()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(serve_http, "127.0.0.1:0", endpoints)
+            base = bound[0]  # "http://127.0.0.1:PORT"
+            async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+                assert (await client.get("/healthz")).status_code == 200
+                not_ready = await client.get("/readyz")
+                assert (not_ready.status_code, not_ready.text) == (503, "not ready: starting\n")
+                endpoints.ready_now = True
+                assert (await client.get("/readyz")).status_code == 200
+                metrics = await client.get("/metrics")
+                assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+                assert "vnetd_members_registered 2.0" in metrics.text
+                status = await client.get("/status")
+                assert json.loads(status.text) == {"rank": 0, "registered": [0, 1]}
+                assert (await client.get("/nope")).status_code == 404
+                assert (await client.post("/readyz")).status_code == 405
+                head = await client.head("/healthz")
+                assert (head.status_code, head.content) == (200, b"")
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,1 @@
+"""The daemon seen from outside: HTTP health, readiness, metrics and status."""
