@@ -1,4 +1,4 @@
-"""The ``vnetd`` command line: ``up``, ``plan``, ``render``, ``hosts``, ``wait``, ``demo``.
+"""The ``vnetd`` command line: up, plan, render, hosts, status, wait, demo.
 
 Errors a user can cause print one line (``vnetd: error: ...``) and exit 2.
 """
@@ -71,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", required=True, type=Path)
 
     from vnetd.render import command as render_command
+    from vnetd.status import command as status_command
     from vnetd.wait import command as wait_command
 
     render_command.add_parsers(sub)
+    status_command.add_parser(sub)
     wait_command.add_parser(sub)
 
     demo = sub.add_parser("demo", help="build a lab of N pods and watch the mesh form")
@@ -102,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _up(args)
         if args.command == "plan":
             return _plan(args)
-        if args.command in ("render", "hosts", "wait"):
+        if args.command in ("render", "hosts", "status", "wait"):
             result: int = args.run(args)
             return result
         if args.command == "demo":

@@ -19,6 +19,7 @@ from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import open_lab
 
 TOOLS = ("ip", "unshare", "nsenter", "etcd", "wireguard-go")
+STATUS_TIMEOUT = 30.0
 
 
 def check_host() -> None:
@@ -106,6 +107,7 @@ async def run_demo(ranks: int, max_gap: float, seed: int | None, limit: float) -
             f"overlay, {full_at - last_start:.2f} s after the last start "
             f"({full_at - t0:.2f} s after the first)"
         )
+        await _print_status(mesh)
         print("tearing the lab down")
     leftovers = _leftovers(lab.netns_names, [p.pid for p in lab.processes])
     if leftovers:
@@ -113,6 +115,24 @@ async def run_demo(ranks: int, max_gap: float, seed: int | None, limit: float) -
         return 1
     print("done: no namespace, bridge or process of the demo is left")
     return 0
+
+
+async def _print_status(mesh: MeshLab) -> None:
+    """``vnetd status`` as run inside pod 0, beside rank 0's daemon (so with its device)."""
+    argv = [
+        sys.executable, "-m", "vnetd", "status",
+        "--config", str(mesh.spec_path),
+        "--wireguard-dir", "/run/wireguard",
+    ]  # fmt: skip
+    print(f"$ vnetd status --config {mesh.spec_path.name}   (in {mesh.pod(0).name}, beside rank 0)")
+    try:
+        result = await mesh.lab.run(mesh.pod(0), argv, STATUS_TIMEOUT, beside=mesh.daemons[0])
+    except trio.TooSlowError:
+        print(f"demo: vnetd status gave no answer within {STATUS_TIMEOUT:g} s", file=sys.stderr)
+        return
+    print(result.stdout.decode(), end="")
+    if result.returncode != 0:
+        print(f"demo: vnetd status exited {result.returncode}: {result.stderr.decode()}", end="")
 
 
 def _leftovers(netns: list[str], pids: list[int]) -> str:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections import Counter
 import random
+from collections import Counter
 
 log = logging.getLogger("vnetd.registry")
 

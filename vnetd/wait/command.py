@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from vnetd.errors import DataplaneError, IdentityError, SpecError, VnetdError
+from vnetd.errors import IdentityError, SpecError, VnetdError
 from vnetd.identity import resolve_rank
 from vnetd.ranks import parse_ranks
 from vnetd.registry.base import Registry
@@ -220,22 +220,11 @@ async def run_wait(
 
 def uapi_handshakes(path: Path) -> HandshakeReader:
     """Read the keys with a handshake from wireguard-go's UAPI socket at ``path``."""
-    from vnetd.dataplane.uapi import UapiClient, parse_peers
-
-    client = UapiClient(str(path), timeout=UAPI_TIMEOUT)
+    from vnetd.local_device import read_local_device
 
     async def read() -> Collection[str]:
-        try:
-            pairs = await client.get()
-        except DataplaneError as exc:
-            if isinstance(exc.__cause__, FileNotFoundError | ConnectionRefusedError):
-                raise DataplaneError(
-                    f"no WireGuard device at {path} (is vnetd up running, and is "
-                    "--wireguard-dir the directory it shares?)"
-                ) from None
-            raise
-        peers = parse_peers(pairs)
-        return frozenset(key for key, peer in peers.items() if peer.last_handshake > 0)
+        device = await read_local_device(path, UAPI_TIMEOUT)
+        return frozenset(key for key, peer in device.peers.items() if peer.last_handshake > 0)
 
     return read
 

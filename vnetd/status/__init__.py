@@ -1,0 +1,1 @@
+"""``vnetd status``: every rank of the spec, registered or not, with its device counters."""
