@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from dataclasses import asdict, dataclass
 from ipaddress import ip_address
 
@@ -27,6 +28,17 @@ from vnetd.spec import MeshSpec
 
 class BadEntry(VnetdError):
     """A registry entry that cannot be a member; skipped and counted, never fatal."""
+
+
+ADDRESS_FIELDS = ("address", "addresses", "allowed_ips")
+"""Record fields that would name overlay addresses. vnetd never writes them: a
+member's addresses come from its rank through the local spec (DESIGN invariant
+1), so an entry carrying one was not written by vnetd and is refused whole
+rather than half-honoured. Other unknown fields are ignored, so that a newer
+vnetd can add fields without older daemons dropping its members."""
+
+_KEY_SHOWN = 120
+"""Longest key quoted as is in a message; longer or unprintable keys are escaped."""
 
 
 def mesh_prefix(spec: MeshSpec) -> str:
@@ -52,33 +64,61 @@ def encode_member(member: Member) -> bytes:
 def rank_of_key(spec: MeshSpec, key: str) -> int | None:
     """The rank a ``members/<rank>`` key names, or None for any other key.
 
-    Only the canonical form counts: ``members/02`` is not rank 2.
+    Only the canonical form counts: ``members/02`` is not rank 2, and only
+    ASCII digits are digits (``str.isdigit`` also accepts ``²`` and ``３``).
     """
     suffix = key.removeprefix(members_prefix(spec))
-    if suffix == key or not suffix.isdigit() or (suffix != "0" and suffix.startswith("0")):
+    if suffix == key or not _is_ascii_number(suffix):
         return None
     return int(suffix)
+
+
+def _is_ascii_number(text: str) -> bool:
+    """``0`` or an ASCII decimal without leading zeros, of at most 18 digits (``int()``
+    refuses strings of over 4300 digits, and no rank or port needs more than 18)."""
+    return (
+        0 < len(text) <= 18
+        and text.isascii()
+        and text.isdigit()
+        and (text == "0" or not text.startswith("0"))
+    )
+
+
+def show_key(key: str) -> str:
+    """``key`` for a one-line message: escaped when unprintable, cut when long."""
+    shown = key if key.isprintable() else ascii(key)
+    return shown if len(shown) <= _KEY_SHOWN else f"{shown[:_KEY_SHOWN]}..."
 
 
 def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
     """Parse and check one ``members/<rank>`` entry.
 
     Raises:
-        BadEntry: the message names the key and the field at fault.
+        BadEntry: the message names the key and the field at fault, on one line.
     """
     rank = rank_of_key(spec, key)
+    key = show_key(key)
     if rank is None:
         raise BadEntry(f"{key}: not a rank key")
     if rank >= spec.size:
         raise BadEntry(f"{key}: rank {rank} is out of range 0..{spec.size - 1}")
     try:
         record = json.loads(value)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: RecursionError
         raise BadEntry(f"{key}: value is not JSON") from None
     if not isinstance(record, dict):
         raise BadEntry(f"{key}: value is not a JSON object")
-    if record.get("rank") != rank or isinstance(record.get("rank"), bool):
-        raise BadEntry(f"{key}: field rank={record.get('rank')!r} does not match the key")
+    claimed = record.get("rank")
+    if claimed != rank or isinstance(claimed, bool):
+        shown = ascii(claimed) if isinstance(claimed, int | float | str | None) else "<object>"
+        shown = shown if len(shown) <= 40 else f"{shown[:40]}..."
+        raise BadEntry(f"{key}: field rank={shown} does not match the key")
+    for field in ADDRESS_FIELDS:
+        if field in record:
+            raise BadEntry(
+                f"{key}: field {field} is not accepted: "
+                "a member's address comes from its rank through the spec"
+            )
     return Member(
         rank=rank,
         public_key=_public_key(key, record.get("public_key")),
@@ -118,29 +158,42 @@ def check_endpoint(value: str) -> str:
     Raises:
         ValueError: with a message saying what is wrong.
     """
+    shown = ascii(value) if len(value) <= 80 else f"{ascii(value[:80])}..."
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{value!r} is not HOST:PORT with a port in 1..65535")
+    if not sep or not _is_ascii_number(port) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{shown} is not HOST:PORT with a port in 1..65535")
     bracketed = host.startswith("[") and host.endswith("]")
     try:
         addr = ip_address(host[1:-1] if bracketed else host)
     except ValueError:
-        raise ValueError(f"{value!r}: {host!r} is not an IP address") from None
+        raise ValueError(f"{shown}: {ascii(host)} is not an IP address") from None
+    if addr.version == 6 and addr.scope_id is not None:
+        # A zone names an interface of the writer's host: meaningless to a peer,
+        # and wireguard-go refuses an unknown one, failing the whole transaction.
+        raise ValueError(f"{shown}: an IPv6 zone (%...) is not allowed in an endpoint")
     if addr.version == 6 and not bracketed:
-        raise ValueError(f"{value!r}: an IPv6 address needs brackets, as [{host}]:{port}")
+        raise ValueError(f"{shown}: an IPv6 address needs brackets, as [{host}]:{port}")
     return f"[{addr}]:{int(port)}" if addr.version == 6 else f"{addr}:{int(port)}"
 
 
 def _text(key: str, field: str, value: object, *, required: bool) -> str:
     if not isinstance(value, str) or (required and not value) or len(value) > 253:
         raise BadEntry(f"{key}: field {field} is missing, empty or not a string")
+    if not value.isprintable():  # it is logged ("held by <instance>"): one line
+        raise BadEntry(f"{key}: field {field} has unprintable characters")
     return value
 
 
 def _number(key: str, field: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadEntry(f"{key}: field {field} is not a number")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise BadEntry(f"{key}: field {field} is not a finite number")
+    return number
 
 
 async def ensure_spec(registry: Registry, spec: MeshSpec) -> bool:
