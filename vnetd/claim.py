@@ -2,9 +2,11 @@
 
 A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL. If
 the lease is lost (the registry forgot it, or it expired during an
-outage) a new one is granted and the rank claimed again. While another
-instance holds the rank, the claim waits for that entry to go away and
-logs the holder once.
+outage) a new one is granted and the rank claimed again; so is the rank
+when the synced view shows our entry gone (or only held after a registry
+reset). A re-claim also stores the spec again if the registry lost it. While
+another instance holds the rank, the claim waits for that entry to go away
+and logs the holder once.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import time
 
 import trio
 
-from vnetd.errors import RegistryError, RegistryUnavailable
-from vnetd.membership import Claimed, try_claim
+from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
+from vnetd.membership import Claimed, ensure_spec, spec_key, try_claim
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.retry import Backoff, RegistryHealth
@@ -59,9 +61,9 @@ class ClaimHolder:
         task_status.started()
         while True:
             await self._claim()
-            await self._keep_alive()
+            reason = await self._keep_alive()
             self.claimed = trio.Event()
-            log.warning("lease %x lost; claiming rank %d again", self.lease, self.me.rank)
+            log.warning("%s; claiming rank %d again", reason, self.me.rank)
 
     async def release(self, timeout: float = 2.0) -> None:  # noqa: ASYNC109 (a bounded cleanup)
         """Revoke the lease so peers drop this rank at once. Bounded; never raises."""
@@ -83,6 +85,8 @@ class ClaimHolder:
         while True:
             try:
                 await self._fresh_lease()
+                if self.claims:
+                    await self._store_spec_again()
                 result = await try_claim(self.registry, self.spec, self.me, self.lease)
                 self.health.ok()
             except RegistryUnavailable as exc:
@@ -127,27 +131,45 @@ class ClaimHolder:
             self.lease = await self.registry.grant(self.ttl)
             self._renewed_at = now
 
-    async def _keep_alive(self) -> None:
+    async def _store_spec_again(self) -> None:
+        """Put the spec back if the registry lost it (etcd reset to an empty store).
+
+        A different spec stored meanwhile is logged, never fatal: this daemon
+        already runs with its own, and the data plane is left as it is.
+        """
+        try:
+            stored = await ensure_spec(self.registry, self.spec)
+        except SpecMismatch as exc:
+            log.error("%s; this daemon keeps running with its own", exc)
+            return
+        if stored:
+            log.warning(
+                "the registry had lost the spec; stored it again at %s", spec_key(self.spec)
+            )
+
+    async def _keep_alive(self) -> str:
+        """Keep the lease alive until the claim is lost; returns why it was."""
         interval = self.ttl / 3
+        lease = self.lease
         while True:
             await trio.sleep(interval)
             try:
-                remaining = await self.registry.keepalive(self.lease)
+                remaining = await self.registry.keepalive(lease)
                 self.health.ok()
             except RegistryUnavailable as exc:
                 self.health.failed("keepalive", exc)
                 continue
             if remaining <= 0:
                 self.lease = 0
-                return
+                return f"lease {lease:x} expired or unknown to the registry"
             if self._entry_gone():
-                log.warning("rank %d's entry vanished from the registry", self.me.rank)
-                return
+                return f"rank {self.me.rank}'s entry vanished from the registry"
 
     def _entry_gone(self) -> bool:
         """True when the synced view shows our entry missing (deleted by hand, or
-        the registry lost it while our lease lived on)."""
+        the registry lost it while our lease lived on) or only held after a reset."""
         if self.view is None or not self.view.synced or self.health.reachable is False:
             return False
         current = self.view.members.get(self.me.rank)
-        return current is None or current.public_key != self.me.public_key
+        held = self.me.rank in self.view.held
+        return held or current is None or current.public_key != self.me.public_key

@@ -5,11 +5,22 @@ replaced, so a missed event heals on its own; the watch is also restarted
 every ``resync_interval`` to bound how long a silently dead stream can go
 unnoticed. While the registry is unreachable the view is kept exactly as it
 is (static stability): nobody is removed because etcd is down.
+
+Nor because etcd lost its data. etcd's revision never goes back, so a list
+whose revision is below the highest one seen means the store was reset (a
+new data dir, a restore from an older backup). The members missing from
+that list are *held*: kept in the view for ``reset_grace`` (two lease TTLs
+by default) while their daemons notice and claim their ranks again, and
+dropped if they have not come back by then. Limit: a reset is only seen as
+one while the new store's revision is still below the old one; a store that
+has already been written past it by the time we list is indistinguishable
+from ordinary deletions, and the missing members are dropped at once.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import trio
 
@@ -22,45 +33,85 @@ from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.watch")
 
+RESET_GRACE_TTLS = 2
+"""How many lease TTLs members missing after a registry reset are kept."""
+
 
 class MemberView:
-    """The members as last seen, with a change signal for the reconciler."""
+    """The members as last seen, with a change signal for the reconciler.
+
+    ``members`` includes the held ones (see the module doc); ``held`` maps
+    each of those ranks to the ``trio.current_time()`` it is kept until.
+    """
 
     def __init__(self) -> None:
         self.members: dict[int, Member] = {}
+        self.held: dict[int, float] = {}
+        self.revision = 0
+        """The highest store revision seen: of the last list, or of an event since."""
         self.bad_entries: dict[str, str] = {}
         self.bad_total = 0
         self.version = 0
         self.synced = False
         self._changed = trio.Event()
 
-    def replace(self, spec: MeshSpec, kvs: list[KeyValue]) -> None:
+    def replace(
+        self,
+        spec: MeshSpec,
+        kvs: list[KeyValue],
+        revision: int = 0,
+        *,
+        now: float = -math.inf,
+        hold_until: float | None = None,
+    ) -> None:
+        """Take a full list of the members (at store ``revision``) as the view.
+
+        A member missing from the list is dropped, unless it is held: since a
+        reset (``hold_until`` is given: it is held until then) or still within
+        the grace of an earlier one (its deadline is after ``now``).
+        """
         members: dict[int, Member] = {}
         bad: dict[str, str] = {}
         for kv in kvs:
             member = self._decode(spec, kv.key, kv.value, bad)
             if member is not None:
                 members[member.rank] = member
-        self.members = members
+        held: dict[int, float] = {}
+        for rank, member in self.members.items():
+            until = hold_until if hold_until is not None else self.held.get(rank)
+            if rank not in members and until is not None and until > now:
+                members[rank] = member
+                held[rank] = until
+        for rank in sorted(set(self.held) - set(held) - set(members)):
+            log.warning("rank %d did not register again after the registry reset; dropped", rank)
+        self.members = dict(sorted(members.items()))
+        self.held = held
+        self.revision = revision
         self.bad_entries = bad
         self.synced = True
         self._bump()
 
     def apply(self, spec: MeshSpec, event: WatchEvent) -> None:
+        self.revision = max(self.revision, event.mod_revision)
         self.bad_entries.pop(event.key, None)
+        rank = rank_of_key(spec, event.key)
+        if rank is not None:
+            self.held.pop(rank, None)
         if event.kind == "delete":
-            rank = rank_of_key(spec, event.key)
             if rank is not None and self.members.pop(rank, None) is not None:
                 self._bump()
             return
         member = self._decode(spec, event.key, event.value, self.bad_entries)
         if member is None:
-            rank = rank_of_key(spec, event.key)
             if rank is not None and self.members.pop(rank, None) is not None:
                 self._bump()
         elif self.members.get(member.rank) != member:
             self.members[member.rank] = member
             self._bump()
+
+    def held_until(self) -> float:
+        """When the next held member's grace ends (``inf`` when none is held)."""
+        return min(self.held.values(), default=math.inf)
 
     def _decode(self, spec: MeshSpec, key: str, value: bytes, bad: dict[str, str]) -> Member | None:
         try:
@@ -90,13 +141,20 @@ async def sync_members(
     health: RegistryHealth,
     *,
     resync_interval: float = 60.0,
+    reset_grace: float | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Keep ``view`` in step with the registry forever.
 
+    Args:
+        resync_interval: the watch is restarted (after a fresh list) this often.
+        reset_grace: how long members missing after a registry reset are
+            kept; None means ``RESET_GRACE_TTLS`` lease TTLs.
+
     Cancellation: safe at any point; the view keeps its last state.
     """
     prefix = members_prefix(spec)
+    grace = RESET_GRACE_TTLS * spec.registry.lease_ttl if reset_grace is None else reset_grace
     backoff = Backoff()
     task_status.started()
     while True:
@@ -104,12 +162,13 @@ async def sync_members(
             kvs, revision = await registry.list_prefix(prefix)
             health.ok()
             backoff.reset()
-            view.replace(spec, kvs)
-            with trio.move_on_after(resync_interval) as scope:
+            _take_list(spec, view, kvs, revision, grace)
+            # The watch also ends when a held member's grace does: the list
+            # that follows drops it if it has not registered again.
+            with trio.move_on_at(min(trio.current_time() + resync_interval, view.held_until())):
                 async with registry.watch(prefix, revision + 1) as events:
                     async for event in events:
                         view.apply(spec, event)
-            if not scope.cancelled_caught:  # the stream ended by itself
                 log.info("member watch ended; listing members again")
                 await trio.sleep(backoff.next_delay())
         except WatchCompacted as exc:
@@ -117,3 +176,23 @@ async def sync_members(
         except RegistryUnavailable as exc:
             health.failed("watch", exc)
             await trio.sleep(backoff.next_delay())
+
+
+def _take_list(
+    spec: MeshSpec, view: MemberView, kvs: list[KeyValue], revision: int, grace: float
+) -> None:
+    """Replace the view with a fresh list, holding the missing members after a reset."""
+    now = trio.current_time()
+    if not (view.synced and revision < view.revision):
+        view.replace(spec, kvs, revision, now=now)
+        return
+    old_revision = view.revision
+    view.replace(spec, kvs, revision, now=now, hold_until=now + grace)
+    log.warning(
+        "registry was reset (revision %d → %d): keeping %d members for %.0f s "
+        "while they re-register",
+        old_revision,
+        revision,
+        len(view.held),
+        grace,
+    )

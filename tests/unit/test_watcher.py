@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import logging
+from functools import partial
 
 import pytest
 import trio
 import trio.testing
+from resettable import wipe
 
 from vnetd.errors import WatchCompacted
 from vnetd.membership import encode_member, member_key
@@ -102,3 +104,110 @@ async def test_deleting_a_junk_key_does_not_drop_a_member():
             if event.kind == "delete":
                 break
     assert set(view.members) == {2}
+
+
+async def wait_for(condition, timeout: float = 30) -> None:
+    with trio.fail_after(timeout):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+async def test_reset_registry_holds_missing_members_then_drops_the_absent(autojump_clock, caplog):
+    """A list below the highest revision seen is a reset: the members missing from it
+    are kept for two lease TTLs (SPEC's is 10 s) or until they register again."""
+    caplog.set_level(logging.INFO, logger="vnetd.watch")
+    registry = MemoryRegistry()
+    for rank in (1, 2, 3):
+        await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+    view = MemberView()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sync_members, registry, SPEC, view, RegistryHealth())
+        await wait_for(lambda: set(view.members) == {1, 2, 3})
+        assert view.revision == 4
+
+        registry.fail(True)
+        await trio.sleep(5)
+        wipe(registry)
+        registry.fail(False)
+        await registry.create(member_key(SPEC, 1), encode_member(member(1)))  # revision 2
+        await wait_for(lambda: bool(view.held))
+        reset_at = trio.current_time()
+        assert set(view.members) == {1, 2, 3}
+        assert set(view.held) == {2, 3}
+        resets = [r.getMessage() for r in caplog.records if "registry was reset" in r.getMessage()]
+        assert resets == [
+            "registry was reset (revision 4 → 2): keeping 2 members for 20 s while they re-register"
+        ]
+
+        moved = Member(2, member(2).public_key, "198.18.9.2:51820", "pod2")
+        await registry.create(member_key(SPEC, 2), encode_member(moved))
+        await wait_for(lambda: view.members[2] == moved)
+        assert set(view.held) == {3}, "a member that registered again is no longer held"
+
+        await trio.sleep(reset_at + 19.5 - trio.current_time())
+        assert set(view.members) == {1, 2, 3}, "rank 3 is kept for the whole grace"
+        await trio.sleep(1.0)
+        assert set(view.members) == {1, 2}, "rank 3 did not come back: dropped after the grace"
+        assert view.held == {}
+        assert "rank 3 did not register again after the registry reset; dropped" in caplog.text
+        assert len([r for r in caplog.records if "registry was reset" in r.getMessage()]) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_list_after_an_outage_without_reset_drops_missing_members_at_once(
+    autojump_clock, caplog
+):
+    """A member deleted while the watch was down is gone from a list whose revision
+    went up: that is an ordinary deletion, not a reset, and nothing is held."""
+    registry = MemoryRegistry()
+    for rank in (1, 2):
+        await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+    view = MemberView()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sync_members, registry, SPEC, view, RegistryHealth())
+        await wait_for(lambda: set(view.members) == {1, 2})
+        registry.fail(True)
+        await trio.sleep(5)
+        registry.fail(False)
+        await registry.delete(member_key(SPEC, 2))  # before the watcher lists again
+        await wait_for(lambda: set(view.members) == {1}, timeout=10)
+        assert view.held == {}
+        assert "registry was reset" not in caplog.text
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_list_during_the_grace_keeps_holding(autojump_clock):
+    """Another outage (or a compaction) during the grace re-lists at a higher
+    revision; the held members stay held until their deadline, not dropped."""
+    registry = MemoryRegistry()
+    for rank in (1, 2, 3):
+        await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+    view = MemberView()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            partial(sync_members, reset_grace=15.0), registry, SPEC, view, RegistryHealth()
+        )
+        await wait_for(lambda: set(view.members) == {1, 2, 3})
+        registry.fail(True)
+        await trio.sleep(1)  # the open watch breaks, as a stopped etcd's stream does
+        wipe(registry)
+        registry.fail(False)
+        await wait_for(lambda: bool(view.held))
+        reset_at = trio.current_time()
+        assert set(view.held) == {1, 2, 3}
+        deadline = view.held_until()
+        assert deadline == pytest.approx(reset_at + 15.0, abs=0.01)
+
+        await trio.sleep(3)
+        registry.fail(True)
+        await trio.sleep(3)
+        registry.fail(False)
+        await registry.create(member_key(SPEC, 1), encode_member(member(1)))
+        listed = view.version
+        await wait_for(lambda: view.version > listed and view.revision >= 2)
+        assert set(view.members) == {1, 2, 3}
+        assert set(view.held) == {2, 3}
+        assert view.held_until() == deadline, "a later list does not extend the grace"
+        await trio.sleep(deadline + 0.5 - trio.current_time())
+        assert set(view.members) == {1}
+        nursery.cancel_scope.cancel()

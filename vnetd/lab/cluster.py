@@ -10,23 +10,29 @@ shared by every process on the machine, so they compare with the test's.
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
-from vnetd.lab.lab import Lab, LabProcess, Pod
+from vnetd.lab.lab import Lab, LabError, LabProcess, Pod
 from vnetd.lab.probe import parse_events, probe_command
+from vnetd.membership import members_prefix, rank_of_key
 from vnetd.spec import MeshSpec, load_spec
 
 OVERLAY = "10.250.0.0/16"
 PROBE_DURATION = 600.0
 
 
-def write_spec(path: Path, size: int, etcd_url: str, *, name: str = "lab", ttl: int = 5) -> Path:
+def write_spec(
+    path: Path, size: int, etcd_url: str, *, name: str = "lab", ttl: int = 5, mtu: int = 1420
+) -> Path:
     path.write_text(
         f"""[mesh]
 name = "{name}"
@@ -34,7 +40,7 @@ size = {size}
 network = "{OVERLAY}"
 port = 51820
 interface = "vnet0"
-mtu = 1420
+mtu = {mtu}
 hostname = "{name}-{{rank}}"
 
 [registry]
@@ -67,12 +73,13 @@ class MeshLab:
     def address(self, rank: int) -> str:
         return str(self.spec.address(rank))
 
-    async def start_rank(self, rank: int, *extra: str) -> LabProcess:
-        """Start ``vnetd up`` for ``rank`` in its pod."""
+    async def start_rank(self, rank: int, *extra: str, config: Path | None = None) -> LabProcess:
+        """Start ``vnetd up`` for ``rank`` in its pod (with ``config`` instead of the
+        mesh's spec, if given)."""
         pod = self.pod(rank)
         argv = [
             sys.executable, "-m", "vnetd", "up",
-            "--config", str(self.spec_path),
+            "--config", str(config or self.spec_path),
             "--rank", str(rank),
             "--state-dir", str(pod.state_dir),
             *extra,
@@ -83,12 +90,73 @@ class MeshLab:
         self.daemons[rank] = process
         return process
 
-    async def start_probes(self, duration: float = PROBE_DURATION) -> None:
-        """One probe per pod, targeting every rank's overlay address."""
+    async def start_probes(
+        self, duration: float = PROBE_DURATION, *, report_every: float = 0.0
+    ) -> None:
+        """One probe per pod, targeting every rank's overlay address.
+
+        Args:
+            report_every: have each probe print its counters this often (for
+                ``probe_received``); 0 = never.
+        """
         targets = [self.address(r) for r in range(self.spec.size)]
         for rank in range(self.spec.size):
-            argv = probe_command(self.address(rank), targets, duration=duration)
+            argv = probe_command(
+                self.address(rank), targets, duration=duration, report_every=report_every
+            )
             self.probes[rank] = await self.lab.start(self.pod(rank), argv, private_mount=False)
+
+    def probe_misses(
+        self, since: float, until: float = math.inf, ranks: set[int] | None = None
+    ) -> dict[tuple[int, int], int]:
+        """Probe requests lost per ordered pair among ``ranks``, counting those sent
+        in [since, until] (monotonic) once the pair had answered at least once.
+
+        A request counts as lost when no reply came within the probe's
+        ``--miss-after`` (1 s): read this at least that long after ``until``.
+        Only pairs with a loss are in the result.
+        """
+        misses: dict[tuple[int, int], int] = {}
+        for (src, dst), event in self._probe_events("miss", ranks):
+            if since <= float(event["sent"]) <= until:
+                misses[(src, dst)] = misses.get((src, dst), 0) + 1
+        return misses
+
+    def probe_received(
+        self, since: float, until: float, ranks: set[int] | None = None
+    ) -> dict[tuple[int, int], int]:
+        """Replies per ordered pair among ``ranks`` between the first counters
+        report at or after ``since`` and the last at or before ``until`` (needs
+        probes started with ``report_every``)."""
+        first: dict[tuple[int, int], int] = {}
+        last: dict[tuple[int, int], int] = {}
+        for pair, event in self._probe_events("counters", ranks):
+            if since <= float(event["t"]) <= until:
+                received = int(event["received"][self.address(pair[1])])
+                first.setdefault(pair, received)
+                last[pair] = received
+        return {pair: last[pair] - first[pair] for pair in first}
+
+    def _probe_events(
+        self, kind: str, ranks: set[int] | None
+    ) -> list[tuple[tuple[int, int], dict[str, Any]]]:
+        """``((src, dst), event)`` for each probe event of ``kind`` about a target in ``ranks``
+        (``counters`` events are repeated once per target)."""
+        ranks = set(range(self.spec.size)) if ranks is None else ranks
+        rank_of = {self.address(r): r for r in ranks}
+        found: list[tuple[tuple[int, int], dict[str, Any]]] = []
+        for src, probe in sorted(self.probes.items()):
+            if src not in ranks:
+                continue
+            for event in parse_events(probe.log_text()):
+                if event.get("event") != kind:
+                    continue
+                if kind == "counters":
+                    targets = [a for a in event.get("received", {}) if a in rank_of]
+                else:
+                    targets = [event["target"]] if event.get("target") in rank_of else []
+                found.extend(((src, rank_of[a]), event) for a in targets)
+        return found
 
     def first_reached(self) -> dict[tuple[int, int], float]:
         """For each ordered pair (a, b): when a first got an answer from b."""
@@ -143,3 +211,63 @@ class MeshLab:
 
     def dead_daemons(self) -> dict[int, int]:
         return {r: p.returncode for r, p in self.daemons.items() if p.returncode is not None}
+
+    def wireguard_go_pid(self, rank: int) -> int:
+        """The pid of the wireguard-go child of ``rank``'s daemon.
+
+        Raises:
+            LabError: the daemon has no such child (now).
+        """
+        daemon = self.daemons[rank].pid
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if ppid == daemon and comm == "wireguard-go":
+                return int(entry)
+        raise LabError(f"rank {rank}'s daemon (pid {daemon}) has no wireguard-go child")
+
+    async def device_dump(self, rank: int) -> list[list[str]]:
+        """``wg show <if> dump`` of ``rank``'s device, run beside its daemon: one row
+        per peer (public key, preshared key, endpoint, allowed IPs, ...)."""
+        result = await self.lab.run(
+            self.pod(rank), ["wg", "show", self.spec.interface, "dump"], 10,
+            beside=self.daemons[rank],
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise LabError(f"wg show in pod {rank}: {result.stderr.decode(errors='replace')}")
+        return [line.split("\t") for line in result.stdout.decode().splitlines()[1:]]
+
+    async def device_peers(self, rank: int) -> dict[str, list[str]]:
+        """``rank``'s device: public key -> allowed IPs of each peer."""
+        return {
+            row[0]: sorted(row[3].split(",")) if row[3] != "(none)" else []
+            for row in await self.device_dump(rank)
+        }
+
+    async def device_endpoints(self, rank: int) -> dict[int, str]:
+        """The endpoint ``rank``'s device has for each peer rank (``(none)`` if unset)."""
+        rank_of = {f"{self.address(r)}/32": r for r in range(self.spec.size)}
+        return {
+            rank_of[ip]: row[2]
+            for row in await self.device_dump(rank)
+            for ip in row[3].split(",")
+            if ip in rank_of
+        }
+
+    async def device_ranks(self, rank: int) -> set[int]:
+        """The ranks whose /32 is on ``rank``'s device (each peer holds one)."""
+        rank_of = {f"{self.address(r)}/32": r for r in range(self.spec.size)}
+        peers = await self.device_peers(rank)
+        return {rank_of[ip] for ips in peers.values() for ip in ips if ip in rank_of}
+
+    async def registered_ranks(self) -> set[int]:
+        """The ranks whose ``members/<rank>`` key is in etcd now."""
+        result = await self.lab.etcdctl("get", "--prefix", "--keys-only", members_prefix(self.spec))
+        ranks = (rank_of_key(self.spec, key) for key in result.stdout.decode().split())
+        return {rank for rank in ranks if rank is not None}

@@ -9,6 +9,7 @@ the same data dir and ports, to simulate an outage.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,14 +78,20 @@ class EtcdServer:
             return ["ip", "netns", "exec", self.netns, *argv]
         return argv
 
-    async def start(self) -> None:
+    async def start(self, *, fresh: bool = False) -> None:
         """Start etcd and wait (at most ``READY_TIMEOUT`` s) until it answers.
+
+        Args:
+            fresh: delete the data dir first, so etcd comes back empty (revision
+                1, no keys, no leases), as on a new volume.
 
         Raises:
             EtcdStartError: it exited or never answered; it is stopped again.
         """
         if self._process is not None:
             raise RuntimeError(f"etcd {self.name} is already running (pid {self.pid})")
+        if fresh:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._process = await trio.lowlevel.open_process(

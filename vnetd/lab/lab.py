@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from vnetd.lab.etcd import EtcdServer, run_etcd
+from vnetd.lab.etcd import ETCDCTL_BIN, EtcdServer, run_etcd
 from vnetd.lab.netns import (
     add_netns,
     delete_netns,
@@ -194,11 +194,16 @@ class Lab:
         """The etcd server once started (its ``pid`` is 0 while stopped)."""
         return self._etcd
 
-    async def start_etcd(self) -> EtcdServer:
+    async def start_etcd(self, *, fresh: bool = False) -> EtcdServer:
         """Start etcd in the etcd namespace (again, on the same data, after ``stop_etcd``).
+
+        Args:
+            fresh: after ``stop_etcd``, start on an empty data dir instead, as
+                an etcd that lost its volume would come back.
 
         Raises:
             EtcdStartError: it did not answer within 20 s.
+            LabError: ``fresh`` while etcd runs.
         """
         self._check_open()
         if self._etcd is None:
@@ -212,13 +217,76 @@ class Lab:
                 )
             )
         elif self._etcd.pid == 0:
-            await self._etcd.start()
+            await self._etcd.start(fresh=fresh)
+        elif fresh:
+            raise LabError("etcd is running: stop_etcd() before starting it fresh")
         return self._etcd
 
     async def stop_etcd(self) -> None:
         """Stop etcd by pid (SIGTERM, SIGKILL after 5 s); its data stays for a restart."""
         if self._etcd is not None:
             await self._etcd.stop()
+
+    async def etcdctl(
+        self,
+        *args: str,
+        timeout: float = 10.0,  # noqa: ASYNC109 (the lab's API)
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run ``etcdctl ARGS`` in the etcd namespace against the lab's etcd.
+
+        Raises:
+            LabError: it exited non-zero (the message holds its stderr).
+            trio.TooSlowError: it ran over ``timeout`` s (it is killed).
+        """
+        self._check_open()
+        argv = ["ip", "netns", "exec", self.etcd_netns, ETCDCTL_BIN,
+                "--endpoints", self.etcd_url, "--dial-timeout=2s", "--command-timeout=5s",
+                *args]  # fmt: skip
+        with trio.fail_after(timeout):
+            result = await trio.run_process(
+                argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+                env={**os.environ, "ETCDCTL_API": "3"},
+            )  # fmt: skip
+        if result.returncode != 0:
+            err = result.stderr.decode(errors="replace").strip()
+            raise LabError(f"etcdctl {' '.join(args)} exited {result.returncode}: {err}")
+        return result
+
+    async def set_sysctl(self, netns: str, key: str, value: str) -> None:
+        """Set a per-namespace sysctl (``net.*``) in one of this lab's namespaces.
+
+        Sockets take e.g. ``net.ipv4.tcp_rmem`` when they are made: set it
+        before starting the processes it should apply to.
+
+        Raises:
+            ValueError: ``netns`` is not one of this lab's.
+            LabError: ``sysctl`` refused.
+        """
+        self._check_open()
+        if netns not in self.netns_names:
+            raise ValueError(f"{netns} is not a namespace of lab {self.id}")
+        argv = ["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{key}={value}"]
+        with trio.fail_after(10):
+            result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True,
+                                            check=False)  # fmt: skip
+        if result.returncode != 0:
+            raise LabError(f"sysctl {key} in {netns}: {result.stderr.decode(errors='replace')}")
+
+    async def etcd_revision(self) -> int:
+        """The etcd store's current revision."""
+        result = await self.etcdctl("endpoint", "status", "--write-out", "json")
+        status = json.loads(result.stdout)
+        return int(status[0]["Status"]["header"]["revision"])
+
+    async def compact_etcd(self, revision: int | None = None) -> int:
+        """Compact etcd's history up to ``revision`` (default: the current one).
+
+        A watch from an older revision is then refused as compacted. Returns
+        the revision compacted to.
+        """
+        target = revision if revision is not None else await self.etcd_revision()
+        await self.etcdctl("compaction", str(target))
+        return target
 
     async def start(
         self,

@@ -12,6 +12,12 @@ get the same target list). It prints one JSON line per event on stdout:
 - ``{"event": "lost", "target": A, "t": T}`` when a target that answered stays
   silent for ``--lost-after`` s, and ``{"event": "recovered", ...}`` when it
   answers again;
+- ``{"event": "miss", "target": A, "seq": n, "sent": T0, "t": T}`` when a request
+  sent at ``T0`` to a target that had already answered (an established pair)
+  got no reply within ``--miss-after`` s: one line per lost request, so the
+  loss of a pair over any time window can be counted afterwards;
+- ``{"event": "counters", "sent": {A: n}, "received": {A: n}, "t": T}`` every
+  ``--report-every`` s (off by default), to count replies over a window;
 - ``{"event": "summary", "sent": {A: n}, "received": {A: n}, "errors": {A: n}}``
   on exit (``--duration`` reached, SIGTERM or SIGINT).
 
@@ -51,6 +57,8 @@ class TargetState:
     reached: bool = False
     lost: bool = False
     last_reply: float = 0.0
+    pending: dict[int, float] = field(default_factory=dict)
+    """Requests sent since the target first answered: seq -> when, until answered."""
 
 
 @dataclass
@@ -61,6 +69,7 @@ class Prober:
     targets: list[str]
     port: int
     lost_after: float
+    miss_after: float = 1.0
     state: dict[str, TargetState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -68,9 +77,12 @@ class Prober:
 
     def send_round(self, sock: socket.socket, seq: int) -> None:
         """One request to every target; a failing send counts as an error."""
+        now = time.monotonic()
         for target in self.targets:
             st = self.state[target]
             st.sent += 1
+            if st.reached:
+                st.pending[seq] = now
             try:
                 sock.sendto(b"%s req %d %s" % (MAGIC, seq, target.encode()), (target, self.port))
             except OSError:
@@ -87,14 +99,15 @@ class Prober:
                 sock.sendto(b"%s rep %s %s" % (MAGIC, seq, target), addr)
             except OSError:
                 pass
-        elif kind == b"rep":
-            self.on_reply(target.decode(errors="replace"))
+        elif kind == b"rep" and seq.isdigit():
+            self.on_reply(target.decode(errors="replace"), int(seq))
 
-    def on_reply(self, target: str) -> None:
+    def on_reply(self, target: str, seq: int) -> None:
         st = self.state.get(target)
         if st is None:
             return
         now = time.monotonic()
+        st.pending.pop(seq, None)
         st.received += 1
         st.last_reply = now
         if not st.reached:
@@ -110,6 +123,23 @@ class Prober:
             if st.reached and not st.lost and now - st.last_reply > self.lost_after:
                 st.lost = True
                 emit({"event": "lost", "target": target, "t": now})
+
+    def check_missed(self) -> None:
+        """Report each request of an established pair unanswered for ``miss_after`` s."""
+        now = time.monotonic()
+        for target, st in self.state.items():
+            late = [seq for seq, sent in st.pending.items() if now - sent > self.miss_after]
+            for seq in late:
+                sent = st.pending.pop(seq)
+                emit({"event": "miss", "target": target, "seq": seq, "sent": sent, "t": now})
+
+    def counters(self) -> dict[str, Any]:
+        return {
+            "event": "counters",
+            "sent": {t: s.sent for t, s in self.state.items()},
+            "received": {t: s.received for t, s in self.state.items()},
+            "t": time.monotonic(),
+        }
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -138,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     targets = [t for t in args.targets if t != args.self_addr]
-    prober = Prober(args.self_addr, targets, args.port, args.lost_after)
+    prober = Prober(args.self_addr, targets, args.port, args.lost_after, args.miss_after)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("0.0.0.0", args.port))
@@ -147,30 +177,42 @@ def run(args: argparse.Namespace) -> int:
         end = start + args.duration
         emit({"event": "started", "self": args.self_addr, "port": args.port, "t": start})
         next_send, seq = start, 0
+        next_report = start + args.report_every if args.report_every else float("inf")
         while not stop:
             now = time.monotonic()
             if now >= end:
                 break
             if now >= next_send:
+                drain(sock, prober)  # replies that came while this process was not running
                 prober.send_round(sock, seq)
                 prober.check_lost()
+                prober.check_missed()
                 seq += 1
                 next_send = max(next_send + args.interval, now)
+            if now >= next_report:
+                emit(prober.counters())
+                next_report = max(next_report + args.report_every, now)
             wait = max(0.0, min(next_send, end) - time.monotonic())
             try:
                 readable, _, _ = select.select([sock], [], [], wait)
             except InterruptedError:
                 continue
-            for _ in range(256 if readable else 0):
-                try:
-                    data, addr = sock.recvfrom(2048)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    continue
-                prober.handle(sock, data, addr)
+            if readable:
+                drain(sock, prober)
     emit(prober.summary())
     return 0
+
+
+def drain(sock: socket.socket, prober: Prober, limit: int = 4096) -> None:
+    """Handle the datagrams waiting on ``sock`` (at most ``limit``) without blocking."""
+    for _ in range(limit):
+        try:
+            data, addr = sock.recvfrom(2048)
+        except BlockingIOError:
+            return
+        except OSError:
+            continue
+        prober.handle(sock, data, addr)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -187,6 +229,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--lost-after", type=float, default=None, help="silence (s) that counts as lost"
     )
+    parser.add_argument(
+        "--miss-after",
+        type=float,
+        default=1.0,
+        help="seconds without a reply after which a request counts as lost (default 1)",
+    )
+    parser.add_argument(
+        "--report-every",
+        type=float,
+        default=0.0,
+        help="print the counters every this many seconds (default 0: never)",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.duration <= MAX_DURATION:
         parser.error(f"--duration must be in (0, {MAX_DURATION:g}], got {args.duration}")
@@ -194,6 +248,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--interval must be in [0.001, 60], got {args.interval}")
     if not 1 <= args.port <= 65535:
         parser.error(f"--port must be in 1..65535, got {args.port}")
+    if not 0.01 <= args.miss_after <= 60:
+        parser.error(f"--miss-after must be in [0.01, 60], got {args.miss_after}")
+    if args.report_every < 0:
+        parser.error(f"--report-every must not be negative, got {args.report_every}")
     if args.lost_after is None:
         args.lost_after = max(1.0, 10 * args.interval)
     return args
@@ -217,12 +275,14 @@ def probe_command(
     duration: float,
     port: int = DEFAULT_PORT,
     interval: float = 0.1,
+    report_every: float = 0.0,
 ) -> list[str]:
     """The argv that runs this prober with the current Python (for ``Lab.start``)."""
     return [
         sys.executable, "-m", "vnetd.lab.probe",
         "--self-addr", self_addr, "--targets", ",".join(targets),
         "--port", str(port), "--interval", str(interval), "--duration", str(duration),
+        "--report-every", str(report_every),
     ]  # fmt: skip
 
 
