@@ -105,7 +105,11 @@ def _join(host: str, port: int, source: str) -> str:
         addr = ip_address(host.strip())
     except ValueError:
         raise IdentityError(f"{source}: {host!r} is not an IP address") from None
-    return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
+    joined = f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
+    try:
+        return check_endpoint(joined)  # the rules every peer applies to our entry
+    except ValueError as exc:
+        raise IdentityError(f"{source}: {host!r}: {exc}") from None
 
 
 def load_or_create_key(state_dir: Path) -> KeyPair:

@@ -97,3 +97,11 @@ def test_public_key_matches_wireguard_vector():
     # `wg pubkey` (wireguard-tools) printed this for the private key bytes 0..31.
     private = base64.b64encode(bytes(range(32))).decode()
     assert public_key_of(private) == "j0DFrbaPJWJK5bIU6nZ6bslNgp09e14a0bpvPiE4KF8="
+
+
+def test_pod_ip_with_an_ipv6_zone_is_refused_at_start(tmp_path):
+    # Every peer would skip an entry with a zone (wireguard-go refuses it), so
+    # the daemon must not start with one.
+    spec = parse_spec({"mesh": {"name": "m", "size": 2, "network": "10.0.0.0/24"}})
+    with pytest.raises(IdentityError, match="POD_IP"):
+        resolve_endpoint(spec, None, {"POD_IP": "fe80::1%eth0"}, None)

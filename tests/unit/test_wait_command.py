@@ -582,3 +582,22 @@ def test_cli_usage_errors(config, capsys, args, message):
         main(["wait", "--config", str(config), *args])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+async def test_a_member_held_after_a_registry_reset_does_not_count():
+    from vnetd.registry.base import KeyValue
+    from vnetd.retry import RegistryHealth
+    from vnetd.spec import parse_spec
+    from vnetd.wait.run import _Waiter
+    from vnetd.watcher import MemberView
+
+    spec = parse_spec({"mesh": {"name": "m", "size": 2, "network": "10.0.0.0/24"}})
+    key = base64.b64encode(bytes(range(32))).decode()
+    member = Member(rank=1, public_key=key, endpoint="198.18.1.1:51820", instance="pod1")
+    view = MemberView()
+    view.replace(spec, [KeyValue(member_key(spec, 1), encode_member(member), 5, 5)], 100)
+    waiter = _Waiter(Gate(size=2, ranks=(1,)), 60, view, RegistryHealth(), None)
+    assert waiter.status().ready
+    view.replace(spec, [], 3, hold_until=trio.current_time() + 20)  # revision went back
+    assert 1 in view.held and 1 in view.members
+    assert not waiter.status().ready

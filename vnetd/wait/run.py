@@ -75,7 +75,12 @@ class _Waiter:
         self.device = device
 
     def status(self) -> Status:
-        registered = {rank: member.public_key for rank, member in self.view.members.items()}
+        # A member held after a registry reset has not registered again yet.
+        registered = {
+            rank: member.public_key
+            for rank, member in self.view.members.items()
+            if rank not in self.view.held
+        }
         handshakes = self.device.handshakes if self.device is not None else frozenset()
         return evaluate(self.gate, registered, handshakes, listed=self.view.synced)
 
