@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import trio
 
@@ -43,6 +44,17 @@ log = logging.getLogger("vnetd.daemon")
 
 DataplaneFactory = Callable[[DeviceConfig], AbstractAsyncContextManager[Dataplane]]
 RegistryFactory = Callable[[MeshSpec], AbstractAsyncContextManager[Registry]]
+
+
+@runtime_checkable
+class RestartingDataplane(Protocol):
+    """A data plane whose device can be rebuilt empty (wireguard-go restarted).
+
+    It calls ``on_restart(reason)`` afterwards; the daemon points that at the
+    reconciler, which re-applies the whole state at once.
+    """
+
+    on_restart: Callable[[str], None] | None
 
 
 @dataclass
@@ -200,6 +212,8 @@ async def _serve(
     reconciler = Reconciler(
         spec, me.rank, me.public_key, view, dataplane, resync_interval=opts.resync_interval
     )
+    if isinstance(dataplane, RestartingDataplane):
+        dataplane.on_restart = reconciler.request_resync
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sync_members, registry, spec, view, health)

@@ -18,6 +18,17 @@ completed a handshake is therefore re-added once, by the lower rank after
 ``NUDGE_AFTER`` and by the higher after twice that, which resets its
 handshake state; the other side's 5 s rate limit keeps the next attempt
 from crossing again. Peers with a handshake are never touched.
+
+Nothing is applied before the members have been listed once: an unlisted
+view is not an empty mesh, and a device adopted from a daemon that was
+killed keeps its peers while the registry is slow or down.
+
+Resync requests. When the device is rebuilt behind the reconciler's back
+(wireguard-go died and was restarted empty), ``request_resync`` runs a full
+pass at once and logs one summary line instead of a "joined" line per peer.
+The written endpoints are kept: the rebuilt device has no peers, so every
+peer is an add that carries its endpoint anyway, while a device that kept
+its peers must not have roamed endpoints rewritten (invariant 4).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class ReconcileStats:
     failures: int = 0
     last_duration: float = 0.0
     nudges: int = 0
+    resyncs: int = 0
     peer_ranks: dict[str, int] = field(default_factory=dict)
 
 
@@ -75,6 +87,17 @@ class Reconciler:
         self._skipped_logged: set[tuple[int, str]] = set()
         self._young: dict[str, float] = {}  # public key -> when it was added
         self._synced = trio.Event()
+        self._resync_reason: str | None = None
+        self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
+
+    def request_resync(self, reason: str) -> None:
+        """Run a full pass now (the device was rebuilt); ``reason`` goes in its log line.
+
+        Callable from any task; requests made before a pass starts are merged.
+        """
+        self._resync_reason = reason
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reconcile forever.
@@ -87,28 +110,46 @@ class Reconciler:
         task_status.started()
         next_resync = trio.current_time() + self.resync_interval
         while True:
+            if not self.view.synced:
+                # No list yet, so an empty view says nothing: a device adopted
+                # from a previous run keeps its peers until a list says
+                # otherwise (a new device has none to lose).
+                await self.view.wait_changed(self.view.version)
+                continue
             wake = next_resync
             if self._young:
                 wake = min(wake, trio.current_time() + NUDGE_AFTER / 4)
-            with trio.move_on_at(wake):
-                await self.view.wait_changed(seen)
+            if self._resync_reason is None:
+                with trio.move_on_at(wake) as self._waiting:
+                    await self.view.wait_changed(seen)
+                self._waiting = None
+            resync = self._resync_reason
             try:
-                if self.view.version == seen and trio.current_time() < next_resync:
-                    await self.nudge_handshakes()
-                    continue
+                if resync is None and self.view.version == seen:
+                    if trio.current_time() < next_resync:
+                        await self.nudge_handshakes()
+                        continue
                 seen = self.view.version
                 next_resync = trio.current_time() + self.resync_interval
-                await self.reconcile_once()
+                self._resync_reason = None
+                await self.reconcile_once(resync=resync)
                 backoff.reset()
             except DataplaneError as exc:
                 self.stats.failures += 1
+                if resync is not None and self._resync_reason is None:
+                    self._resync_reason = resync  # still owed
                 delay = backoff.next_delay()
                 log.error("applying the plan failed: %s; retrying in %.1f s", exc, delay)
                 seen = -1  # make the next pass run even without a new event
                 await trio.sleep(delay)
 
-    async def reconcile_once(self) -> Plan:
-        """One pass; returns the plan it applied (possibly empty)."""
+    async def reconcile_once(self, *, resync: str | None = None) -> Plan:
+        """One pass; returns the plan it applied (possibly empty).
+
+        Args:
+            resync: why a full pass was requested; the pass then logs one
+                summary line instead of a line per peer.
+        """
         started = time.perf_counter()
         self.stats.runs += 1
         desired, skipped = desired_peers(
@@ -122,7 +163,11 @@ class Reconciler:
             await self.dataplane.apply(plan)
             self.stats.applied += 1
             self.stats.changes += len(plan)
-            self._log_plan(plan, ranks, time.perf_counter() - started)
+            if resync is None:
+                self._log_plan(plan, ranks, time.perf_counter() - started)
+        if resync is not None:
+            self.stats.resyncs += 1
+            self._log_resync(resync, plan, len(desired), time.perf_counter() - started)
         self._written = written_after(desired)
         now = trio.current_time()
         for peer in plan.add:
@@ -182,6 +227,20 @@ class Reconciler:
             if upd.allowed_ips is not None:
                 log.info("peer rank %s allowed IPs set to %s", rank, ",".join(upd.allowed_ips))
         log.info("plan applied: %d change(s) in %.1f ms", len(plan), elapsed * 1000)
+
+    def _log_resync(self, reason: str, plan: Plan, wanted: int, elapsed: float) -> None:
+        if plan:
+            log.info(
+                "after %s: re-applied %d peer(s) (%d added, %d updated, %d removed) in %.1f ms",
+                reason,
+                wanted,
+                len(plan.add),
+                len(plan.update),
+                len(plan.remove),
+                elapsed * 1000,
+            )
+        else:
+            log.info("after %s: the device already holds all %d peer(s)", reason, wanted)
 
     def _log_skipped(self, skipped: list[Skipped]) -> None:
         for item in skipped:

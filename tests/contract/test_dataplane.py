@@ -13,12 +13,16 @@ import base64
 import errno
 import itertools
 import json
+import logging
 import os
+import pathlib
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from ipaddress import ip_interface, ip_network
 
@@ -32,9 +36,23 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from vnetd.dataplane.base import Dataplane, DeviceConfig
+from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
-from vnetd.dataplane.uapi import UapiDataplane, open_uapi_dataplane
+from vnetd.dataplane.link import change_routes, configure_link, run_netlink
+from vnetd.dataplane.supervise import (
+    WireguardGo,
+    output_path,
+    socket_path,
+    start_wireguard_go,
+)
+from vnetd.dataplane.uapi import (
+    RestartBudget,
+    UapiClient,
+    UapiDataplane,
+    open_uapi_dataplane,
+    parse_peers,
+    plan_lines,
+)
 from vnetd.errors import DataplaneError
 from vnetd.model import Peer, PeerUpdate, Plan
 
@@ -103,6 +121,11 @@ class Device:
 
         monkeypatch.setattr(self.dp.uapi, "set", counting_set)
         return seen
+
+
+async def device_unreachable(netns: str) -> set[str]:
+    routes = await ip_json("-n", netns, "route", "show", "type", "unreachable")
+    return {str(r["dst"]) for r in routes}
 
 
 async def ip_json(*args: str) -> list[dict[str, object]]:
@@ -333,22 +356,221 @@ async def test_exit_stops_wireguard_go_and_removes_the_link(netns: str) -> None:
         assert [link["ifname"] for link in links] == ["lo"]
         assert await ip_json("-n", netns, "route", "show", "table", "main") == []
         assert not await trio.Path(f"/run/wireguard/{config.interface}.sock").exists()
+        assert not await trio.Path(f"/run/wireguard/{config.interface}.log").exists()
 
 
 @needs_lab
-async def test_wireguard_go_death_raises_dataplane_error(netns: str) -> None:
+async def test_dead_wireguard_go_is_restarted_and_reported(
+    netns: str, caplog: pytest.LogCaptureFixture
+) -> None:
     config = device_config(next(_names))
-
-    async def kill_it() -> None:
+    a, b = two_peers()
+    restarted: list[str] = []
+    with trio.fail_after(20):
         async with open_uapi_dataplane(config, netns=netns) as dp:
-            os.kill(dp.pid, 9)
-            await trio.sleep(10)  # cancelled by the supervisor
+            dp.on_restart = restarted.append
+            await dp.apply(Plan(add=(a, b)))
+            old_pid, old_index = dp.pid, dp.index
+            os.kill(old_pid, signal.SIGKILL)
+            with trio.fail_after(5):
+                while not restarted:
+                    await trio.sleep(0.01)
+            assert restarted == ["wireguard-go restart"]
+            assert dp.pid != old_pid and dp.restarts == 1
+            os.kill(dp.pid, 0)
+            # A new, empty device with the same key, port and link settings.
+            assert await dp.peers() == {}
+            assert await dp.routes() == set()
+            assert dp.index != old_index
+            links = await ip_json("-n", netns, "addr", "show", "dev", config.interface)
+            (inet,) = [x for x in links[0]["addr_info"] if x["family"] == "inet"]  # type: ignore[index,union-attr]
+            assert (inet["local"], inet["prefixlen"], links[0]["mtu"]) == ("10.250.0.1", 16, 1420)
+            device = dict(await dp.uapi.get())
+            assert device["listen_port"] == "51820"
+            assert device["private_key"] == base64.b64decode(config.private_key).hex()
+            assert await device_unreachable(netns) == {NETWORK}
+            # Re-applying puts the routes on the new link.
+            await dp.apply(Plan(add=(a, b)))
+            assert await dp.routes() == {A_IP, B_IP}
+        assert f"wireguard-go pid {old_pid} exited with code -9" in caplog.text
+
+
+@needs_lab
+async def test_wireguard_go_that_keeps_dying_is_given_up(
+    netns: str, tmp_path: pathlib.Path
+) -> None:
+    config = device_config(next(_names))
+    # Each wireguard-go is killed 1 s after it starts.
+    script = tmp_path / "dying-wireguard-go"
+    script.write_text('#!/bin/sh\nexec timeout -s KILL 1 wireguard-go "$@"\n')
+    script.chmod(0o755)
+    budget = RestartBudget(limit=2, window=60, first_delay=0.05)
+
+    async def run() -> None:
+        async with open_uapi_dataplane(
+            config, netns=netns, wireguard_go=str(script), restarts=budget
+        ):
+            await trio.sleep(15)  # cancelled when the budget is spent
 
     with trio.fail_after(20):
-        with pytest.raises(DataplaneError, match="exited unexpectedly with code -9"):
-            await kill_it()
+        with pytest.raises(DataplaneError, match="exited 2 times within 60 s; giving up") as err:
+            await run()
+        assert "exited with code -9" in str(err.value)  # timeout kills its group
         assert not await trio.Path(f"/run/wireguard/{config.interface}.sock").exists()
         assert await ip_json("-n", netns, "route", "show", "table", "main") == []
+
+
+# --- a device left by a previous run, or that belongs to something else -------------------
+
+
+@asynccontextmanager
+async def running_wireguard_go(
+    config: DeviceConfig, netns: str, key: str
+) -> AsyncIterator[WireguardGo]:
+    """A wireguard-go on ``config.interface`` with ``key``, as a killed daemon leaves one.
+
+    Stopped on exit, its socket and output file removed, whatever the test did.
+    """
+    process = await start_wireguard_go(config.interface, netns, "wireguard-go")
+    try:
+        await UapiClient(socket_path(config.interface)).set(
+            [("private_key", key_to_hex(key, "private_key")), ("listen_port", "51820")]
+        )
+        yield process
+    finally:
+        with trio.CancelScope(shield=True):
+            await process.stop()
+        for path in (socket_path(config.interface), output_path(config.interface)):
+            with suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+@needs_lab
+async def test_adopts_a_running_wireguard_go_with_our_key(
+    netns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = device_config(next(_names))
+    a, b = two_peers()
+    with trio.fail_after(20):
+        async with running_wireguard_go(config, netns, config.private_key) as left:
+            await UapiClient(socket_path(config.interface)).set(plan_lines(Plan(add=(a, b))))
+            # Its link half configured: B's route lost, a stale one added, and the
+            # address of another rank from an earlier run.
+            index, _ = await run_netlink(lambda: configure_link(netns, config))
+            await run_netlink(lambda: change_routes(netns, index, set(), {A_IP, "10.250.0.9/32"}))
+            await trio.run_process(
+                ["ip", "-n", netns, "addr", "add", "10.250.0.77/16", "dev", config.interface]
+            )
+            before = parse_peers(await UapiClient(socket_path(config.interface)).get())
+            sets: list[object] = []
+            original = UapiClient.set
+
+            async def recording_set(self: UapiClient, lines: list[tuple[str, str]]) -> None:
+                sets.append(lines)
+                await original(self, lines)
+
+            monkeypatch.setattr(UapiClient, "set", recording_set)
+            async with open_uapi_dataplane(config, netns=netns) as dp:
+                assert dp.pid == left.pid and dp.process.adopted
+                assert sets == [], "an adopted device with our key and port is not rewritten"
+                assert await dp.peers() == before
+                assert await dp.routes() == {A_IP, B_IP}
+                addrs = await ip_json("-n", netns, "addr", "show", "dev", config.interface)
+                assert [
+                    (x["local"], x["prefixlen"])
+                    for x in addrs[0]["addr_info"]  # type: ignore[union-attr]
+                    if x["family"] == "inet"
+                ] == [("10.250.0.1", 16)]
+            assert not left.running()  # stopped like our own
+            links = await ip_json("-n", netns, "link", "show")
+            assert [link["ifname"] for link in links] == ["lo"]
+
+
+@needs_lab
+async def test_adopted_wireguard_go_that_dies_is_restarted(
+    netns: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = device_config(next(_names))
+    restarted: list[str] = []
+    with trio.fail_after(20):
+        async with running_wireguard_go(config, netns, config.private_key) as left:
+            async with open_uapi_dataplane(config, netns=netns) as dp:
+                dp.on_restart = restarted.append
+                assert dp.process.adopted
+                os.kill(left.pid, signal.SIGKILL)
+                with trio.fail_after(5):
+                    while not restarted:
+                        await trio.sleep(0.01)
+                assert dp.pid != left.pid and not dp.process.adopted
+                assert await dp.peers() == {}
+        # Not our child, but a zombie still (its parent, this test, has not reaped it):
+        # the code is read from /proc.
+        assert f"wireguard-go pid {left.pid} exited with code -9" in caplog.text
+
+
+@needs_lab
+async def test_refuses_a_wireguard_go_with_another_key(netns: str) -> None:
+    config = device_config(next(_names))
+    other = device_config(0).private_key
+    with trio.fail_after(20):
+        async with running_wireguard_go(config, netns, other) as foreign:
+            with pytest.raises(DataplaneError, match="another private key") as err:
+                async with open_uapi_dataplane(config, netns=netns):
+                    pytest.fail("opened a device that belongs to something else")
+            assert str(err.value) == (
+                f"interface {config.interface}: /run/wireguard/{config.interface}.sock is served "
+                f"by wireguard-go pid {foreign.pid} with another private key: it belongs to "
+                "something else; stop it or choose another name with [mesh] interface"
+            )
+            assert foreign.running()
+            device = dict(await UapiClient(socket_path(config.interface)).get())
+            assert device["private_key"] == key_to_hex(other, "private_key")
+            addrs = await ip_json("-n", netns, "addr", "show", "dev", config.interface)
+            assert [x for x in addrs[0]["addr_info"] if x["family"] == "inet"] == []  # type: ignore[index,union-attr]
+
+
+@needs_lab
+async def test_refuses_our_key_served_from_another_network_namespace(netns: str) -> None:
+    config = device_config(next(_names))
+    with namespace() as elsewhere, trio.fail_after(20):
+        async with running_wireguard_go(config, elsewhere, config.private_key) as left:
+            with pytest.raises(DataplaneError, match="this network namespace has no link named"):
+                async with open_uapi_dataplane(config, netns=netns):
+                    pytest.fail("adopted a device it cannot configure")
+            assert left.running()
+
+
+@needs_lab
+async def test_refuses_a_link_of_another_kind(netns: str) -> None:
+    config = device_config(next(_names))
+    await trio.run_process(["ip", "-n", netns, "link", "add", config.interface, "type", "bridge"])
+    with trio.fail_after(20):
+        with pytest.raises(DataplaneError) as err:
+            async with open_uapi_dataplane(config, netns=netns):
+                pytest.fail("started on a name that is taken")
+        assert str(err.value) == (
+            f"interface {config.interface} already exists (kind bridge) and no wireguard-go "
+            f"answers on /run/wireguard/{config.interface}.sock: it belongs to something else; "
+            f"delete it (ip link del {config.interface}) or choose another name with "
+            "[mesh] interface"
+        )
+        links = await ip_json("-n", netns, "-d", "link", "show", config.interface)
+        assert links[0]["linkinfo"]["info_kind"] == "bridge"  # type: ignore[index]
+        assert not await trio.Path(f"/run/wireguard/{config.interface}.sock").exists()
+
+
+@needs_lab
+async def test_a_stale_socket_file_is_removed(netns: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="vnetd.dataplane")
+    config = device_config(next(_names))
+    path = socket_path(config.interface)
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(path)  # left behind with nobody listening, as a killed wireguard-go does
+    with trio.fail_after(20):
+        async with open_uapi_dataplane(config, netns=netns) as dp:
+            assert not dp.process.adopted
+            assert await dp.peers() == {}
+        assert f"removed stale socket {path}" in caplog.text
 
 
 @needs_lab

@@ -17,7 +17,7 @@ import errno
 import logging
 from collections.abc import Callable
 from functools import partial
-from ipaddress import ip_network
+from ipaddress import ip_address, ip_network
 from typing import TypeVar
 
 import trio
@@ -90,6 +90,52 @@ def configure_link(netns: str | None, config: DeviceConfig) -> tuple[int, bool]:
             (errno.EEXIST,), lambda: ipr.route("add", dst=str(config.network), type="unreachable")
         )
     return index, noprefixroute
+
+
+def link_kind(netns: str | None, name: str) -> str | None:
+    """The kind of the link called ``name`` (``tun``, ``bridge``, ...), None if there is none.
+
+    A link without link info (loopback, a physical NIC) is ``device``.
+    """
+    with _iproute(netns) as ipr:
+        found = ipr.link_lookup(ifname=name)
+        if not found:
+            return None
+        kind = ipr.link("get", index=found[0])[0].get(("IFLA_LINKINFO", "IFLA_INFO_KIND"))
+    return str(kind) if kind else "device"
+
+
+def prune_addresses(netns: str | None, index: int, keep: str) -> list[str]:
+    """Delete the link's addresses other than ``keep`` (link-local ones stay).
+
+    For a device adopted from a previous run that had another rank, whose
+    address would otherwise stay on the link. Returns those removed (CIDR).
+    """
+    removed: list[str] = []
+    with _iproute(netns) as ipr:
+        for msg in ipr.get_addr(index=index):
+            addr, prefixlen = msg.get("IFA_ADDRESS"), msg["prefixlen"]
+            if not addr or addr == keep or ip_address(addr).is_link_local:
+                continue
+            _ignore(
+                (errno.EADDRNOTAVAIL,),
+                partial(ipr.addr, "del", index=index, address=addr, prefixlen=prefixlen),
+            )
+            removed.append(f"{addr}/{prefixlen}")
+    return removed
+
+
+def sync_peer_routes(netns: str | None, index: int, held: set[str]) -> tuple[set[str], set[str]]:
+    """Make the device's routes exactly ``held`` (the peers' allowed IPs, as CIDRs).
+
+    Returns the routes removed and added (for a device adopted from a
+    previous run, whose routes may have been changed meanwhile).
+    """
+    have = device_routes(netns, index)
+    gone, new = have - held, held - have
+    if gone or new:
+        change_routes(netns, index, gone, new)
+    return gone, new
 
 
 def change_routes(netns: str | None, index: int, gone: set[str], new: set[str]) -> None:

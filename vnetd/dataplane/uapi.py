@@ -1,194 +1,104 @@
 """The userspace data plane: wireguard-go, configured over its UAPI socket.
 
-wireguard-go listens on ``/run/wireguard/<ifname>.sock`` and speaks the
-cross-platform configuration protocol: ``get=1`` or ``set=1`` followed by
-``key=value`` lines and a blank line; the answer ends with ``errno=N`` and a
-blank line; keys are hex on the wire. The client here is hand-written:
-there is no maintained Python client for this protocol, and it is a tiny
-line protocol that fits in a few dozen lines (pyroute2's ``WireGuard`` only
-speaks the kernel's generic netlink family, which this device does not have).
-
-The link, its address and the routes are ``vnetd.dataplane.link``'s job.
+The UAPI client and line formats are ``vnetd.dataplane.uapi_protocol``'s
+(re-exported here); starting, adopting and watching the wireguard-go process
+is ``vnetd.dataplane.supervise``'s; the link, its address and the routes are
+``vnetd.dataplane.link``'s. This module puts them together: it adopts or
+starts the device, applies plans, and restarts wireguard-go when it dies.
 """
 
 from __future__ import annotations
 
-import errno
+import hmac
 import logging
 import os
-import signal
-import subprocess
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from ipaddress import ip_network
 
 import trio
 
-from vnetd.dataplane.base import DeviceConfig, key_from_hex, key_to_hex, route_changes
+from vnetd.dataplane.base import DeviceConfig, key_to_hex, route_changes
 from vnetd.dataplane.link import (
     change_routes,
     configure_link,
     device_routes,
+    link_kind,
+    prune_addresses,
     remove_link,
     run_netlink,
+    sync_peer_routes,
 )
+from vnetd.dataplane.supervise import (
+    SOCKET_DIR,
+    STOP_GRACE,
+    RestartBudget,
+    SocketProbe,
+    WireguardGo,
+    output_path,
+    probe_socket,
+    remove_stale,
+    socket_path,
+    start_wireguard_go,
+)
+from vnetd.dataplane.uapi_protocol import UAPI_TIMEOUT, UapiClient, parse_peers, plan_lines
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
 log = logging.getLogger("vnetd.dataplane")
 
-SOCKET_DIR = "/run/wireguard"
-UAPI_TIMEOUT = 5.0  # one request/response on the socket
-START_TIMEOUT = 5.0  # wireguard-go start until its socket answers
-STOP_GRACE = 5.0  # SIGTERM until SIGKILL
+__all__ = [
+    "SOCKET_DIR",
+    "UAPI_TIMEOUT",
+    "RestartBudget",
+    "UapiClient",
+    "UapiDataplane",
+    "open_uapi_dataplane",
+    "parse_peers",
+    "plan_lines",
+]
+
 CLEANUP_DEADLINE = STOP_GRACE + 5.0
-_MAX_RESPONSE = 64 * 1024 * 1024
-
-
-# --- the UAPI client --------------------------------------------------------------------
-
-
-class UapiClient:
-    """One wireguard-go UAPI socket. Each call opens its own connection.
-
-    Every call is bounded by ``timeout`` seconds and raises ``DataplaneError``
-    on timeout, connection failure or a non-zero ``errno``.
-    """
-
-    def __init__(self, path: str, timeout: float = UAPI_TIMEOUT) -> None:
-        self.path = path
-        self.timeout = timeout
-
-    async def get(self) -> list[tuple[str, str]]:
-        """The device's state as ``(key, value)`` lines, in wire order."""
-        return await self._request(b"get=1\n\n")
-
-    async def set(self, lines: Sequence[tuple[str, str]]) -> None:
-        """Send one ``set`` transaction. Values are never echoed in errors."""
-        body = ["set=1\n"]
-        for key, value in lines:
-            if "\n" in key or "=" in key or "\n" in value:
-                raise DataplaneError(f"UAPI line {key!r}: key or value contains a separator")
-            body.append(f"{key}={value}\n")
-        body.append("\n")
-        await self._request("".join(body).encode())
-
-    async def _request(self, request: bytes) -> list[tuple[str, str]]:
-        try:
-            with trio.fail_after(self.timeout):
-                stream = await trio.open_unix_socket(self.path)
-                async with stream:
-                    await stream.send_all(request)
-                    data = await _receive_response(stream)
-        except trio.TooSlowError:
-            raise DataplaneError(f"UAPI {self.path}: no answer within {self.timeout:g} s") from None
-        except OSError as exc:
-            raise DataplaneError(f"UAPI {self.path}: {exc.strerror or exc}") from exc
-        return _parse_response(self.path, data)
-
-
-async def _receive_response(stream: trio.SocketStream) -> bytes:
-    data = bytearray()
-    while not (data.endswith(b"\n\n") or data == b"\n"):
-        chunk = await stream.receive_some(65536)
-        if not chunk:
-            raise OSError(errno.ECONNRESET, "connection closed before errno line")
-        data += chunk
-        if len(data) > _MAX_RESPONSE:
-            raise OSError(errno.EMSGSIZE, "response too large")
-    return bytes(data)
-
-
-def _parse_response(path: str, data: bytes) -> list[tuple[str, str]]:
-    pairs: list[tuple[str, str]] = []
-    for line in data.decode("utf-8", "replace").splitlines():
-        if line:
-            key, _, value = line.partition("=")
-            pairs.append((key, value))
-    if not pairs or pairs[-1][0] != "errno":
-        raise DataplaneError(f"UAPI {path}: malformed answer (no errno line)")
-    code = int(pairs[-1][1] or "0")
-    if code != 0:
-        raise DataplaneError(f"UAPI {path}: device refused the request: errno={code}")
-    return pairs[:-1]
-
-
-def parse_peers(pairs: Iterable[tuple[str, str]]) -> dict[str, DevicePeer]:
-    """``get`` lines to ``DevicePeer`` records keyed by base64 public key."""
-    peers: dict[str, DevicePeer] = {}
-    current: dict[str, Any] | None = None
-
-    def flush() -> None:
-        if current is not None:
-            current["allowed_ips"] = tuple(sorted(current["allowed_ips"]))
-            peers[current["public_key"]] = DevicePeer(**current)
-
-    for key, value in pairs:
-        if key == "public_key":
-            flush()
-            current = {"public_key": key_from_hex(value), "allowed_ips": []}
-        elif current is None:
-            continue  # device-level keys
-        elif key == "endpoint":
-            current["endpoint"] = value
-        elif key == "allowed_ip":
-            current["allowed_ips"].append(value)
-        elif key == "last_handshake_time_sec":
-            current["last_handshake"] = current.get("last_handshake", 0.0) + int(value)
-        elif key == "last_handshake_time_nsec":
-            current["last_handshake"] = current.get("last_handshake", 0.0) + int(value) / 1e9
-        elif key in ("rx_bytes", "tx_bytes"):
-            current[key] = int(value)
-    flush()
-    return peers
-
-
-def plan_lines(plan: Plan, persistent_keepalive: int = 0) -> list[tuple[str, str]]:
-    """One ``set`` transaction for ``plan``: removes, then updates, then adds.
-
-    Never ``replace_peers``: only the named peers are touched. Adds also send
-    ``replace_allowed_ips`` so re-adding an existing peer is exact, not a union.
-    """
-    lines: list[tuple[str, str]] = []
-    for peer in plan.remove:
-        lines += [("public_key", key_to_hex(peer.public_key)), ("remove", "true")]
-    for upd in plan.update:
-        lines += [("public_key", key_to_hex(upd.public_key)), ("update_only", "true")]
-        if upd.endpoint is not None:
-            lines.append(("endpoint", upd.endpoint))
-        if upd.allowed_ips is not None:
-            lines.append(("replace_allowed_ips", "true"))
-            lines += [("allowed_ip", ip) for ip in upd.allowed_ips]
-    for peer in plan.add:
-        lines.append(("public_key", key_to_hex(peer.public_key)))
-        if peer.endpoint is not None:
-            lines.append(("endpoint", peer.endpoint))
-        lines.append(("replace_allowed_ips", "true"))
-        lines += [("allowed_ip", ip) for ip in peer.allowed_ips]
-        if persistent_keepalive:
-            lines.append(("persistent_keepalive_interval", str(persistent_keepalive)))
-    return lines
 
 
 # --- the data plane ---------------------------------------------------------------------
 
 
 class UapiDataplane:
-    """A running wireguard-go device. Create it with ``open_uapi_dataplane``."""
+    """A running wireguard-go device. Create it with ``open_uapi_dataplane``.
+
+    ``process`` is the wireguard-go serving it, replaced when it dies and is
+    restarted; ``on_restart`` (set by the daemon) is then called with the
+    reason, so the owner of the desired state re-applies it. Calls made while
+    a restart is under way wait for it (it is bounded).
+    """
 
     def __init__(
-        self, config: DeviceConfig, uapi: UapiClient, netns: str | None, index: int, pid: int
+        self,
+        config: DeviceConfig,
+        uapi: UapiClient,
+        netns: str | None,
+        process: WireguardGo,
+        wireguard_go: str = "wireguard-go",
     ) -> None:
         self.config = config
         self.uapi = uapi
         self.netns = netns
-        self.index = index
-        self.pid = pid
+        self.process = process
+        self.wireguard_go = wireguard_go
+        self.index = 0
         self.noprefixroute = True
+        self.restarts = 0
+        self.on_restart: Callable[[str], None] | None = None
         self._lock = trio.Lock()
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
     async def peers(self) -> dict[str, DevicePeer]:
-        return parse_peers(await self.uapi.get())
+        async with self._lock:
+            return parse_peers(await self.uapi.get())
 
     async def apply(self, plan: Plan) -> None:
         """Apply ``plan`` as one UAPI ``set`` transaction, then move the routes.
@@ -206,10 +116,11 @@ class UapiDataplane:
         async with self._lock:
             start = trio.current_time()
             await self.uapi.set(lines)
-            live = {ip for p in (await self.peers()).values() for ip in p.allowed_ips}
+            live = {ip for p in parse_peers(await self.uapi.get()).values() for ip in p.allowed_ips}
             gone, new = route_changes(plan, live)
             if gone or new:
-                await run_netlink(lambda: change_routes(self.netns, self.index, gone, new))
+                index = self.index
+                await run_netlink(lambda: change_routes(self.netns, index, gone, new))
             elapsed = (trio.current_time() - start) * 1000
         log.debug(
             "%s: applied %s (routes -%d +%d) in %.1f ms",
@@ -221,134 +132,196 @@ class UapiDataplane:
         )
 
     async def routes(self) -> set[str]:
-        return await run_netlink(lambda: device_routes(self.netns, self.index))
+        async with self._lock:
+            index = self.index
+            return await run_netlink(lambda: device_routes(self.netns, index))
 
+    async def configure(self, device: list[tuple[str, str]] | None) -> None:
+        """Key and port, then the link: address, MTU, up, the unreachable route.
 
-def _command(config: DeviceConfig, netns: str | None, wireguard_go: str) -> list[str]:
-    cmd = [wireguard_go, "-f", config.interface]
-    return ["ip", "netns", "exec", netns, *cmd] if netns else cmd
-
-
-async def _wait_for_socket(uapi: UapiClient, process: trio.Process, output: _LastLine) -> None:
-    with trio.move_on_after(START_TIMEOUT):
-        for _ in range(int(START_TIMEOUT / 0.02) + 1):
-            if process.poll() is not None:
-                await output.finished(0.5)
-                raise DataplaneError(
-                    f"wireguard-go exited at start with code {process.returncode}: {output.line}"
-                )
-            try:
-                stream = await trio.open_unix_socket(uapi.path)
-            except OSError:
-                await trio.sleep(0.02)
-                continue
-            await stream.aclose()
-            return
-    raise DataplaneError(f"wireguard-go: {uapi.path} did not appear within {START_TIMEOUT:g} s")
-
-
-class _LastLine:
-    """Drains the child's output, keeping its last non-empty line."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.line = ""
-        self._done = trio.Event()
-
-    async def drain(self, stream: trio.abc.ReceiveStream) -> None:
-        buffer = b""
-        try:
-            while chunk := await stream.receive_some(65536):
-                *lines, buffer = (buffer + chunk).split(b"\n")
-                for raw in lines:
-                    self._record(raw)
-                buffer = buffer[-4096:]
-            self._record(buffer)
-        finally:
-            self._done.set()
-
-    def _record(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace").strip()
-        if text and not text.startswith(("┌", "│", "└")):  # the "use the kernel" banner
-            self.line = text
-            log.debug("%s: wireguard-go: %s", self.name, text)
-
-    async def finished(self, within: float) -> None:
-        with trio.move_on_after(within):
-            await self._done.wait()
-
-
-async def _spawn(config: DeviceConfig, netns: str | None, wireguard_go: str) -> trio.Process:
-    path = f"{SOCKET_DIR}/{config.interface}.sock"
-    if await _socket_answers(path):
-        raise DataplaneError(f"{path}: another wireguard-go already serves this name")
-    level = os.environ.get("VNETD_WIREGUARD_LOG", "error")  # "verbose" to debug handshakes
-    env = dict(os.environ, WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD="1", LOG_LEVEL=level)
-    try:
-        return await trio.lowlevel.open_process(
-            _command(config, netns, wireguard_go),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-    except OSError as exc:
-        raise DataplaneError(f"wireguard-go: cannot start {wireguard_go!r}: {exc}") from exc
-
-
-async def _socket_answers(path: str) -> bool:
-    with trio.move_on_after(1.0):
-        try:
-            stream = await trio.open_unix_socket(path)
-        except OSError:
-            return False
-        await stream.aclose()
-        return True
-    return False
-
-
-async def _bring_up(
-    config: DeviceConfig, netns: str | None, process: trio.Process, output: _LastLine
-) -> UapiDataplane:
-    """Wait for the socket, set key and port, configure the link."""
-    uapi = UapiClient(f"{SOCKET_DIR}/{config.interface}.sock")
-    await _wait_for_socket(uapi, process, output)
-    await uapi.set(
-        [
-            ("private_key", key_to_hex(config.private_key, "private_key")),
-            ("listen_port", str(config.listen_port)),
-        ]
-    )
-    index, noprefixroute = await run_netlink(lambda: configure_link(netns, config))
-    dataplane = UapiDataplane(config, uapi, netns, index, process.pid)
-    dataplane.noprefixroute = noprefixroute
-    return dataplane
-
-
-async def _supervise(process: trio.Process, output: _LastLine, interface: str) -> None:
-    code = await process.wait()
-    await output.finished(0.5)
-    raise DataplaneError(
-        f"wireguard-go for {interface} exited unexpectedly with code {code}: "
-        f"{output.line or '(no output)'}"
-    )
-
-
-async def _stop(process: trio.Process, config: DeviceConfig, netns: str | None) -> None:
-    """SIGTERM, wait, SIGKILL; then remove what the process leaves behind."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(STOP_GRACE):
-            await process.wait()
-        if process.poll() is None:
-            log.warning(
-                "%s: wireguard-go ignored SIGTERM; killing pid %d", config.interface, process.pid
+        Args:
+            device: the ``get`` lines of an adopted device, None for a new
+                one. An adopted device keeps its key (it is ours) and its port
+                unless the port differs (setting it rebinds the socket), and
+                gets a route per peer exactly.
+        """
+        config = self.config
+        if device is None:
+            await self.uapi.set(
+                [
+                    ("private_key", key_to_hex(config.private_key, "private_key")),
+                    ("listen_port", str(config.listen_port)),
+                ]
             )
-            process.kill()
-            await process.wait()
-    # A killed wireguard-go leaves its socket behind; the name was ours.
-    with suppress(FileNotFoundError):
-        os.unlink(f"{SOCKET_DIR}/{config.interface}.sock")
+        elif dict(device).get("listen_port") != str(config.listen_port):
+            await self.uapi.set([("listen_port", str(config.listen_port))])
+        self.index, self.noprefixroute = await run_netlink(
+            lambda: configure_link(self.netns, config)
+        )
+        if device is not None:
+            await self._repair_adopted(device)
+
+    async def _repair_adopted(self, device: list[tuple[str, str]]) -> None:
+        """An adopted link: only our address, and a route per peer exactly."""
+        interface, index = self.config.interface, self.index
+        keep = str(self.config.address.ip)
+        stale = await run_netlink(lambda: prune_addresses(self.netns, index, keep))
+        if stale:
+            log.warning("%s: removed addresses of a previous run: %s", interface, ",".join(stale))
+        held = {_cidr(ip) for p in parse_peers(device).values() for ip in p.allowed_ips}
+        gone, new = await run_netlink(lambda: sync_peer_routes(self.netns, index, held))
+        if gone or new:
+            log.info(
+                "%s: peer routes repaired (-%s +%s)",
+                interface,
+                ",".join(sorted(gone)) or "none",
+                ",".join(sorted(new)) or "none",
+            )
+
+    async def supervise(self, budget: RestartBudget) -> None:
+        """Restart wireguard-go whenever it exits, within ``budget``.
+
+        The first restart holds the lock from the moment the exit is seen, so
+        device calls wait for the new device rather than fail; during a later
+        back-off they fail (and the reconciler retries).
+
+        Raises:
+            DataplaneError: the budget is spent (it keeps dying).
+        """
+        interface = self.config.interface
+        while True:
+            code = await self.process.wait()
+            died = trio.current_time()
+            line = self.process.last_line() or "(no output)"
+            shown = "unknown (not our child)" if code is None else str(code)
+            reason = f"wireguard-go pid {self.process.pid} exited with code {shown}: {line}"
+            while True:
+                delay = budget.next_delay(trio.current_time())
+                if delay is None:
+                    raise DataplaneError(
+                        f"wireguard-go for {interface} exited {budget.limit} times within "
+                        f"{budget.window:g} s; giving up. Last: {reason}"
+                    )
+                log.warning(
+                    "%s: %s; restarting%s", interface, reason, f" in {delay:.1f} s" if delay else ""
+                )
+                if delay:
+                    await trio.sleep(delay)
+                async with self._lock:
+                    failure = await self._replace_process()
+                if failure is None:
+                    break
+                reason = failure
+            self.restarts += 1
+            log.info(
+                "%s: wireguard-go restarted as pid %d in %.0f ms; re-applying the peers",
+                interface,
+                self.process.pid,
+                (trio.current_time() - died) * 1000,
+            )
+            if self.on_restart is not None:
+                self.on_restart("wireguard-go restart")
+
+    async def _replace_process(self) -> str | None:
+        """Start and configure a new wireguard-go (the lock is held); why it failed, or None."""
+        self.process.close()
+        remove_stale(socket_path(self.config.interface))
+        try:
+            self.process = await start_wireguard_go(
+                self.config.interface, self.netns, self.wireguard_go
+            )
+        except DataplaneError as exc:
+            return f"restart failed: {exc}"
+        try:
+            await self.configure(None)
+        except DataplaneError as exc:
+            await self.process.stop()
+            return f"restarted wireguard-go pid {self.process.pid} not configured: {exc}"
+        return None
+
+
+def _cidr(ip: str) -> str:
+    return str(ip_network(ip, strict=False))
+
+
+# --- adopt or start ---------------------------------------------------------------------
+
+_FIX = "stop it or choose another name with [mesh] interface"
+
+
+async def adopt_or_start(
+    config: DeviceConfig, netns: str | None, wireguard_go: str
+) -> tuple[WireguardGo, list[tuple[str, str]] | None]:
+    """The wireguard-go for ``config.interface``: the one already serving it with
+    our key (adopted, with its ``get`` lines), or a new one (with None).
+
+    Raises:
+        DataplaneError: the name belongs to something else: a wireguard-go
+            with another key, or a link of another kind. Nothing is touched.
+    """
+    interface = config.interface
+    found = await probe_socket(interface)
+    if found.state == "answers":
+        try:
+            device = await _check_ours(config, netns, found)
+        except BaseException:
+            if found.process is not None:
+                found.process.close()
+            raise
+        assert found.process is not None
+        return found.process, device
+    if found.state == "stale":
+        remove_stale(found.path)
+        log.info("%s: removed stale socket %s (no wireguard-go behind it)", interface, found.path)
+    kind = await run_netlink(lambda: link_kind(netns, interface))
+    if kind is not None:
+        # A tun is likely a wireguard-go whose socket this mount namespace does
+        # not see (/run/wireguard not shared with the previous container).
+        owner = "something else"
+        if kind == "tun":
+            owner = "another program, or a wireguard-go whose socket is not visible here"
+        raise DataplaneError(
+            f"interface {interface} already exists (kind {kind}) and no wireguard-go answers "
+            f"on {found.path}: it belongs to {owner}; delete it "
+            f"(ip link del {interface}) or choose another name with [mesh] interface"
+        )
+    return await start_wireguard_go(interface, netns, wireguard_go), None
+
+
+async def _check_ours(
+    config: DeviceConfig, netns: str | None, found: SocketProbe
+) -> list[tuple[str, str]]:
+    """The device's ``get`` lines when it is ours to adopt; else ``DataplaneError``."""
+    interface, path = config.interface, found.path
+    device = await UapiClient(path).get()
+    key = dict(device).get("private_key", "")
+    ours = key_to_hex(config.private_key, "private_key")
+    served = f"interface {interface}: {path} is served by wireguard-go pid {found.pid}"
+    if not hmac.compare_digest(key, ours):
+        what = "another private key" if key else "no private key"
+        raise DataplaneError(f"{served} with {what}: it belongs to something else; {_FIX}")
+    if found.process is None:
+        raise DataplaneError(
+            f"interface {interface}: {path} is served with this rank's key by a wireguard-go "
+            "in another PID namespace, which cannot be supervised from here; stop it, or "
+            "share the pod's process namespace"
+        )
+    kind = await run_netlink(lambda: link_kind(netns, interface))
+    if kind != "tun":
+        there = "no link" if kind is None else f"a {kind} link"
+        raise DataplaneError(
+            f"{served} with this rank's key, but this network namespace has {there} "
+            f"named {interface}; {_FIX}"
+        )
+    return device
+
+
+async def _stop(process: WireguardGo, config: DeviceConfig, netns: str | None) -> None:
+    """Stop wireguard-go (ours or adopted alike); remove what it leaves behind."""
+    await process.stop()
+    for leftover in (socket_path(config.interface), output_path(config.interface)):
+        with suppress(FileNotFoundError):
+            os.unlink(leftover)
     try:
         # Bounded by the caller's cleanup deadline; a loaded machine can take
         # more than NETLINK_TIMEOUT to enter a namespace here.
@@ -359,44 +332,62 @@ async def _stop(process: trio.Process, config: DeviceConfig, netns: str | None) 
 
 @asynccontextmanager
 async def open_uapi_dataplane(
-    config: DeviceConfig, *, netns: str | None = None, wireguard_go: str = "wireguard-go"
+    config: DeviceConfig,
+    *,
+    netns: str | None = None,
+    wireguard_go: str = "wireguard-go",
+    restarts: RestartBudget | None = None,
 ) -> AsyncIterator[UapiDataplane]:
-    """Start wireguard-go for ``config.interface``, configure it, yield the device.
+    """Start (or adopt) wireguard-go for ``config.interface``, configure it, yield the device.
 
-    The device is supervised in a nursery of its own: if wireguard-go exits
-    while the block runs, the block is cancelled and ``DataplaneError`` (with
-    the exit code and last output line) is raised. On exit wireguard-go gets
-    SIGTERM, then SIGKILL after 5 s; the link and the unreachable route are
-    removed.
+    A wireguard-go already serving the interface with our private key (left
+    by a daemon that was killed) is adopted as it is: its peers and sessions
+    are kept, the link is checked and the peer routes repaired. A wireguard-go
+    with another key, or a link of another kind with that name, is refused
+    and left untouched.
+
+    While the block runs, a wireguard-go that exits is restarted (at once,
+    then backing off, within ``restarts``: by default 5 within 60 s) and
+    ``UapiDataplane.on_restart`` is called; once the budget is spent the block
+    is cancelled and ``DataplaneError`` raised. On exit wireguard-go, ours or
+    adopted, gets SIGTERM, then SIGKILL after 5 s; the link and the
+    unreachable route are removed.
 
     Args:
         config: the device.
         netns: run the device in this existing network namespace (tests only;
             the daemon runs inside its pod's namespace with ``None``).
         wireguard_go: the wireguard-go executable.
+        restarts: the restart budget.
 
     Raises:
-        DataplaneError: wireguard-go could not start or be configured, or died.
+        DataplaneError: the interface belongs to something else, or
+            wireguard-go could not start, be configured, or keeps dying.
 
     Cancellation: cleanup runs shielded, bounded by ``CLEANUP_DEADLINE``.
     """
     started = trio.current_time()
-    process = await _spawn(config, netns, wireguard_go)
-    output = _LastLine(config.interface)
+    process, device = await adopt_or_start(config, netns, wireguard_go)
+    uapi = UapiClient(socket_path(config.interface))
+    dataplane = UapiDataplane(config, uapi, netns, process, wireguard_go)
     try:
         async with trio.open_nursery() as nursery:
-            assert process.stdout is not None
-            nursery.start_soon(output.drain, process.stdout)
-            dataplane = await _bring_up(config, netns, process, output)
+            await dataplane.configure(device)
+            elapsed = (trio.current_time() - started) * 1000
+            if device is None:
+                how = f"wireguard-go pid {process.pid} up"
+            else:
+                kept = len(parse_peers(device))
+                how = f"adopted running wireguard-go pid {process.pid} (same key, {kept} peer(s))"
             log.info(
-                "%s: wireguard-go pid %d up in %.0f ms (address %s, mtu %d)",
+                "%s: %s in %.0f ms (address %s, mtu %d)",
                 config.interface,
-                process.pid,
-                (trio.current_time() - started) * 1000,
+                how,
+                elapsed,
                 config.address,
                 config.mtu,
             )
-            nursery.start_soon(_supervise, process, output, config.interface)
+            nursery.start_soon(dataplane.supervise, restarts or RestartBudget())
             try:
                 yield dataplane
             finally:
@@ -408,11 +399,11 @@ async def open_uapi_dataplane(
     finally:
         with trio.CancelScope(shield=True) as cleanup:
             cleanup.deadline = trio.current_time() + CLEANUP_DEADLINE
-            await _stop(process, config, netns)
+            await _stop(dataplane.process, config, netns)
         if cleanup.cancelled_caught:
             log.error(
                 "%s: cleanup did not finish within %g s (pid %d)",
                 config.interface,
                 CLEANUP_DEADLINE,
-                process.pid,
+                dataplane.pid,
             )
