@@ -15,7 +15,7 @@ import trio
 
 from vnetd import __version__
 from vnetd.errors import VnetdError
-from vnetd.logs import setup_logging
+from vnetd.logs import LOG_FORMATS, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vnetd {__version__}")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text (default) or json: one JSON object per line, for log collectors",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="run the daemon for one rank")
@@ -67,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="full reconcile with no event at least this often (default 30)",
     )
 
+    up.add_argument(
+        "--http-listen",
+        metavar="HOST:PORT",
+        help="serve /healthz /readyz /metrics /status here (overrides [http] listen)",
+    )
+
     plan = sub.add_parser("plan", help="print the address plan of a spec")
     plan.add_argument("--config", required=True, type=Path)
 
@@ -98,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     try:
         if args.command == "up":
             return _up(args)
@@ -131,6 +143,7 @@ def _up(args: argparse.Namespace) -> int:
         instance=args.instance,
         dataplane=args.dataplane,
         resync_interval=args.resync_interval,
+        http_listen=args.http_listen,
     )
     trio.run(run_until_signal, opts, dict(os.environ))
     return 0

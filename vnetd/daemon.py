@@ -34,10 +34,12 @@ from vnetd.identity import (
 from vnetd.logs import set_rank
 from vnetd.membership import ensure_spec, spec_key
 from vnetd.model import Member
+from vnetd.observe.endpoints import DaemonEndpoints
+from vnetd.observe.metrics import DaemonMetrics
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import Registry
 from vnetd.retry import Backoff, RegistryHealth
-from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
+from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints, with_http_listen
 from vnetd.watcher import MemberView, sync_members
 
 log = logging.getLogger("vnetd.daemon")
@@ -67,6 +69,7 @@ class UpOptions:
     instance: str | None = None
     dataplane: str = "userspace"
     resync_interval: float = 30.0
+    http_listen: str | None = None
 
 
 PEERS_BEFORE_CLAIM = 5.0
@@ -89,6 +92,7 @@ class Running:
 def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
     """Resolve spec, identity and device config; every failure is a ``VnetdError``."""
     spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
+    spec = with_http_listen(spec, opts.http_listen)
     rank = resolve_rank(spec, opts.rank, env, socket.gethostname())
     set_rank(rank)
     keys = load_or_create_key(opts.state_dir)
@@ -162,9 +166,49 @@ async def run_daemon(
         me.instance,
         ",".join(spec.registry.endpoints),
     )
+    metrics = DaemonMetrics()
+    endpoints = DaemonEndpoints(spec, me, metrics)
     with _plain_errors():
-        async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
-            await _serve(spec, me, registry, dataplane, opts, task_status)
+        async with trio.open_nursery() as nursery:
+            if spec.http.listen:
+                await nursery.start(_serve_http, spec.http.listen, endpoints)
+            async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
+                endpoints.attach_dataplane(dataplane)
+                started = _Started(task_status, endpoints)
+                await _serve(spec, me, registry, dataplane, opts, metrics, started)
+            nursery.cancel_scope.cancel()
+
+
+class _Started:
+    """Hands the running daemon to both the caller and the HTTP endpoints."""
+
+    def __init__(self, task_status: trio.TaskStatus[Running], endpoints: DaemonEndpoints) -> None:
+        self.task_status = task_status
+        self.endpoints = endpoints
+
+    def started(self, running: Running) -> None:
+        self.endpoints.attach(running)
+        self.task_status.started(running)
+
+
+async def _serve_http(
+    listen: str,
+    endpoints: DaemonEndpoints,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP endpoints; a listen address that cannot be bound is a ``VnetdError``."""
+    from vnetd.observe.http import serve_http
+
+    try:
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(serve_http, listen, endpoints)
+            log.info("serving /healthz /readyz /metrics /status at %s", ", ".join(bound))
+            task_status.started()
+    except* OSError as group:
+        error = group.exceptions[0]
+        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise VnetdError(f"http listen {listen}: cannot serve there: {why}") from None
 
 
 async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:
@@ -203,14 +247,21 @@ async def _serve(
     registry: Registry,
     dataplane: Dataplane,
     opts: UpOptions,
-    task_status: trio.TaskStatus[Running],
+    metrics: DaemonMetrics,
+    task_status: _Started,
 ) -> None:
     health = RegistryHealth()
     await _check_spec(registry, spec, health)
     view = MemberView()
     claim = ClaimHolder(registry, spec, me, health, view)
     reconciler = Reconciler(
-        spec, me.rank, me.public_key, view, dataplane, resync_interval=opts.resync_interval
+        spec,
+        me.rank,
+        me.public_key,
+        view,
+        dataplane,
+        resync_interval=opts.resync_interval,
+        on_pass=metrics.observe_pass,
     )
     if isinstance(dataplane, RestartingDataplane):
         dataplane.on_restart = reconciler.request_resync

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -75,7 +76,13 @@ class Reconciler:
         dataplane: Dataplane,
         *,
         resync_interval: float = 30.0,
+        on_pass: Callable[[float, int], None] | None = None,
     ) -> None:
+        """Args:
+        on_pass: called after every pass with its duration (s) and the
+            number of changes applied (for the metrics).
+        """
+        self.on_pass = on_pass
         self.spec = spec
         self.self_rank = self_rank
         self.self_key = self_key
@@ -176,6 +183,8 @@ class Reconciler:
             self._young.pop(peer.public_key, None)
         self.stats.peer_ranks = ranks
         self.stats.last_duration = time.perf_counter() - started
+        if self.on_pass is not None:
+            self.on_pass(self.stats.last_duration, len(plan))
         if self.view.synced:
             self._synced.set()
         return plan

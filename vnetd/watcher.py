@@ -53,6 +53,8 @@ class MemberView:
         self.bad_total = 0
         self.version = 0
         self.synced = False
+        self.lists = 0
+        """How many times the members were listed (the first list and every re-list)."""
         self._changed = trio.Event()
 
     def replace(
@@ -89,6 +91,7 @@ class MemberView:
         self.revision = revision
         self.bad_entries = bad
         self.synced = True
+        self.lists += 1
         self._bump()
 
     def apply(self, spec: MeshSpec, event: WatchEvent) -> None:

@@ -209,6 +209,21 @@ async def test_fresh_device_has_no_peers_and_only_the_unreachable_route(device: 
         assert await device.unreachable() == {NETWORK}
 
 
+async def test_link_is_up_and_holds_the_address(device: Device) -> None:
+    with trio.fail_after(10):
+        state = await device.dp.link_state()
+        assert state.exists and state.up
+        assert str(device.config.address.ip) in state.addresses
+
+
+async def test_link_state_after_exit_says_gone(kind: str, device_netns: str | None) -> None:
+    config = device_config(next(_names))
+    with trio.fail_after(30):
+        async with open_device(kind, config, device_netns) as dp:
+            pass
+        assert not (await dp.link_state()).exists
+
+
 async def test_add_two_peers(device: Device) -> None:
     a, b = two_peers()
     with trio.fail_after(10):

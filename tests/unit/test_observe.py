@@ -145,3 +145,45 @@ async def test_http_endpoints_on_loopback() -> None:
                 head = await client.head("/healthz")
                 assert (head.status_code, head.content) == (200, b"")
             nursery.cancel_scope.cancel()
+
+
+async def test_daemon_endpoints_before_and_after_the_device() -> None:
+    from ipaddress import ip_interface, ip_network
+
+    from vnetd.dataplane.base import DeviceConfig
+    from vnetd.dataplane.fake import FakeDataplane
+    from vnetd.model import Member
+    from vnetd.observe.endpoints import DaemonEndpoints
+    from vnetd.spec import parse_spec
+
+    spec = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
+    me = Member(rank=1, public_key="k", endpoint="198.18.1.1:51820", instance="pod1")
+    endpoints = DaemonEndpoints(spec, me, DaemonMetrics())
+    assert (await endpoints.ready()).detail.startswith("not ready: starting")
+    assert (await endpoints.health()).ok
+    assert (await endpoints.status())["self"]["claimed"] is False
+    assert b"vnetd_members_registered" in await endpoints.metrics()
+
+    config = DeviceConfig(
+        interface="vnet0",
+        private_key=base64_key(),
+        listen_port=51820,
+        address=ip_interface("10.250.0.2/16"),
+        network=ip_network("10.250.0.0/16"),
+        mtu=1420,
+    )
+    device = FakeDataplane(config)
+    endpoints.attach_dataplane(device)
+    check = await endpoints.ready()
+    assert (check.ok, check.detail) == (
+        False,
+        "not ready: the rank is not claimed yet (see the log for who holds it)",
+    )
+    device.close()
+    assert "does not exist" in (await endpoints.ready()).detail
+
+
+def base64_key() -> str:
+    import base64
+
+    return base64.b64encode(bytes(range(1, 33))).decode()

@@ -42,6 +42,15 @@ class DeviceConfig:
         )
 
 
+@dataclass(frozen=True)
+class LinkState:
+    """The device's link as the kernel shows it (for readiness)."""
+
+    exists: bool
+    up: bool = False
+    addresses: frozenset[str] = frozenset()
+
+
 class Dataplane(Protocol):
     """A configured device. Created up and ready by its ``open_*`` function."""
 
@@ -62,6 +71,10 @@ class Dataplane(Protocol):
 
     async def routes(self) -> set[str]:
         """Destinations routed to the device (CIDR strings), for tests and status."""
+        ...
+
+    async def link_state(self) -> LinkState:
+        """Whether the link exists, is up, and which addresses it holds."""
         ...
 
 

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from ipaddress import ip_network
 
-from vnetd.dataplane.base import DeviceConfig, key_to_hex, route_changes
+from vnetd.dataplane.base import DeviceConfig, LinkState, key_to_hex, route_changes
 from vnetd.model import DevicePeer, Plan
 
 log = logging.getLogger("vnetd.dataplane")
@@ -29,6 +29,7 @@ class FakeDataplane:
         self.device: dict[str, DevicePeer] = {}
         self.device_routes: set[str] = set()
         self.unreachable: set[str] = {str(config.network)}
+        self.closed = False
 
     async def peers(self) -> dict[str, DevicePeer]:
         return dict(self.device)
@@ -70,8 +71,14 @@ class FakeDataplane:
     async def routes(self) -> set[str]:
         return set(self.device_routes)
 
+    async def link_state(self) -> LinkState:
+        if self.closed:
+            return LinkState(False)
+        return LinkState(True, True, frozenset({str(self.config.address.ip)}))
+
     def close(self) -> None:
         """What leaving the device does: peers, routes and the unreachable route go."""
+        self.closed = True
         self.device.clear()
         self.device_routes.clear()
         self.unreachable.clear()

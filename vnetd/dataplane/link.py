@@ -25,7 +25,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE
 
-from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.base import DeviceConfig, LinkState
 from vnetd.errors import DataplaneError
 
 log = logging.getLogger("vnetd.dataplane")
@@ -33,6 +33,7 @@ log = logging.getLogger("vnetd.dataplane")
 NETLINK_TIMEOUT = 5.0  # one batch of netlink calls
 _RT_TABLE_MAIN = 254
 _RTN_UNICAST = 1
+_IFF_UP = 0x1
 
 T = TypeVar("T")
 
@@ -178,3 +179,15 @@ def remove_link(netns: str | None, config: DeviceConfig) -> None:
             (errno.ESRCH, errno.ENOENT),
             lambda: ipr.route("del", dst=str(config.network), type="unreachable"),
         )
+
+
+def read_link_state(netns: str | None, interface: str) -> LinkState:
+    """The link's existence, IFF_UP flag and addresses (sync; use ``run_netlink``)."""
+    with _iproute(netns) as ipr:
+        found = ipr.link_lookup(ifname=interface)
+        if not found:
+            return LinkState(False)
+        index = found[0]
+        link = ipr.get_links(index)[0]
+        addresses = frozenset(str(msg.get_attr("IFA_ADDRESS")) for msg in ipr.get_addr(index=index))
+        return LinkState(True, bool(link["flags"] & _IFF_UP), addresses)

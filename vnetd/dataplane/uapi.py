@@ -18,13 +18,14 @@ from ipaddress import ip_network
 
 import trio
 
-from vnetd.dataplane.base import DeviceConfig, key_to_hex, route_changes
+from vnetd.dataplane.base import DeviceConfig, LinkState, key_to_hex, route_changes
 from vnetd.dataplane.link import (
     change_routes,
     configure_link,
     device_routes,
     link_kind,
     prune_addresses,
+    read_link_state,
     remove_link,
     run_netlink,
     sync_peer_routes,
@@ -135,6 +136,10 @@ class UapiDataplane:
         async with self._lock:
             index = self.index
             return await run_netlink(lambda: device_routes(self.netns, index))
+
+    async def link_state(self) -> LinkState:
+        interface = self.config.interface
+        return await run_netlink(lambda: read_link_state(self.netns, interface))
 
     async def configure(self, device: list[tuple[str, str]] | None) -> None:
         """Key and port, then the link: address, MTU, up, the unreachable route.

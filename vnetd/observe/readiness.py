@@ -8,19 +8,10 @@ registry outage: the address is still ours (static stability).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from ipaddress import ip_address
 
+from vnetd.dataplane.base import LinkState
 from vnetd.observe.http import Check
-
-IFF_UP = 0x1
-
-
-@dataclass(frozen=True)
-class LinkState:
-    exists: bool
-    up: bool = False
-    addresses: frozenset[str] = frozenset()
 
 
 def readiness(link: LinkState, interface: str, address: str, claimed: bool) -> Check:
@@ -34,28 +25,3 @@ def readiness(link: LinkState, interface: str, address: str, claimed: bool) -> C
     if not claimed:
         return Check(False, "not ready: the rank is not claimed yet (see the log for who holds it)")
     return Check(True, f"ready: {interface} holds {address}, rank claimed")
-
-
-async def read_link_state(interface: str) -> LinkState:
-    """The link's existence, IFF_UP flag and addresses in this network namespace.
-
-    Raises:
-        DataplaneError: netlink did not answer in time.
-    """
-    from pyroute2 import IPRoute
-
-    from vnetd.dataplane.link import run_netlink
-
-    def query() -> LinkState:
-        with IPRoute() as ipr:
-            found = ipr.link_lookup(ifname=interface)
-            if not found:
-                return LinkState(False)
-            index = found[0]
-            link = ipr.get_links(index)[0]
-            addresses = frozenset(
-                str(msg.get_attr("IFA_ADDRESS")) for msg in ipr.get_addr(index=index)
-            )
-            return LinkState(True, bool(link["flags"] & IFF_UP), addresses)
-
-    return await run_netlink(query)

@@ -1,0 +1,122 @@
+"""The HTTP endpoints of a daemon: what ``/healthz``, ``/readyz``, ``/metrics`` and
+``/status`` answer, read from its components.
+
+The endpoint is served from the start, before the device exists, so a probe
+sees "not ready: starting" rather than a refused connection; the running
+daemon's components are attached once they exist.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from vnetd.errors import DataplaneError
+from vnetd.model import DevicePeer, Member
+from vnetd.observe.http import Check
+from vnetd.observe.metrics import DaemonMetrics, Snapshot
+from vnetd.observe.readiness import readiness
+from vnetd.spec import MeshSpec
+from vnetd.status.view import as_json
+
+if TYPE_CHECKING:
+    from vnetd.daemon import Running
+    from vnetd.dataplane.base import Dataplane
+
+DEVICE_READ_TIMEOUT = 2.0
+
+
+class DaemonEndpoints:
+    """``Endpoints`` over a daemon; ``attach`` the running components once started."""
+
+    def __init__(self, spec: MeshSpec, me: Member, metrics: DaemonMetrics) -> None:
+        self.spec = spec
+        self.me = me
+        self.daemon_metrics = metrics
+        self.dataplane: Dataplane | None = None
+        self.running: Running | None = None
+        self.started = time.time()
+
+    def attach_dataplane(self, dataplane: Dataplane) -> None:
+        """The device is up (the registry may not have answered yet)."""
+        self.dataplane = dataplane
+
+    def attach(self, running: Running) -> None:
+        """Every component runs."""
+        self.dataplane = running.dataplane
+        self.running = running
+
+    async def health(self) -> Check:
+        # Every task of the daemon runs in one nursery: if one had died, the
+        # daemon (and this endpoint with it) would be gone. Answering is alive.
+        uptime = time.time() - self.started
+        phase = "up" if self.running is not None else "starting"
+        return Check(True, f"ok: rank {self.me.rank} {phase} {uptime:.0f} s")
+
+    async def ready(self) -> Check:
+        if self.dataplane is None:
+            return Check(False, f"not ready: starting ({self.spec.interface} not set up yet)")
+        try:
+            with trio.fail_after(DEVICE_READ_TIMEOUT):
+                link = await self.dataplane.link_state()
+        except (DataplaneError, trio.TooSlowError) as exc:
+            return Check(False, f"not ready: cannot read {self.spec.interface}: {exc}")
+        claimed = self.running is not None and self.running.claim.claimed_at is not None
+        address = str(self.spec.address(self.me.rank))
+        return readiness(link, self.spec.interface, address, claimed)
+
+    async def metrics(self) -> bytes:
+        if self.running is not None:
+            self.daemon_metrics.update(await self._snapshot(self.running))
+        return self.daemon_metrics.exposition()
+
+    async def status(self) -> dict[str, Any]:
+        """This rank's view: the document of ``vnetd status --json``, plus ``self``."""
+        r = self.running
+        notes = []
+        if r is None:
+            notes.append("daemon starting: no members read yet")
+        elif r.health.reachable is False:
+            notes.append("registry unreachable: members as last seen")
+        document = as_json(
+            self.spec,
+            r.view.members if r is not None else {},
+            await self._device(r) if r is not None else None,
+            time.time(),
+            local_key=self.me.public_key,
+            bad_entries=r.view.bad_total if r is not None else 0,
+            notes=notes,
+        )
+        document["self"] = {
+            "rank": self.me.rank,
+            "address": str(self.spec.address(self.me.rank)),
+            "endpoint": self.me.endpoint,
+            "instance": self.me.instance,
+            "claimed": r is not None and r.claim.claimed_at is not None,
+        }
+        return document
+
+    async def _device(self, r: Running) -> dict[str, DevicePeer]:
+        with trio.move_on_after(DEVICE_READ_TIMEOUT):
+            try:
+                return await r.dataplane.peers()
+            except DataplaneError:
+                return {}
+        return {}
+
+    async def _snapshot(self, r: Running) -> Snapshot:
+        return Snapshot(
+            members=len(r.view.members),
+            peers=await self._device(r),
+            peer_ranks=dict(r.reconciler.stats.peer_ranks),
+            reconcile_runs=r.reconciler.stats.runs,
+            reconcile_failures=r.reconciler.stats.failures,
+            bad_entries=r.view.bad_total,
+            watch_restarts=max(0, r.view.lists - 1),
+            claims=r.claim.claims,
+            registry_errors=dict(r.health.errors_by_operation),
+            wireguard_restarts=getattr(r.dataplane, "restarts", 0),
+            now=time.time(),
+        )
