@@ -2,7 +2,8 @@
 
 Each kind loads the spec, checks its flags (a ``SpecError`` naming the
 flag), calls its pure renderer and prints the text or writes it with
-``output.write_file``. Only ``wg-quick`` reads the registry. ``docs/render.md``
+``output.write_file``. Only ``wg-quick`` reads the registry; ``manifests`` also
+puts the spec file's text into its ConfigMap. ``docs/render.md``
 documents every kind and flag.
 """
 
@@ -19,6 +20,13 @@ from vnetd.errors import SpecError
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
 from vnetd.render.hostfile import FORMATS, NAME_KINDS, render_hostfile
 from vnetd.render.hosts import render_hosts_block
+from vnetd.render.manifests import (
+    DEFAULT_IMAGE,
+    MODES,
+    ManifestOptions,
+    manifest_warnings,
+    render_manifests,
+)
 from vnetd.render.output import Rename, update_hosts_file, warn_on_stderr, write_file
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
 
@@ -97,6 +105,23 @@ def add_parsers(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
     )
     wg_quick.set_defaults(run=run_wg_quick)
 
+    manifests = kinds.add_parser(
+        "manifests",
+        help="Kubernetes manifests: the spec's ConfigMap and an Indexed Job or DaemonSet",
+    )
+    _add_common(manifests)
+    manifests.add_argument(
+        "--image", default=DEFAULT_IMAGE, help=f"the vnetd image (default {DEFAULT_IMAGE})"
+    )
+    manifests.add_argument(
+        "--mode",
+        choices=MODES,
+        default="sidecar",
+        help="sidecar: an Indexed Job with vnetd as a native sidecar (default); "
+        "daemonset: vnetd on host-network nodes, one rank per node",
+    )
+    manifests.set_defaults(run=run_manifests)
+
     top_hosts = sub.add_parser("hosts", help="print or update the /etc/hosts block of the mesh")
     _add_hosts_arguments(top_hosts)
 
@@ -161,6 +186,19 @@ def run_hostfile(args: argparse.Namespace) -> int:
             "addresses; add --names hostname"
         )
     _emit(render_hostfile(spec, args.format, slots, args.names), args.output)
+    return 0
+
+
+def run_manifests(args: argparse.Namespace) -> int:
+    spec = load_spec(args.config)
+    try:
+        text = args.config.read_text()
+    except OSError as exc:
+        raise SpecError(f"{args.config}: cannot read: {exc.strerror}") from None
+    rendered = render_manifests(spec, text, ManifestOptions(mode=args.mode, image=args.image))
+    for warning in manifest_warnings(spec):
+        warn_on_stderr(warning)
+    _emit(rendered, args.output)
     return 0
 
 

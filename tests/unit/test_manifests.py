@@ -1,0 +1,445 @@
+"""``manifests/``, ``vnetd render manifests`` and ``docs/kubernetes.md``, checked offline.
+
+* Every object in every file under ``manifests/``, and every document that
+  ``vnetd render manifests`` writes, validates against the Kubernetes JSON
+  schemas that kubernetes-validate ships (strict: unknown fields are errors).
+* Every ``kustomization.yaml`` is well formed and every object file is in one.
+  Each kustomization is composed here (resources, recursively, and the
+  namespace) and compared with ``kubectl kustomize`` when kubectl exists; the
+  composition is then checked for what the schemas cannot see: selectors
+  that select, volumes and ports that exist, references that resolve, the
+  vnetd command line, the etcd member list.
+* The sidecar and DaemonSet bases are exactly what ``vnetd render manifests``
+  writes for the ``mesh.toml`` beside them.
+* Every shell command in ``docs/kubernetes.md`` and ``manifests/README.md``
+  exists: vnetd's parse with vnetd's own parser, kubectl's with kubectl
+  (``--help`` rejects unknown subcommands and flags without a cluster); the
+  walk-through names its steps in order.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+from vnetd.cli import build_parser
+from vnetd.render.manifests import ManifestOptions, Mode, render_manifests
+from vnetd.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).parents[2]
+MANIFESTS = ROOT / "manifests"
+DOC = ROOT / "docs" / "kubernetes.md"
+EXAMPLE = ROOT / "examples" / "mesh.toml"
+
+# 1.33: native sidecars are GA (beta and on by default since 1.29); and the newest shipped.
+VERSIONS = sorted({"1.33", ".".join(latest_version().split(".")[:2])})
+KUSTOMIZATION = "kustomization.yaml"
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "resources"}
+CLUSTER_SCOPED = {"Namespace"}
+WORKLOADS = {"Job", "StatefulSet", "DaemonSet"}
+# Secrets the user creates before applying (docs/kubernetes.md says how).
+USER_SECRETS = {"flux-sample-curve-cert"}
+BASES: dict[str, Mode] = {"sidecar": "sidecar", "daemonset": "daemonset"}
+FIELD_PATHS = {"metadata.name", "metadata.namespace", "status.podIP", "spec.nodeName"}
+
+Obj = dict[str, Any]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def all_files() -> list[Path]:
+    return sorted(p for p in MANIFESTS.rglob("*") if p.is_file())
+
+
+def object_files() -> list[Path]:
+    return [p for p in all_files() if p.suffix == ".yaml" and p.name != KUSTOMIZATION]
+
+
+def kustomization_dirs() -> list[Path]:
+    return sorted(p.parent for p in MANIFESTS.rglob(KUSTOMIZATION))
+
+
+def load_documents(path: Path) -> list[Obj]:
+    docs = [doc for doc in yaml.safe_load_all(path.read_text())]
+    assert docs and all(isinstance(doc, dict) for doc in docs), f"{rel(path)}: empty document"
+    return docs
+
+
+def validate(doc: Obj, where: str) -> None:
+    """Validate one object against every version in VERSIONS; any failure fails the test."""
+    kind = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+    for version in VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(
+                f"{where}: {kind} is invalid in Kubernetes {version}: {path}: {exc.message}"
+            )
+        except Exception as exc:  # SchemaNotFoundError and friends: no schema is no pass
+            pytest.fail(f"{where}: {kind} cannot be validated for {version}: {exc!r}")
+
+
+def compose(directory: Path) -> list[Obj]:
+    """What ``kubectl kustomize`` builds from the kustomizations used here."""
+    spec = yaml.safe_load((directory / KUSTOMIZATION).read_text())
+    objects: list[Obj] = []
+    for entry in spec.get("resources", []):
+        target = directory / entry
+        objects.extend(compose(target) if target.is_dir() else load_documents(target))
+    namespace = spec.get("namespace")
+    if namespace:
+        for obj in objects:
+            if obj["kind"] not in CLUSTER_SCOPED:
+                obj["metadata"]["namespace"] = namespace
+    return objects
+
+
+def key(obj: Obj) -> tuple[str, str, str]:
+    return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+@pytest.mark.parametrize("path", all_files(), ids=rel)
+def test_every_file_is_of_a_checked_kind(path: Path):
+    """A file this module does not check would go unnoticed: only these kinds may exist."""
+    assert path.suffix in {".yaml", ".toml"} or path == MANIFESTS / "README.md", rel(path)
+    if path.suffix == ".toml":
+        assert path.name == "mesh.toml" and path.parent.name in BASES, rel(path)
+        load_spec(path)
+
+
+@pytest.mark.parametrize("path", object_files(), ids=rel)
+def test_objects_validate_against_the_kubernetes_schemas(path: Path):
+    for doc in load_documents(path):
+        validate(doc, rel(path))
+
+
+def rendered_cases() -> Iterator[Any]:
+    for mode in BASES.values():
+        yield pytest.param(EXAMPLE, mode, id=f"example-{mode}")
+    for base, mode in BASES.items():
+        yield pytest.param(MANIFESTS / base / "mesh.toml", mode, id=f"{base}-base-spec")
+
+
+@pytest.mark.parametrize(("config", "mode"), list(rendered_cases()))
+def test_rendered_manifests_validate(config: Path, mode: Mode):
+    text = render_manifests(load_spec(config), config.read_text(), ManifestOptions(mode=mode))
+    docs = list(yaml.safe_load_all(text))
+    assert [d["kind"] for d in docs] == (
+        ["ConfigMap", "Service", "Job"] if mode == "sidecar" else ["ConfigMap", "DaemonSet"]
+    )
+    for doc in docs:
+        validate(doc, f"render manifests --config {rel(config)} --mode {mode}")
+
+
+def test_schema_validation_catches_errors():
+    """The validator really checks: a typo and a wrong type are both caught."""
+    job = load_documents(MANIFESTS / "sidecar" / "vnetd.yaml")[2]
+    job["spec"]["template"]["spec"]["initContainers"][0]["restartPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError, match="restartPolicyy"):
+        kubernetes_validate.validate(job, VERSIONS[0], strict=True)
+    stateful = load_documents(MANIFESTS / "etcd" / "statefulset.yaml")[0]
+    stateful["spec"]["replicas"] = "3"
+    with pytest.raises(kubernetes_validate.ValidationError, match="'3' is not of type"):
+        kubernetes_validate.validate(stateful, VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=rel)
+def test_kustomization_is_well_formed(directory: Path):
+    spec = yaml.safe_load((directory / KUSTOMIZATION).read_text())
+    assert set(spec) <= KUSTOMIZATION_KEYS, f"unchecked keys: {set(spec) - KUSTOMIZATION_KEYS}"
+    assert spec["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert spec["kind"] == "Kustomization"
+    resources = spec["resources"]
+    assert resources and all(isinstance(r, str) for r in resources)
+    assert len(set(resources)) == len(resources)
+    for entry in resources:
+        target = (directory / entry).resolve()
+        assert target.is_relative_to(MANIFESTS), f"{entry} leaves manifests/"
+        assert target.is_file() or (target / KUSTOMIZATION).is_file(), f"{entry} is missing"
+    if "namespace" in spec:
+        assert re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", spec["namespace"])
+
+
+def test_every_object_file_belongs_to_a_kustomization():
+    used = set()
+    for directory in kustomization_dirs():
+        for entry in yaml.safe_load((directory / KUSTOMIZATION).read_text())["resources"]:
+            target = (directory / entry).resolve()
+            if target.is_file():
+                used.add(target)
+    assert sorted(rel(p) for p in object_files() if p.resolve() not in used) == []
+
+
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=rel)
+def test_composition_matches_kubectl_kustomize(directory: Path):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        print("kubectl is not installed: compared with this module's composition only")
+        pytest.skip("kubectl is not installed; test_composition_is_consistent still runs")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    built = sorted(yaml.safe_load_all(result.stdout), key=key)
+    ours = sorted(compose(directory), key=key)
+    assert [key(o) for o in built] == [key(o) for o in ours]
+    assert built == ours
+
+
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=rel)
+def test_composition_is_consistent(directory: Path):
+    objects = compose(directory)
+    keys = [key(o) for o in objects]
+    assert len(keys) == len(set(keys)), "an object is defined twice"
+    by_kind: dict[str, list[Obj]] = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], []).append(obj)
+    pods = [(w, w["spec"]["template"]) for k in WORKLOADS for w in by_kind.get(k, [])]
+    assert pods, "no workload"
+    for workload, template in pods:
+        where = f"{rel(directory)}: {workload['kind']}/{workload['metadata']['name']}"
+        selector = workload["spec"].get("selector", {}).get("matchLabels")
+        if workload["kind"] != "Job":  # a Job's selector is generated
+            assert selector and selector.items() <= template["metadata"]["labels"].items(), where
+        claims = [c["metadata"]["name"] for c in workload["spec"].get("volumeClaimTemplates", [])]
+        check_pod(template["spec"], by_kind, where, claims)
+    for service in by_kind.get("Service", []):
+        check_service(service, pods, by_kind)
+    for budget in by_kind.get("PodDisruptionBudget", []):
+        wanted = budget["spec"]["selector"]["matchLabels"].items()
+        assert any(wanted <= t["metadata"]["labels"].items() for _, t in pods), budget
+
+
+def check_pod(pod: Obj, by_kind: dict[str, list[Obj]], where: str, claims: list[str]) -> None:
+    config_maps = {c["metadata"]["name"]: c for c in by_kind.get("ConfigMap", [])}
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    assert not volumes.keys() & set(claims), where
+    volumes.update((claim, {"name": claim, "persistentVolumeClaim": {}}) for claim in claims)
+    containers = pod.get("initContainers", []) + pod["containers"]
+    names = [c["name"] for c in containers]
+    assert len(names) == len(set(names)), where
+    mounted = set()
+    for container in containers:
+        at = f"{where} container {container['name']}"
+        for mount in container.get("volumeMounts", []):
+            assert mount["name"] in volumes, f"{at}: mounts missing volume {mount['name']}"
+            mounted.add(mount["name"])
+        ports = {p["name"]: p for p in container.get("ports", [])}
+        for port in ports.values():
+            assert len(port["name"]) <= 15 and port.get("protocol", "TCP") in {"TCP", "UDP"}, at
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            probe = container.get(kind, {}).get("httpGet")
+            if probe and isinstance(probe["port"], str):
+                assert probe["port"] in ports, f"{at}: {kind} names unknown port {probe['port']}"
+        for env in container.get("env", []):
+            ref = env.get("valueFrom", {}).get("fieldRef")
+            assert ref is None or ref["fieldPath"] in FIELD_PATHS, f"{at}: {env}"
+        if "restartPolicy" in container:
+            assert container in pod.get("initContainers", []) and container["restartPolicy"] == (
+                "Always"
+            ), f"{at}: restartPolicy is for native sidecars only"
+            assert container["startupProbe"]["httpGet"]["path"] == "/readyz", at
+        if container["name"] == "vnetd":
+            check_vnetd(container, volumes, config_maps, by_kind, pod, at)
+    assert set(volumes) == mounted, f"{where}: unused volumes {set(volumes) - mounted}"
+    for volume in volumes.values():
+        if "configMap" in volume:
+            source = config_maps.get(volume["configMap"]["name"])
+            assert source, f"{where}: ConfigMap {volume['configMap']['name']} is not defined"
+            for item in volume["configMap"].get("items", []):
+                assert item["key"] in source["data"], f"{where}: no key {item['key']}"
+        if "secret" in volume:
+            assert volume["secret"]["secretName"] in USER_SECRETS, where
+            assert volume["secret"]["secretName"] in DOC.read_text(), "say how to create it"
+
+
+def check_vnetd(
+    container: Obj,
+    volumes: dict[str, Obj],
+    config_maps: dict[str, Obj],
+    by_kind: dict[str, list[Obj]],
+    pod: Obj,
+    at: str,
+) -> None:
+    """The command line parses, its spec is the ConfigMap's, and the spec fits the workload."""
+    args = container["args"]
+    try:
+        build_parser().parse_args(args)
+    except SystemExit:
+        pytest.fail(f"{at}: vnetd {shlex.join(args)} does not parse")
+    config = Path(args[args.index("--config") + 1])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(config.parent))
+    source = config_maps[volumes[mount["name"]]["configMap"]["name"]]
+    spec = parse_spec(tomllib.loads(source["data"][config.name]))
+    jobs = [j for j in by_kind.get("Job", []) if j["spec"]["template"]["spec"] is pod]
+    for job in jobs:
+        assert job["spec"]["completions"] == spec.size, at
+        assert pod["subdomain"] in {s["metadata"]["name"] for s in by_kind.get("Service", [])}
+    services = {s["metadata"]["name"] for s in by_kind.get("Service", [])}
+    if "StatefulSet" in by_kind:  # composed with etcd: the spec must name its client Service
+        hosts = {re.sub(r"^https?://([^:/]+).*$", r"\1", url) for url in spec.registry.endpoints}
+        assert hosts <= services, f"{at}: registry.endpoints {hosts} are not Services here"
+
+
+def check_service(service: Obj, pods: list[tuple[Obj, Obj]], by_kind: dict[str, list[Obj]]) -> None:
+    selector = service["spec"]["selector"].items()
+    selected = [t for _, t in pods if selector <= t["metadata"]["labels"].items()]
+    assert selected, f"Service {service['metadata']['name']} selects no pod"
+    for port in service["spec"]["ports"]:
+        target = port.get("targetPort", port["port"])
+        for template in selected:
+            container_ports = [
+                p
+                for c in template["spec"].get("initContainers", []) + template["spec"]["containers"]
+                for p in c.get("ports", [])
+            ]
+            assert any(
+                p["name"] == target or p["containerPort"] == target for p in container_ports
+            ), f"Service {service['metadata']['name']}: no container port {target}"
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_bases_are_rendered_from_their_spec(base: str):
+    """The spec is the single source of truth: the committed YAML is its rendering."""
+    config = MANIFESTS / base / "mesh.toml"
+    expected = render_manifests(
+        load_spec(config), config.read_text(), ManifestOptions(mode=BASES[base])
+    )
+    assert (MANIFESTS / base / "vnetd.yaml").read_text() == expected, (
+        f"run: vnetd render manifests --config manifests/{base}/mesh.toml --mode {BASES[base]} "
+        f"-o manifests/{base}/vnetd.yaml"
+    )
+
+
+def test_etcd_members_peers_budget_and_probes():
+    objects = {key(o)[::2]: o for o in compose(MANIFESTS / "etcd")}
+    stateful = objects[("StatefulSet", "etcd")]
+    headless = objects[("Service", stateful["spec"]["serviceName"])]
+    replicas = stateful["spec"]["replicas"]
+    assert replicas == 3 and stateful["spec"]["podManagementPolicy"] == "Parallel"
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert objects[("Service", "etcd-client")]["spec"].get("type", "ClusterIP") == "ClusterIP"
+    budget = objects[("PodDisruptionBudget", "etcd")]
+    assert budget["spec"]["minAvailable"] == replicas // 2 + 1
+    pod = stateful["spec"]["template"]["spec"]
+    affinity = pod["affinity"]["podAntiAffinity"]
+    terms = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    (container,) = pod["containers"]
+    flags = dict(arg.removeprefix("--").split("=", 1) for arg in container["args"])
+    name, service = stateful["metadata"]["name"], headless["metadata"]["name"]
+    assert flags["initial-cluster"] == ",".join(
+        f"{name}-{i}=http://{name}-{i}.{service}:2380" for i in range(replicas)
+    )
+    assert flags["initial-advertise-peer-urls"] == f"http://$(POD_NAME).{service}:2380"
+    assert flags["name"] == "$(POD_NAME)"
+    probes = {
+        k: container[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert probes == {
+        "startupProbe": {"path": "/livez", "port": "client"},
+        "livenessProbe": {"path": "/livez", "port": "client"},
+        "readinessProbe": {"path": "/readyz", "port": "client"},
+    }
+    version = re.fullmatch(r"quay\.io/coreos/etcd:v3\.5\.(\d+)", container["image"])
+    assert version and int(version.group(1)) >= 11, "/livez and /readyz need etcd 3.5.11+"
+    (claim,) = stateful["spec"]["volumeClaimTemplates"]
+    assert {"name": claim["metadata"]["name"], "mountPath": "/var/lib/etcd"} in container[
+        "volumeMounts"
+    ]
+
+
+def shell_commands(walkthrough_only: bool = False) -> list[str]:
+    """The docs' shell commands in order, continuations joined; or only the walk-through's."""
+    text = DOC.read_text()
+    if walkthrough_only:
+        text = text.split("\n## Walk-through", 1)[1].split("\n## ", 1)[0]
+    else:
+        text += (MANIFESTS / "README.md").read_text()
+    commands: list[str] = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def walkthrough() -> list[str]:
+    return shell_commands(walkthrough_only=True)
+
+
+def test_walkthrough_names_its_commands_in_order():
+    programs = [shlex.split(c)[0] for c in shell_commands()]
+    assert set(programs) <= {"vnetd", "kubectl", "docker", "flux"}, programs
+    steps = [
+        "vnetd render manifests",
+        "kubectl -n vnetd apply",
+        "vnetd wait",
+        "kubectl -n vnetd logs",
+        "kubectl -n vnetd wait --for=condition=complete",
+    ]
+    commands = walkthrough()
+    positions = []
+    for words in steps:
+        found = [i for i, command in enumerate(commands) if words in command]
+        assert found, f"the walk-through has no {words} ..."
+        positions.append(found[0])
+    assert positions == sorted(positions), "the steps are out of order"
+
+
+def vnetd_argvs() -> list[list[str]]:
+    argvs = []
+    for command in shell_commands():
+        words = shlex.split(command)
+        if words[0] == "kubectl" and "--" in words:
+            words = words[words.index("--") + 1 :]
+        if words[0] == "vnetd":
+            argvs.append(words[1:])
+    return argvs
+
+
+@pytest.mark.parametrize("argv", vnetd_argvs(), ids=shlex.join)
+def test_doc_vnetd_commands_exist(argv: list[str]):
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"vnetd {shlex.join(argv)} does not parse")
+    for word in argv:
+        if word.startswith(("manifests/", "examples/")):
+            assert (ROOT / word).exists(), word
+
+
+@pytest.mark.parametrize(
+    "command", [c for c in shell_commands() if c.startswith("kubectl ")], ids=lambda c: c
+)
+def test_doc_kubectl_commands_exist(command: str):
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word in {"-k", "-f"} and words[i + 1].startswith("manifests/"):
+            assert (ROOT / words[i + 1]).exists(), words[i + 1]
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        print("kubectl is not installed: its commands were not checked")
+        pytest.skip("kubectl is not installed")
+    if "--" in words:
+        words = words[: words.index("--")]
+    result = subprocess.run(
+        [kubectl, *words[1:], "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"{command}: {result.stderr.strip()}"
