@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the daemon for one rank")
     up.add_argument("--config", required=True, type=Path, help="the mesh spec (TOML)")
     up.add_argument(
-        "--rank", help="this daemon's rank (else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)"
+        "--rank",
+        help="this daemon's rank, or auto: a sticky rank per node from the registry "
+        "(else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)",
     )
     up.add_argument(
         "--etcd",

@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -154,9 +154,12 @@ async def run_daemon(
         VnetdError: bad input, a spec that differs from the registry's, or a
             data plane that cannot be set up.
     """
-    spec, me, config = await trio.to_thread.run_sync(prepare, opts, env)
     open_dataplane = open_dataplane or _dataplane_factory(opts.dataplane)
     open_registry = open_registry or _etcd_registry
+    if wants_auto_rank(opts.rank, env):
+        rank = await _auto_rank(opts, env, open_registry)
+        opts = replace(opts, rank=str(rank))
+    spec, me, config = await trio.to_thread.run_sync(prepare, opts, env)
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
         me.rank,
@@ -209,6 +212,35 @@ async def _serve_http(
         error = group.exceptions[0]
         why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise VnetdError(f"http listen {listen}: cannot serve there: {why}") from None
+
+
+def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
+    """``--rank auto`` (or ``VNETD_RANK=auto`` without a flag): the registry assigns it."""
+    value = flag if flag is not None else env.get("VNETD_RANK")
+    return value is not None and value.strip().lower() == "auto"
+
+
+async def _auto_rank(
+    opts: UpOptions, env: Mapping[str, str], open_registry: RegistryFactory
+) -> int:
+    """This node's sticky rank from the registry, waiting for etcd as long as it takes."""
+    from vnetd.assign import assign_rank
+
+    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
+    node = resolve_instance(opts.instance, env)
+    health = RegistryHealth()
+    backoff = Backoff()
+    with _plain_errors():
+        async with open_registry(spec) as registry:
+            while True:
+                try:
+                    rank = await assign_rank(registry, spec, node)
+                except RegistryUnavailable as exc:
+                    health.failed("rank assignment", exc)
+                    await trio.sleep(backoff.next_delay())
+                    continue
+                health.ok()
+                return rank
 
 
 async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:

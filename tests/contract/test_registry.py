@@ -50,6 +50,18 @@ async def test_create_if_absent(registry: Registry) -> None:
         assert await registry.get("m/absent") is None
 
 
+async def test_create_all_writes_every_key_or_none(registry: Registry) -> None:
+    with trio.fail_after(BOUND):
+        assert await registry.create_all({"m/assign/a": b"0", "m/rank/0": b"a"}) is True
+        got = [(kv.key, kv.value, kv.lease) for kv in (await registry.list_prefix("m/"))[0]]
+        assert got == [("m/assign/a", b"0", 0), ("m/rank/0", b"a", 0)]
+
+        # One key exists: nothing is written, not even the free one.
+        assert await registry.create_all({"m/assign/b": b"0", "m/rank/0": b"b"}) is False
+        assert await registry.get("m/assign/b") is None
+        assert (await registry.get("m/rank/0")).value == b"a"  # type: ignore[union-attr]
+
+
 async def test_replace_checks_mod_revision(registry: Registry) -> None:
     with trio.fail_after(BOUND):
         await registry.create("m/k", b"v1")

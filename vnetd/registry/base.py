@@ -17,7 +17,7 @@ Semantics, as in etcd v3:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -63,6 +63,14 @@ class Registry(Protocol):
 
     async def replace(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
         """Write ``key`` only if its ``mod_revision`` is still the given one."""
+        ...
+
+    async def create_all(self, items: Mapping[str, bytes]) -> bool:
+        """Write every key (without a lease) in one transaction, only if none exists.
+
+        Returns:
+            True when all were written; False (nothing written) when any existed.
+        """
         ...
 
     async def delete(self, key: str) -> bool:

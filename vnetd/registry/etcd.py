@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -167,6 +167,21 @@ class EtcdRegistry:
             "mod_revision": str(mod_revision),
         }
         data = await self._txn(compare, key, value, lease)
+        return bool(data.get("succeeded", False))
+
+    async def create_all(self, items: Mapping[str, bytes]) -> bool:
+        if not items:
+            return True
+        body = {
+            "compare": [
+                {"key": _b64(k), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+                for k in items
+            ],
+            "success": [
+                {"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in items.items()
+            ],
+        }
+        data = await self._post("/v3/kv/txn", body)
         return bool(data.get("succeeded", False))
 
     async def _txn(self, compare: JSON, key: str, value: bytes, lease: int) -> JSON:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -79,6 +79,14 @@ class MemoryRegistry:
             return existing
         self._put(key, value, lease)
         return None
+
+    async def create_all(self, items: Mapping[str, bytes]) -> bool:
+        self._enter()
+        if any(key in self._store for key in items):
+            return False
+        for key, value in items.items():
+            self._put(key, value, 0)
+        return True
 
     async def replace(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
         self._enter()

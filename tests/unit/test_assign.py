@@ -1,0 +1,159 @@
+"""Sticky rank assignment (``--rank auto``) on the memory registry."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from vnetd.assign import MeshFull, assign_key, assign_rank, assigned_rank_key
+from vnetd.daemon import UpOptions, run_daemon, wants_auto_rank
+from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.fake import FakeDataplane
+from vnetd.errors import RegistryError, SpecError
+from vnetd.registry.base import Registry
+from vnetd.registry.memory import MemoryRegistry
+from vnetd.spec import MeshSpec, parse_spec
+
+SPEC = parse_spec({"mesh": {"name": "nodes", "size": 4, "network": "10.250.0.0/16"}})
+
+
+async def test_first_start_takes_the_lowest_free_rank_and_keeps_it() -> None:
+    registry = MemoryRegistry()
+    with trio.fail_after(5):
+        assert await assign_rank(registry, SPEC, "node-b") == 0
+        assert await assign_rank(registry, SPEC, "node-a") == 1
+        assert await assign_rank(registry, SPEC, "node-b") == 0  # sticky
+        stored = await registry.get(assign_key(SPEC, "node-a"))
+        assert stored is not None and json.loads(stored.value) == {"node": "node-a", "rank": 1}
+        assert stored.lease == 0
+        owner = await registry.get(assigned_rank_key(SPEC, 1))
+        assert owner is not None and owner.value == b"node-a"
+
+
+async def test_a_freed_rank_is_reused() -> None:
+    registry = MemoryRegistry()
+    with trio.fail_after(5):
+        for node in ("n0", "n1", "n2"):
+            await assign_rank(registry, SPEC, node)
+        await registry.delete(assign_key(SPEC, "n1"))
+        await registry.delete(assigned_rank_key(SPEC, 1))
+        assert await assign_rank(registry, SPEC, "n3") == 1
+
+
+class YieldingRegistry(MemoryRegistry):
+    """Lets every other task run before each call, so concurrent starts interleave
+    (the memory registry itself never yields)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost_races = 0
+
+    async def get(self, key: str):  # type: ignore[no-untyped-def]
+        await trio.lowlevel.checkpoint()
+        return await super().get(key)
+
+    async def list_prefix(self, prefix: str):  # type: ignore[no-untyped-def]
+        await trio.lowlevel.checkpoint()
+        return await super().list_prefix(prefix)
+
+    async def create_all(self, items):  # type: ignore[no-untyped-def]
+        await trio.lowlevel.checkpoint()
+        written = await super().create_all(items)
+        self.lost_races += not written
+        return written
+
+
+async def test_concurrent_first_starts_get_distinct_ranks() -> None:
+    registry = YieldingRegistry()
+    got: dict[str, int] = {}
+
+    async def start(node: str) -> None:
+        got[node] = await assign_rank(registry, SPEC, node)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(start, f"node-{i}")
+    assert sorted(got.values()) == [0, 1, 2, 3]
+    assert registry.lost_races > 0, "the starts did not race; the test proves nothing"
+
+
+async def test_a_full_mesh_is_a_clear_error() -> None:
+    registry = MemoryRegistry()
+    with trio.fail_after(5):
+        for i in range(4):
+            await assign_rank(registry, SPEC, f"node-{i}")
+        with pytest.raises(MeshFull, match=r"mesh 'nodes' is full: all 4 ranks are assigned"):
+            await assign_rank(registry, SPEC, "node-4")
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        pytest.param(b"not json", "not an assignment record", id="garbage"),
+        pytest.param(b'{"rank": 9}', "outside mesh", id="out-of-range"),
+        pytest.param(b'{"rank": true}', "outside mesh", id="boolean"),
+    ],
+)
+async def test_a_bad_stored_assignment_names_the_key(value: bytes, why: str) -> None:
+    registry = MemoryRegistry()
+    await registry.create(assign_key(SPEC, "node-a"), value)
+    with trio.fail_after(5), pytest.raises(RegistryError, match=why):
+        await assign_rank(registry, SPEC, "node-a")
+
+
+@pytest.mark.parametrize("node", ["", "a/b", "-x", "x" * 300, "a b"])
+async def test_a_node_name_that_cannot_be_a_key_is_refused(node: str) -> None:
+    with pytest.raises(SpecError, match="--instance"):
+        await assign_rank(MemoryRegistry(), SPEC, node)
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "auto"),
+    [
+        pytest.param("auto", {}, True, id="flag"),
+        pytest.param(" AUTO ", {}, True, id="flag-case"),
+        pytest.param(None, {"VNETD_RANK": "auto"}, True, id="env"),
+        pytest.param("3", {"VNETD_RANK": "auto"}, False, id="flag-wins"),
+        pytest.param(None, {}, False, id="none"),
+    ],
+)
+def test_wants_auto_rank(flag: str | None, env: dict[str, str], auto: bool) -> None:
+    assert wants_auto_rank(flag, env) is auto
+
+
+async def test_a_daemon_with_rank_auto_registers_under_its_assigned_rank(tmp_path: Path) -> None:
+    config = tmp_path / "mesh.toml"
+    config.write_text('[mesh]\nname = "nodes"\nsize = 4\nnetwork = "10.250.0.0/16"\n')
+    registry = MemoryRegistry()
+    await registry.create_all({assigned_rank_key(SPEC, 0): b"other-node"})
+
+    @asynccontextmanager
+    async def open_registry(spec: MeshSpec) -> AsyncIterator[Registry]:
+        yield registry
+
+    @asynccontextmanager
+    async def open_dataplane(device: DeviceConfig) -> AsyncIterator[FakeDataplane]:
+        yield FakeDataplane(device)
+
+    opts = UpOptions(config=config, rank="auto", state_dir=tmp_path / "state", instance="node-x")
+    for _ in range(2):  # a restart keeps the rank
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                running = await nursery.start(
+                    lambda task_status: run_daemon(
+                        opts,
+                        {"POD_IP": "198.18.1.5"},
+                        open_dataplane=open_dataplane,
+                        open_registry=open_registry,
+                        task_status=task_status,
+                    )
+                )
+                assert running.me.rank == 1
+                await running.claim.claimed.wait()
+                nursery.cancel_scope.cancel()
