@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class VnetdError(Exception):
     """Base of every error caused by input or environment, not by a bug."""
@@ -37,3 +40,19 @@ class SpecMismatch(VnetdError):
 
 class DataplaneError(VnetdError):
     """The WireGuard device or its link could not be configured."""
+
+
+@contextmanager
+def plain_errors() -> Iterator[None]:
+    """Re-raise a ``VnetdError`` out of nested nurseries' exception groups as itself,
+    so the CLI can print its one line instead of a group traceback."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(VnetdError)
+        if matched is None or rest is not None:
+            raise
+        error: BaseException = matched
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+        raise error from None

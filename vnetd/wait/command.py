@@ -16,15 +16,15 @@ import math
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from vnetd.errors import IdentityError, SpecError, VnetdError
+from vnetd.errors import IdentityError, SpecError, plain_errors
 from vnetd.identity import resolve_rank
 from vnetd.ranks import parse_ranks
 from vnetd.registry.base import Registry
@@ -201,7 +201,7 @@ async def run_wait(
     if plan.gate.reachable and read_handshakes is None:
         assert plan.device_socket is not None
         read_handshakes = uapi_handshakes(plan.device_socket)
-    with _plain_errors():
+    with plain_errors():
         async with opener(plan.spec) as registry:
             outcome = await wait_for_gate(
                 plan.gate,
@@ -239,18 +239,3 @@ async def _open_etcd(spec: MeshSpec) -> AsyncIterator[Registry]:
 
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-@contextmanager
-def _plain_errors() -> Iterator[None]:
-    """A ``VnetdError`` out of the nursery's exception group, as itself, for the CLI."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        matched, rest = group.split(VnetdError)
-        if matched is None or rest is not None:
-            raise
-        error: BaseException = matched
-        while isinstance(error, BaseExceptionGroup):
-            error = error.exceptions[0]
-        raise error from None
