@@ -7,17 +7,25 @@ when the synced view shows our entry gone (or only held after a registry
 reset). A re-claim also stores the spec again if the registry lost it. While
 another instance holds the rank, the claim waits for that entry to go away
 and logs the holder once.
+
+The record can change while the claim is held: when wireguard-go is started
+again (a new device, with a new device id) the daemon calls ``set_device_id``
+once the peers are back on the new device, and the entry is rewritten at
+once by the takeover rule (a compare-and-swap on our own entry, under the
+same lease), so that peers drop their sessions with the old device. While the
+registry is unreachable the rewrite is retried at each keepalive.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import trio
 
 from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
-from vnetd.membership import Claimed, ensure_spec, spec_key, try_claim
+from vnetd.membership import Claimed, Held, ensure_spec, spec_key, try_claim
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.retry import Backoff, RegistryHealth
@@ -48,6 +56,9 @@ class ClaimHolder:
         self.claimed = trio.Event()
         self.claims = 0
         self.claimed_at: float | None = None
+        self.record_updates = 0
+        self._written: Member | None = None  # the record as last written
+        self._record_changed = trio.Event()
 
     @property
     def ttl(self) -> int:
@@ -64,6 +75,12 @@ class ClaimHolder:
             reason = await self._keep_alive()
             self.claimed = trio.Event()
             log.warning("%s; claiming rank %d again", reason, self.me.rank)
+
+    def set_device_id(self, device_id: str) -> None:
+        """Our device was started again: register its new id (at once if claimed)."""
+        if device_id != self.me.device_id:
+            self.me = replace(self.me, device_id=device_id)
+            self._record_changed.set()
 
     async def release(self, timeout: float = 2.0) -> None:  # noqa: ASYNC109 (a bounded cleanup)
         """Revoke the lease so peers drop this rank at once. Bounded; never raises."""
@@ -87,7 +104,8 @@ class ClaimHolder:
                 await self._fresh_lease()
                 if self.claims:
                     await self._store_spec_again()
-                result = await try_claim(self.registry, self.spec, self.me, self.lease)
+                me = self.me
+                result = await try_claim(self.registry, self.spec, me, self.lease)
                 self.health.ok()
             except RegistryUnavailable as exc:
                 self.health.failed("claim", exc)
@@ -99,6 +117,7 @@ class ClaimHolder:
                 await trio.sleep(backoff.next_delay())
                 continue
             if isinstance(result, Claimed):
+                self._written = me
                 self.claims += 1
                 self.claimed_at = time.time()
                 how = "took over its own entry" if result.took_over else "created the entry"
@@ -148,22 +167,69 @@ class ClaimHolder:
             )
 
     async def _keep_alive(self) -> str:
-        """Keep the lease alive until the claim is lost; returns why it was."""
+        """Keep the lease alive until the claim is lost; returns why it was.
+
+        A changed record (``set_device_id``) is written between renewals, at once.
+        """
         interval = self.ttl / 3
         lease = self.lease
+        renew_at = trio.current_time() + interval
         while True:
-            await trio.sleep(interval)
-            try:
-                remaining = await self.registry.keepalive(lease)
-                self.health.ok()
-            except RegistryUnavailable as exc:
-                self.health.failed("keepalive", exc)
-                continue
-            if remaining <= 0:
-                self.lease = 0
-                return f"lease {lease:x} expired or unknown to the registry"
-            if self._entry_gone():
-                return f"rank {self.me.rank}'s entry vanished from the registry"
+            with trio.move_on_at(renew_at):
+                await self._record_changed.wait()
+            if self._record_changed.is_set():
+                self._record_changed = trio.Event()
+            if trio.current_time() >= renew_at:
+                renew_at = trio.current_time() + interval
+                reason = await self._renew(lease)
+                if reason is not None:
+                    return reason
+            if self._written != self.me:
+                reason = await self._update_record(lease)
+                if reason is not None:
+                    return reason
+
+    async def _renew(self, lease: int) -> str | None:
+        """One keepalive; why the claim is lost, or None."""
+        try:
+            remaining = await self.registry.keepalive(lease)
+            self.health.ok()
+        except RegistryUnavailable as exc:
+            self.health.failed("keepalive", exc)
+            return None
+        if remaining <= 0:
+            self.lease = 0
+            return f"lease {lease:x} expired or unknown to the registry"
+        if self._entry_gone():
+            return f"rank {self.me.rank}'s entry vanished from the registry"
+        return None
+
+    async def _update_record(self, lease: int) -> str | None:
+        """Rewrite our entry with ``self.me``; why the claim is lost, or None.
+
+        While the registry is unreachable the update waits for the next renewal.
+        """
+        me, before = self.me, self._written
+        try:
+            result = await try_claim(self.registry, self.spec, me, lease)
+            self.health.ok()
+        except RegistryUnavailable as exc:
+            self.health.failed("claim", exc)
+            return None
+        except RegistryError as exc:
+            return f"rank {me.rank}'s entry could not be updated: {exc}"
+        if isinstance(result, Held):
+            holder = result.holder.instance if result.holder else "an unreadable entry"
+            return f"rank {me.rank}'s entry is held by {holder}"
+        self._written = me
+        self.record_updates += 1
+        log.info(
+            "rank %d's entry updated: device id %s -> %s (a new wireguard-go)",
+            me.rank,
+            (before.device_id if before else "") or "none",
+            me.device_id or "none",
+        )
+        return None
 
     def _entry_gone(self) -> bool:
         """True when the synced view shows our entry missing (deleted by hand, or

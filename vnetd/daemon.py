@@ -177,6 +177,7 @@ async def run_daemon(
                 await nursery.start(_serve_http, spec.http.listen, endpoints)
             async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
                 endpoints.attach_dataplane(dataplane)
+                me = replace(me, device_id=device_id_of(dataplane))
                 started = _Started(task_status, endpoints)
                 await _serve(spec, me, registry, dataplane, opts, metrics, started)
             nursery.cancel_scope.cancel()
@@ -296,7 +297,16 @@ async def _serve(
         on_pass=metrics.observe_pass,
     )
     if isinstance(dataplane, RestartingDataplane):
-        dataplane.on_restart = reconciler.request_resync
+
+        def restarted(reason: str) -> None:
+            # The new device id is registered once the peers are back on the device,
+            # as the claim waits for them at start: peers that see it re-add us and
+            # start a handshake at once, which the device must be able to answer.
+            reconciler.request_resync(
+                reason, then=lambda: claim.set_device_id(device_id_of(dataplane))
+            )
+
+        dataplane.on_restart = restarted
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sync_members, registry, spec, view, health)
@@ -331,6 +341,14 @@ async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope
         log.info("received %s; shutting down", signal.Signals(signum).name)
         scope.cancel()
         return
+
+
+def device_id_of(dataplane: Dataplane) -> str:
+    """The id of the data plane's device instance: a new one whenever wireguard-go is
+    started fresh, the same when it is adopted ("" for a data plane without one).
+    It goes into our record, so peers can tell a restarted device from an adopted one."""
+    value = getattr(dataplane, "device_id", "")
+    return value if isinstance(value, str) else ""
 
 
 def _dataplane_factory(kind: str) -> DataplaneFactory:

@@ -126,6 +126,7 @@ def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
         instance=_text(key, "instance", record.get("instance"), required=True),
         started=_number(key, "started", record.get("started", 0.0)),
         version=_text(key, "version", record.get("version", ""), required=False),
+        device_id=_device_id(key, record.get("device_id", "")),
     )
 
 
@@ -181,6 +182,21 @@ def _text(key: str, field: str, value: object, *, required: bool) -> str:
         raise BadEntry(f"{key}: field {field} is missing, empty or not a string")
     if not value.isprintable():  # it is logged ("held by <instance>"): one line
         raise BadEntry(f"{key}: field {field} has unprintable characters")
+    return value
+
+
+DEVICE_ID_MAX = 64
+"""Longest ``device_id`` accepted (vnetd writes 16 hex digits)."""
+
+
+def _device_id(key: str, value: object) -> str:
+    """Optional (records of older versions have none): printable ASCII, no spaces, bounded."""
+    if not isinstance(value, str) or len(value) > DEVICE_ID_MAX:
+        raise BadEntry(
+            f"{key}: field device_id is not a string of at most {DEVICE_ID_MAX} characters"
+        )
+    if not (value.isascii() and value.isprintable()) or " " in value:
+        raise BadEntry(f"{key}: field device_id has characters other than printable ASCII")
     return value
 
 

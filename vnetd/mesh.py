@@ -8,6 +8,7 @@ that with the device and yields the smallest ``Plan``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,20 +25,30 @@ class Skipped:
 
 
 def desired_peers(
-    members: Mapping[int, Member], self_rank: int, spec: MeshSpec, self_key: str = ""
+    members: Mapping[int, Member],
+    self_rank: int,
+    spec: MeshSpec,
+    self_key: str = "",
+    created: Mapping[int, int] | None = None,
 ) -> tuple[dict[str, Peer], list[Skipped]]:
     """The peers ``self_rank`` should have, keyed by public key.
 
-    A public key registered under several ranks is kept for the lowest rank
-    only, and our own key under another rank is ignored: either way no
-    overlay address can end up on two peers.
+    A public key registered under several ranks belongs to its earliest
+    registration: the entry with the lowest create revision in ``created``
+    (rank -> the store revision that created its entry), the lowest rank among
+    equals or when ``created`` is not given. A later entry carrying a key that
+    is already registered is skipped, so a copy of a member's key written under
+    a free rank (lower or higher) never takes that member's peer. Our own key
+    under another rank is ignored. Either way no overlay address can end up on
+    two peers, and a peer's address is only ever its own rank's.
 
     Returns:
         The desired peers and the members that were skipped, with reasons.
     """
     peers: dict[str, Peer] = {}
     skipped: list[Skipped] = []
-    for rank in sorted(members):
+    order = created or {}
+    for rank in sorted(members, key=lambda r: (order.get(r, math.inf), r)):
         member = members[rank]
         if rank == self_rank:
             continue
@@ -56,7 +67,9 @@ def desired_peers(
             allowed_ips=spec.allowed_ips(rank),
             endpoint=member.endpoint,
             rank=rank,
+            device_id=member.device_id,
         )
+    skipped.sort(key=lambda item: item.rank)
     return peers, skipped
 
 
@@ -64,6 +77,7 @@ def diff(
     desired: Mapping[str, Peer],
     actual: Mapping[str, DevicePeer | Peer],
     written: Mapping[str, str | None],
+    devices: Mapping[str, str] | None = None,
 ) -> Plan:
     """The changes that turn ``actual`` into ``desired``.
 
@@ -75,21 +89,36 @@ def diff(
             value changes, never because the device differs from it: the
             device may have roamed to the peer's real source address behind
             a NAT (DESIGN invariant 4).
+        devices: for each peer, the device id it had when it was last
+            written (``devices_after``). A peer on the device whose device id
+            has changed since (its wireguard-go was started fresh with the
+            same key) is removed and added again in the plan: that drops the
+            session keys its old device had, which the new one does not know.
+            The plan also starts a handshake with it at once (``Plan.handshake``):
+            the new device may already have set up a session with us, which
+            the re-add drops too, and its traffic would otherwise go
+            unanswered until WireGuard's own timeout (~15 s).
 
     Returns:
         A plan that removes, updates and adds only what changed.
     """
-    remove = tuple(
+    remove = [
         Peer(key, peer.allowed_ips, peer.endpoint)
         for key, peer in sorted(actual.items())
         if key not in desired
-    )
+    ]
     add: list[Peer] = []
     update: list[PeerUpdate] = []
+    handshake: list[str] = []
     for key, want in sorted(desired.items()):
         have = actual.get(key)
         if have is None:
             add.append(want)
+            continue
+        if device_restarted(want, devices or {}):
+            remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
+            add.append(want)
+            handshake.append(key)
             continue
         endpoint = _endpoint_change(want, have, written)
         allowed = want.allowed_ips if tuple(sorted(have.allowed_ips)) != want.allowed_ips else None
@@ -97,7 +126,16 @@ def diff(
             update.append(
                 PeerUpdate(key, endpoint, allowed, old_allowed_ips=tuple(have.allowed_ips))
             )
-    return Plan(remove=remove, update=tuple(update), add=tuple(add))
+    remove.sort()
+    return Plan(
+        remove=tuple(remove), update=tuple(update), add=tuple(add), handshake=tuple(handshake)
+    )
+
+
+def device_restarted(want: Peer, devices: Mapping[str, str]) -> bool:
+    """The peer's device id changed since it was written (an unknown id never counts)."""
+    before = devices.get(want.public_key, "")
+    return bool(before and want.device_id and before != want.device_id)
 
 
 def _endpoint_change(
@@ -115,3 +153,8 @@ def _endpoint_change(
 def written_after(desired: Mapping[str, Peer]) -> dict[str, str | None]:
     """The ``written`` map once a plan for ``desired`` has been applied."""
     return {key: peer.endpoint for key, peer in desired.items()}
+
+
+def devices_after(desired: Mapping[str, Peer]) -> dict[str, str]:
+    """The ``devices`` map once a plan for ``desired`` has been applied."""
+    return {key: peer.device_id for key, peer in desired.items()}

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, order=True)
 class Member:
-    """One rank's registration as read from the registry."""
+    """One rank's registration as read from the registry.
+
+    ``device_id`` names the WireGuard device instance behind the key: a new one
+    whenever wireguard-go is started fresh, kept when a running one is adopted.
+    Peers that see it change under the same key drop their old session with it
+    (``""``: unknown, as in records of older versions).
+    """
 
     rank: int
     public_key: str
@@ -20,6 +26,7 @@ class Member:
     instance: str
     started: float = 0.0
     version: str = ""
+    device_id: str = ""
 
 
 @dataclass(frozen=True, order=True)
@@ -30,6 +37,7 @@ class Peer:
     allowed_ips: tuple[str, ...]
     endpoint: str | None = None
     rank: int | None = field(default=None, compare=False)
+    device_id: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, order=True)
@@ -62,12 +70,17 @@ class Plan:
     """What to change on a device. Applied in the order remove, update, add.
 
     ``remove`` carries the removed peers' last known allowed IPs so the data
-    plane can drop their routes.
+    plane can drop their routes. ``handshake`` names peers (public keys, all
+    in ``add``) to start a handshake with as soon as the plan is applied
+    instead of at our next packet for them: peers re-added because their
+    device was restarted, whose own traffic may still use a session we have
+    just dropped.
     """
 
     remove: tuple[Peer, ...] = ()
     update: tuple[PeerUpdate, ...] = ()
     add: tuple[Peer, ...] = ()
+    handshake: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.remove or self.update or self.add)

@@ -23,6 +23,17 @@ Nothing is applied before the members have been listed once: an unlisted
 view is not an empty mesh, and a device adopted from a daemon that was
 killed keeps its peers while the registry is slow or down.
 
+Restarted peers. A member record names its WireGuard device instance
+(``device_id``: new when wireguard-go is started fresh, kept when a running
+one is adopted). When a peer keeps its public key but its device id changes,
+its old device and every session with it are gone, yet our device still holds
+session keys for it and keeps sending with them, unreadable to the new device,
+until WireGuard, having heard nothing back for 15 s, starts a new handshake.
+That peer alone is removed and added again in one transaction, and a
+handshake started with it at once (``mesh.diff``), so traffic in either
+direction flows again within a round trip. It is logged as one "restarted
+its device" line, not as a leave and a join.
+
 Resync requests. When the device is rebuilt behind the reconciler's back
 (wireguard-go died and was restarted empty), ``request_resync`` runs a full
 pass at once and logs one summary line instead of a "joined" line per peer.
@@ -42,7 +53,7 @@ import trio
 
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
-from vnetd.mesh import Skipped, desired_peers, diff, written_after
+from vnetd.mesh import Skipped, desired_peers, devices_after, diff, written_after
 from vnetd.model import Peer, Plan
 from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
@@ -63,6 +74,11 @@ class ReconcileStats:
     last_duration: float = 0.0
     nudges: int = 0
     resyncs: int = 0
+    skipped: int = 0
+    """Members left out of the peers (a public key already registered earlier, our
+    own key under another rank), each counted once, when it is first logged."""
+    device_restarts: int = 0
+    """Peers re-added because their device id changed under the same key."""
     peer_ranks: dict[str, int] = field(default_factory=dict)
 
 
@@ -91,18 +107,26 @@ class Reconciler:
         self.resync_interval = resync_interval
         self.stats = ReconcileStats()
         self._written: dict[str, str | None] = {}
+        self._devices: dict[str, str] = {}  # public key -> device id when last written
         self._skipped_logged: set[tuple[int, str]] = set()
         self._young: dict[str, float] = {}  # public key -> when it was added
         self._synced = trio.Event()
         self._resync_reason: str | None = None
+        self._after_resync: list[Callable[[], None]] = []
         self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
 
-    def request_resync(self, reason: str) -> None:
+    def request_resync(self, reason: str, then: Callable[[], None] | None = None) -> None:
         """Run a full pass now (the device was rebuilt); ``reason`` goes in its log line.
 
         Callable from any task; requests made before a pass starts are merged.
+
+        Args:
+            then: called once that pass has applied its plan (a failed pass is
+                retried first).
         """
         self._resync_reason = reason
+        if then is not None:
+            self._after_resync.append(then)
         if self._waiting is not None:
             self._waiting.cancel()
 
@@ -131,6 +155,7 @@ class Reconciler:
                     await self.view.wait_changed(seen)
                 self._waiting = None
             resync = self._resync_reason
+            after: list[Callable[[], None]] = []
             try:
                 if resync is None and self.view.version == seen:
                     if trio.current_time() < next_resync:
@@ -139,12 +164,16 @@ class Reconciler:
                 seen = self.view.version
                 next_resync = trio.current_time() + self.resync_interval
                 self._resync_reason = None
+                after, self._after_resync = self._after_resync, []
                 await self.reconcile_once(resync=resync)
                 backoff.reset()
+                for call in after:
+                    call()
             except DataplaneError as exc:
                 self.stats.failures += 1
                 if resync is not None and self._resync_reason is None:
                     self._resync_reason = resync  # still owed
+                self._after_resync[:0] = after
                 delay = backoff.next_delay()
                 log.error("applying the plan failed: %s; retrying in %.1f s", exc, delay)
                 seen = -1  # make the next pass run even without a new event
@@ -160,27 +189,29 @@ class Reconciler:
         started = time.perf_counter()
         self.stats.runs += 1
         desired, skipped = desired_peers(
-            self.view.members, self.self_rank, self.spec, self.self_key
+            self.view.members, self.self_rank, self.spec, self.self_key, self.view.created
         )
         self._log_skipped(skipped)
         actual = await self.dataplane.peers()
-        plan = diff(desired, actual, self._written)
+        plan = diff(desired, actual, self._written, self._devices)
         ranks = {key: peer.rank for key, peer in desired.items() if peer.rank is not None}
         if plan:
             await self.dataplane.apply(plan)
             self.stats.applied += 1
             self.stats.changes += len(plan)
+            self.stats.device_restarts += len(_readded(plan))
             if resync is None:
                 self._log_plan(plan, ranks, time.perf_counter() - started)
         if resync is not None:
             self.stats.resyncs += 1
             self._log_resync(resync, plan, len(desired), time.perf_counter() - started)
         self._written = written_after(desired)
+        self._devices = devices_after(desired)
         now = trio.current_time()
-        for peer in plan.add:
-            self._young[peer.public_key] = now
         for peer in plan.remove:
             self._young.pop(peer.public_key, None)
+        for peer in plan.add:  # a peer re-added after a device restart is young again
+            self._young[peer.public_key] = now
         self.stats.peer_ranks = ranks
         self.stats.last_duration = time.perf_counter() - started
         if self.on_pass is not None:
@@ -224,10 +255,29 @@ class Reconciler:
 
     def _log_plan(self, plan: Plan, ranks: dict[str, int], elapsed: float) -> None:
         old_ranks = self.stats.peer_ranks
+        readded = _readded(plan)
         for peer in plan.add:
-            log.info("peer joined: rank %s at %s", peer.rank, peer.endpoint or "no endpoint")
+            if peer.public_key in readded:
+                before = self._written.get(peer.public_key, peer.endpoint)
+                if peer.endpoint is not None and before != peer.endpoint:
+                    log.info(
+                        "peer rank %s endpoint moved from %s to %s",
+                        peer.rank,
+                        before or "none",
+                        peer.endpoint,
+                    )
+                log.info(
+                    "peer rank %s restarted its device (device id %s -> %s); re-added it "
+                    "to drop the old session",
+                    peer.rank,
+                    self._devices.get(peer.public_key) or "?",
+                    peer.device_id,
+                )
+            else:
+                log.info("peer joined: rank %s at %s", peer.rank, peer.endpoint or "no endpoint")
         for peer in plan.remove:
-            log.info("peer left: rank %s", old_ranks.get(peer.public_key, "?"))
+            if peer.public_key not in readded:
+                log.info("peer left: rank %s", old_ranks.get(peer.public_key, "?"))
         for upd in plan.update:
             rank = ranks.get(upd.public_key, "?")
             if upd.endpoint is not None:
@@ -256,4 +306,10 @@ class Reconciler:
             entry = (item.rank, item.reason)
             if entry not in self._skipped_logged:
                 self._skipped_logged.add(entry)
+                self.stats.skipped += 1
                 log.warning("member rank %s skipped: %s", entry[0], entry[1])
+
+
+def _readded(plan: Plan) -> set[str]:
+    """Keys removed and added in one plan: peers whose device restarted (see ``mesh.diff``)."""
+    return {peer.public_key for peer in plan.remove} & {peer.public_key for peer in plan.add}

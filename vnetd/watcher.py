@@ -42,11 +42,20 @@ class MemberView:
 
     ``members`` includes the held ones (see the module doc); ``held`` maps
     each of those ranks to the ``trio.current_time()`` it is kept until.
+
+    ``created`` maps each member's rank to the store revision that created its
+    entry, which orders registrations: a public key belongs to its earliest
+    (``mesh.desired_peers``). A takeover rewrites an entry and keeps its create
+    revision; an entry deleted (its lease ended) and claimed again gets a new
+    one. Members held after a reset keep their order among themselves and come
+    before every entry of the new store, whose revisions start again low: they
+    were registered first (their revisions are shifted below zero).
     """
 
     def __init__(self) -> None:
         self.members: dict[int, Member] = {}
         self.held: dict[int, float] = {}
+        self.created: dict[int, int] = {}
         self.revision = 0
         """The highest store revision seen: of the last list, or of an event since."""
         self.bad_entries: dict[str, str] = {}
@@ -73,20 +82,25 @@ class MemberView:
         the grace of an earlier one (its deadline is after ``now``).
         """
         members: dict[int, Member] = {}
+        created: dict[int, int] = {}
         bad: dict[str, str] = {}
         for kv in kvs:
             member = self._decode(spec, kv.key, kv.value, bad)
             if member is not None:
                 members[member.rank] = member
+                created[member.rank] = kv.create_revision
         held: dict[int, float] = {}
+        shift = self.revision + 1 if hold_until is not None else 0  # below the new store's
         for rank, member in self.members.items():
             until = hold_until if hold_until is not None else self.held.get(rank)
             if rank not in members and until is not None and until > now:
                 members[rank] = member
+                created[rank] = self.created.get(rank, 0) - shift
                 held[rank] = until
         for rank in sorted(set(self.held) - set(held) - set(members)):
             log.warning("rank %d did not register again after the registry reset; dropped", rank)
         self.members = dict(sorted(members.items()))
+        self.created = created
         self.held = held
         self.revision = revision
         self.bad_entries = bad
@@ -101,15 +115,24 @@ class MemberView:
         if rank is not None:
             self.held.pop(rank, None)
         if event.kind == "delete":
-            if rank is not None and self.members.pop(rank, None) is not None:
-                self._bump()
+            self._drop(rank)
             return
         member = self._decode(spec, event.key, event.value, self.bad_entries)
         if member is None:
-            if rank is not None and self.members.pop(rank, None) is not None:
-                self._bump()
-        elif self.members.get(member.rank) != member:
+            self._drop(rank)
+        elif (
+            self.members.get(member.rank) != member
+            or self.created.get(member.rank) != event.create_revision
+        ):
             self.members[member.rank] = member
+            self.created[member.rank] = event.create_revision
+            self._bump()
+
+    def _drop(self, rank: int | None) -> None:
+        if rank is None:
+            return
+        self.created.pop(rank, None)
+        if self.members.pop(rank, None) is not None:
             self._bump()
 
     def held_until(self) -> float:

@@ -191,6 +191,31 @@ async def test_watch_replays_from_a_past_revision(registry: Registry) -> None:
         assert revisions[0] == first.mod_revision
 
 
+async def test_watch_events_carry_the_create_revision(registry: Registry) -> None:
+    """A put keeps its key's create revision until the key is deleted and created again;
+    a delete carries none. (Readers keep the earliest registration of a public key.)"""
+    with trio.fail_after(BOUND):
+        await registry.create("m/a", b"1")
+        first = await registry.get("m/a")
+        assert first is not None
+        async with registry.watch("m/", first.mod_revision) as events:
+            assert await registry.replace("m/a", b"2", first.mod_revision)
+            await registry.delete("m/a")
+            await registry.create("m/a", b"3")
+            seen = await take(events, 4)
+        again = await registry.get("m/a")
+        assert again is not None
+
+        assert [(e.kind, e.value, e.create_revision) for e in seen] == [
+            ("put", b"1", first.create_revision),
+            ("put", b"2", first.create_revision),
+            ("delete", b"", 0),
+            ("put", b"3", again.create_revision),
+        ]
+        assert again.create_revision == again.mod_revision == seen[3].mod_revision
+        assert again.create_revision > first.create_revision
+
+
 async def test_watch_from_compacted_revision(backend: Backend) -> None:
     registry = backend.registry
     with trio.fail_after(BOUND):

@@ -15,7 +15,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 
 import trio
@@ -153,7 +153,7 @@ def across(mesh: MeshLab, rank: int, others: tuple[int, ...]) -> list[tuple[Pod,
 # --- probes and etcd -------------------------------------------------------------------------
 
 
-async def start_probe(mesh: MeshLab, rank: int, pod: Pod, ranks: range) -> LabProcess:
+async def start_probe(mesh: MeshLab, rank: int, pod: Pod, ranks: Iterable[int]) -> LabProcess:
     """A probe in ``pod`` answering for rank ``rank`` and pinging ``ranks`` every 100 ms."""
     targets = [mesh.address(r) for r in ranks]
     argv = probe_command(mesh.address(rank), targets, duration=300)
@@ -203,12 +203,12 @@ async def test_pod_restarted_with_a_new_address_moves_its_endpoint_on_every_peer
     """Same rank, same state dir (so the same key), new underlay address.
 
     The restarted daemon takes its own entry over while the killed one's lease
-    still holds it, so peers never drop rank 2: they keep the dead process's
-    WireGuard session and only rewrite the endpoint. Traffic *to* rank 2 then
-    flows again as soon as rank 2 sends something (its handshake replaces the
-    session), which is why ``across`` pings from rank 2's pod first; a peer
-    that only sends waits for WireGuard's own stale-session timeout (~15 s,
-    measured here) before it starts a new handshake.
+    still holds it, so peers never drop rank 2 from the mesh: its entry keeps
+    its key and gets the new endpoint and a new device id (a fresh
+    wireguard-go). Peers write the endpoint once and re-add rank 2's peer in
+    the same plan, which drops the dead process's session; a peer that only
+    sends reaches rank 2 again at once (``tests/e2e/test_sessions.py``) instead
+    of after WireGuard's stale-session timeout (~15 s, measured here before).
     """
     ttl = 10  # long enough that the killed instance's lease still holds the entry at restart
     with trio.fail_after(120):
@@ -478,14 +478,18 @@ def valid_record(rank: int, key: str, endpoint: str, **extra: object) -> str:
 
 
 async def test_garbage_is_skipped_logged_once_and_touches_no_peer():
-    """Ranks 0-2 run in a mesh of 12; garbage goes under free ranks and odd keys."""
+    """Ranks 0, 1 and 4 run in a mesh of 13; garbage goes under free ranks and odd keys.
+
+    Two valid entries copy a member's public key: rank 1's under free rank 9 (higher),
+    rank 4's under free rank 2 (lower). Neither takes the member's peer: a public key
+    belongs to its earliest registration (the lowest etcd create revision)."""
     with trio.fail_after(120):
-        async with open_lab(12) as lab:
+        async with open_lab(13) as lab:
             mesh = MeshLab.create(lab)
-            running = (0, 1, 2)
+            running = (0, 1, 4)
             for rank in running:
                 await mesh.start_rank(rank)
-                mesh.probes[rank] = await start_probe(mesh, rank, mesh.pod(rank), range(3))
+                mesh.probes[rank] = await start_probe(mesh, rank, mesh.pod(rank), running)
             await mesh.wait_full_mesh(timeout=30, ranks=set(running))
             keys = {rank: await public_key(mesh.daemons[rank]) for rank in running}
             rank_of = {key: rank for rank, key in keys.items()}
@@ -493,7 +497,7 @@ async def test_garbage_is_skipped_logged_once_and_touches_no_peer():
             short = base64.b64encode(b"k" * 16).decode()
             garbage = {
                 "3": '{"rank": 3, "public_key": ',  # invalid JSON (fixed below)
-                "4": valid_record(4, short, "198.18.1.4:51820"),  # public key of the wrong length
+                "12": valid_record(12, short, "198.18.1.12:51820"),  # public key of the wrong length
                 "5": valid_record(5, fresh, "pod5.lab:51820"),  # unparsable endpoint
                 "6": valid_record(6, fresh, "[fe80::1%eth9]:51820"),  # a zone wireguard-go refuses
                 "7": valid_record(1, fresh, "198.18.1.7:51820"),  # claims rank 1's address
@@ -507,14 +511,16 @@ async def test_garbage_is_skipped_logged_once_and_touches_no_peer():
                 "x": valid_record(2, fresh, "198.18.1.2:51820"),
                 "\u00b2": valid_record(2, fresh, "198.18.1.2:51820"),  # a "digit" int() refuses
             }  # fmt: skip
-            duplicate = valid_record(9, keys[1], "198.18.1.9:51820")  # rank 1's key, free rank 9
+            copies = {
+                "9": valid_record(9, keys[1], "198.18.1.9:51820"),  # rank 1's key, free rank 9
+                "2": valid_record(2, keys[4], "198.18.1.2:51820"),  # rank 4's key, free rank 2
+            }
 
             before = {rank: await peers(mesh.daemons[rank]) for rank in running}
             applied = {rank: count(mesh.daemons[rank], "plan applied") for rank in running}
             written = time.time()
-            for suffix, value in garbage.items():
+            for suffix, value in [*garbage.items(), *copies.items()]:
                 await etcdctl(lab, "put", "--", members_key(mesh, suffix), value)
-            await etcdctl(lab, "put", "--", members_key(mesh, "9"), duplicate)
 
             async def all_logged() -> bool:
                 dead = mesh.dead_daemons()
@@ -522,6 +528,7 @@ async def test_garbage_is_skipped_logged_once_and_touches_no_peer():
                 return all(
                     count(mesh.daemons[r], "skipping bad registry entry") >= len(garbage)
                     and count(mesh.daemons[r], "member rank 9 skipped") >= 1
+                    and count(mesh.daemons[r], "member rank 2 skipped") >= 1
                     for r in running
                 )
 
@@ -533,9 +540,10 @@ async def test_garbage_is_skipped_logged_once_and_touches_no_peer():
                 for suffix in garbage:
                     line = f"skipping bad registry entry: {members_key(mesh, suffix)}:"
                     assert count(daemon, line) == 1, (rank, suffix, daemon.log_text()[-3000:])
-                reason = "registers this rank's own public key" if rank == 1 else (
-                    "public key already registered by rank 1")  # fmt: skip
-                assert count(daemon, f"member rank 9 skipped: {reason}") == 1
+                for copy, owner in ((9, 1), (2, 4)):
+                    reason = "registers this rank's own public key" if rank == owner else (
+                        f"public key already registered by rank {owner}")  # fmt: skip
+                    assert count(daemon, f"member rank {copy} skipped: {reason}") == 1
                 assert count(daemon, "plan applied") == applied[rank], "garbage changed a device"
                 assert count(daemon, "applying the plan failed") == 0
             await assert_untouched(mesh, before, rank_of)
@@ -564,6 +572,7 @@ async def test_garbage_is_skipped_logged_once_and_touches_no_peer():
                     daemon.log_text()[-3000:]
                 )
                 assert count(daemon, "member rank 9 skipped") == 1
+                assert count(daemon, "member rank 2 skipped") == 1
                 assert count(daemon, "applying the plan failed") == 0
                 assert times_of(daemon, r"peer joined: rank 3 at 198\.18\.1\.3:51820", written)
             rank_of[fresh] = 3

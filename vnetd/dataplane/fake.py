@@ -3,13 +3,16 @@
 It follows WireGuard where the reconciler can see it: an allowed IP belongs
 to at most one peer (giving it to peer B takes it from peer A), ``update``
 touches only existing peers, ``remove`` of an absent peer is a no-op, and
-routes follow the peers exactly as ``UapiDataplane`` moves them.
+routes follow the peers exactly as ``UapiDataplane`` moves them. A removed
+peer loses its session: added again, it starts with no handshake and zero
+counters. ``restart`` rebuilds the device as a restarted wireguard-go does.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from ipaddress import ip_network
@@ -21,7 +24,8 @@ log = logging.getLogger("vnetd.dataplane")
 
 
 class FakeDataplane:
-    """A device in memory. ``applied`` records every non-empty plan, in order."""
+    """A device in memory. ``applied`` records every non-empty plan, in order, and
+    ``handshakes`` the peers each was asked to start a handshake with."""
 
     def __init__(self, config: DeviceConfig) -> None:
         self.config = config
@@ -30,6 +34,10 @@ class FakeDataplane:
         self.device_routes: set[str] = set()
         self.unreachable: set[str] = {str(config.network)}
         self.closed = False
+        self.device_id = secrets.token_hex(8)
+        self.handshakes: list[str] = []
+        self.restarts = 0
+        self.on_restart: Callable[[str], None] | None = None
 
     async def peers(self) -> dict[str, DevicePeer]:
         return dict(self.device)
@@ -60,6 +68,7 @@ class FakeDataplane:
         gone, new = route_changes(plan, live)
         self.device_routes = (self.device_routes - gone) | new
         self.applied.append(plan)
+        self.handshakes += [key for key in plan.handshake if key in self.device]
         log.debug(
             "%s: applied %s (routes -%d +%d)",
             self.config.interface,
@@ -75,6 +84,16 @@ class FakeDataplane:
         if self.closed:
             return LinkState(False)
         return LinkState(True, True, frozenset({str(self.config.address.ip)}))
+
+    def restart(self) -> None:
+        """What a wireguard-go restart does: a new device id, no peers, no peer routes;
+        then ``on_restart``, as ``UapiDataplane`` calls it."""
+        self.device_id = secrets.token_hex(8)
+        self.device.clear()
+        self.device_routes.clear()
+        self.restarts += 1
+        if self.on_restart is not None:
+            self.on_restart("wireguard-go restart")
 
     def close(self) -> None:
         """What leaving the device does: peers, routes and the unreachable route go."""

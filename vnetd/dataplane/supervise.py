@@ -14,6 +14,11 @@ would not survive its first error. The file outlives the daemon like the
 socket does, and its last line explains an exit. With the default
 ``LOG_LEVEL=error`` it stays small; ``VNETD_WIREGUARD_LOG=verbose`` makes it
 grow with traffic.
+
+Each fresh start also writes a new random device id to ``/run/wireguard/<if>.id``;
+an adopted wireguard-go keeps the id written when it was started. The daemon
+registers it with its key, so peers can tell a wireguard-go restarted with the
+same key (it has lost every session) from the same one adopted (it has not).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
+import secrets
 import select
 import signal
 import socket
@@ -53,6 +60,41 @@ def output_path(interface: str) -> str:
     return f"{SOCKET_DIR}/{interface}.log"
 
 
+def device_id_path(interface: str) -> str:
+    return f"{SOCKET_DIR}/{interface}.id"
+
+
+_DEVICE_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def write_device_id(interface: str) -> str:
+    """A new random device id, written next to the socket; returns it.
+
+    Raises:
+        DataplaneError: the file cannot be written.
+    """
+    device_id = secrets.token_hex(8)
+    path = device_id_path(interface)
+    try:
+        os.makedirs(SOCKET_DIR, exist_ok=True)
+        with open(path, "w", encoding="ascii") as f:
+            f.write(device_id + "\n")
+    except OSError as exc:
+        raise DataplaneError(f"{path}: {exc.strerror or exc}") from exc
+    return device_id
+
+
+def read_device_id(interface: str) -> str | None:
+    """The device id written when the running wireguard-go was started; None if there
+    is none (or it is not one vnetd wrote)."""
+    try:
+        with open(device_id_path(interface), encoding="ascii", errors="replace") as f:
+            text = f.read(64).strip()
+    except OSError:
+        return None
+    return text if _DEVICE_ID.fullmatch(text) else None
+
+
 class WireguardGo:
     """A running wireguard-go: our child, or ``adopted`` from a previous run.
 
@@ -64,6 +106,8 @@ class WireguardGo:
     ) -> None:
         self.interface = interface
         self.pid = pid
+        self.device_id = ""
+        """Names this device instance; see the module doc."""
         self._process = process
         self._pidfd = pidfd
         self._exit: int | None = None
@@ -266,6 +310,11 @@ async def start_wireguard_go(interface: str, netns: str | None, executable: str)
     except OSError as exc:
         raise DataplaneError(f"{output_path(interface)}: {exc.strerror or exc}") from exc
     try:
+        device_id = write_device_id(interface)  # before the start: never an old id on a new one
+    except DataplaneError:
+        os.close(output)
+        raise
+    try:
         process = await trio.lowlevel.open_process(
             _command(interface, netns, executable),
             env=env,
@@ -278,6 +327,7 @@ async def start_wireguard_go(interface: str, netns: str | None, executable: str)
     finally:
         os.close(output)
     wg = WireguardGo(interface, process.pid, process=process, pidfd=None)
+    wg.device_id = device_id
     try:
         await _wait_for_socket(wg)
     except BaseException:

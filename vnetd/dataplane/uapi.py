@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from ipaddress import ip_network
 
@@ -36,11 +36,14 @@ from vnetd.dataplane.supervise import (
     RestartBudget,
     SocketProbe,
     WireguardGo,
+    device_id_path,
     output_path,
     probe_socket,
+    read_device_id,
     remove_stale,
     socket_path,
     start_wireguard_go,
+    write_device_id,
 )
 from vnetd.dataplane.uapi_protocol import UAPI_TIMEOUT, UapiClient, parse_peers, plan_lines
 from vnetd.errors import DataplaneError
@@ -97,6 +100,12 @@ class UapiDataplane:
     def pid(self) -> int:
         return self.process.pid
 
+    @property
+    def device_id(self) -> str:
+        """This device instance's id: new at each fresh start of wireguard-go (a
+        restart included), kept when a running one is adopted."""
+        return self.process.device_id
+
     async def peers(self) -> dict[str, DevicePeer]:
         async with self._lock:
             return parse_peers(await self.uapi.get())
@@ -113,7 +122,8 @@ class UapiDataplane:
         """
         if not plan:
             return
-        lines = plan_lines(plan, self.config.persistent_keepalive)
+        keepalive = self.config.persistent_keepalive
+        lines = plan_lines(plan, keepalive) + handshake_lines(plan.handshake, keepalive)
         async with self._lock:
             start = trio.current_time()
             await self.uapi.set(lines)
@@ -219,10 +229,12 @@ class UapiDataplane:
                 reason = failure
             self.restarts += 1
             log.info(
-                "%s: wireguard-go restarted as pid %d in %.0f ms; re-applying the peers",
+                "%s: wireguard-go restarted as pid %d in %.0f ms (device id %s); "
+                "re-applying the peers",
                 interface,
                 self.process.pid,
                 (trio.current_time() - died) * 1000,
+                self.device_id,
             )
             if self.on_restart is not None:
                 self.on_restart("wireguard-go restart")
@@ -249,6 +261,24 @@ def _cidr(ip: str) -> str:
     return str(ip_network(ip, strict=False))
 
 
+def handshake_lines(keys: Sequence[str], persistent_keepalive: int) -> list[tuple[str, str]]:
+    """``set`` lines that make wireguard-go start a handshake with each peer now.
+
+    The UAPI has no "handshake" command, but wireguard-go sends a keepalive at
+    once when a peer's persistent keepalive goes from off to on, and with no
+    session that keepalive starts a handshake (checked here with wireguard-go
+    0.0.20220316). So each peer's is turned off, on, and back to the
+    configured value, in the same transaction as the plan.
+    """
+    lines: list[tuple[str, str]] = []
+    for key in keys:
+        hexkey = key_to_hex(key)
+        for seconds in (0, 1, persistent_keepalive):
+            lines += [("public_key", hexkey), ("update_only", "true")]
+            lines.append(("persistent_keepalive_interval", str(seconds)))
+    return lines
+
+
 # --- adopt or start ---------------------------------------------------------------------
 
 _FIX = "stop it or choose another name with [mesh] interface"
@@ -269,11 +299,13 @@ async def adopt_or_start(
     if found.state == "answers":
         try:
             device = await _check_ours(config, netns, found)
+            assert found.process is not None
+            # Adopted: the device id of its start. None from an older vnetd: a new one.
+            found.process.device_id = read_device_id(interface) or write_device_id(interface)
         except BaseException:
             if found.process is not None:
                 found.process.close()
             raise
-        assert found.process is not None
         return found.process, device
     if found.state == "stale":
         remove_stale(found.path)
@@ -324,7 +356,8 @@ async def _check_ours(
 async def _stop(process: WireguardGo, config: DeviceConfig, netns: str | None) -> None:
     """Stop wireguard-go (ours or adopted alike); remove what it leaves behind."""
     await process.stop()
-    for leftover in (socket_path(config.interface), output_path(config.interface)):
+    interface = config.interface
+    for leftover in (socket_path(interface), output_path(interface), device_id_path(interface)):
         with suppress(FileNotFoundError):
             os.unlink(leftover)
     try:
@@ -385,12 +418,13 @@ async def open_uapi_dataplane(
                 kept = len(parse_peers(device))
                 how = f"adopted running wireguard-go pid {process.pid} (same key, {kept} peer(s))"
             log.info(
-                "%s: %s in %.0f ms (address %s, mtu %d)",
+                "%s: %s in %.0f ms (address %s, mtu %d, device id %s)",
                 config.interface,
                 how,
                 elapsed,
                 config.address,
                 config.mtu,
+                dataplane.device_id,
             )
             nursery.start_soon(dataplane.supervise, restarts or RestartBudget())
             try:

@@ -113,7 +113,8 @@ class DaemonEndpoints:
             peer_ranks=dict(r.reconciler.stats.peer_ranks),
             reconcile_runs=r.reconciler.stats.runs,
             reconcile_failures=r.reconciler.stats.failures,
-            bad_entries=r.view.bad_total,
+            # Invalid entries, and valid ones left out (a key registered earlier by another rank).
+            bad_entries=r.view.bad_total + r.reconciler.stats.skipped,
             watch_restarts=max(0, r.view.lists - 1),
             claims=r.claim.claims,
             registry_errors=dict(r.health.errors_by_operation),

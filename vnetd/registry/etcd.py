@@ -310,6 +310,7 @@ async def _watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[WatchEvent,
                 key=_unb64(kv["key"]).decode("utf-8", "surrogateescape"),
                 value=_unb64(kv.get("value", "")),
                 mod_revision=int(kv.get("mod_revision", 0)),
+                create_revision=int(kv.get("create_revision", 0)),
             )
 
 
