@@ -13,8 +13,8 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -24,7 +24,7 @@ import trio
 from vnetd import __version__
 from vnetd.claim import ClaimHolder
 from vnetd.dataplane.base import Dataplane, DeviceConfig
-from vnetd.errors import RegistryUnavailable, VnetdError
+from vnetd.errors import RegistryUnavailable, VnetdError, plain_errors
 from vnetd.identity import (
     load_or_create_key,
     resolve_endpoint,
@@ -171,7 +171,7 @@ async def run_daemon(
     )
     metrics = DaemonMetrics()
     endpoints = DaemonEndpoints(spec, me, metrics)
-    with _plain_errors():
+    with plain_errors():
         async with trio.open_nursery() as nursery:
             if spec.http.listen:
                 await nursery.start(_serve_http, spec.http.listen, endpoints)
@@ -231,7 +231,7 @@ async def _auto_rank(
     node = resolve_instance(opts.instance, env)
     health = RegistryHealth()
     backoff = Backoff()
-    with _plain_errors():
+    with plain_errors():
         async with open_registry(spec) as registry:
             while True:
                 try:
@@ -250,28 +250,12 @@ async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:
     Signal handlers are process-wide, so they are installed here, once, and
     not by ``run_daemon``, which tests run several times in one process.
     """
-    with _plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as root:
             root.start_soon(_cancel_on_signal, signals, root.cancel_scope)
             await run_daemon(opts, env)
             root.cancel_scope.cancel()
     log.info("stopped")
-
-
-@contextmanager
-def _plain_errors() -> Iterator[None]:
-    """Re-raise a ``VnetdError`` out of nested nurseries' exception groups, so the
-    CLI can print its one line instead of a group traceback."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        matched, rest = group.split(VnetdError)
-        if matched is None or rest is not None:
-            raise
-        error: BaseException = matched
-        while isinstance(error, BaseExceptionGroup):
-            error = error.exceptions[0]
-        raise error from None
 
 
 async def _serve(
