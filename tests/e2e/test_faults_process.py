@@ -314,9 +314,12 @@ async def test_sigkilled_daemon_whose_wireguard_go_died_too_restarts_fresh() -> 
             )
             assert "adopted" not in restarted.log_text()
             assert all(g is not None and g <= 5.0 for g in gaps.values()), fmt(gaps)
+            # A fresh device has a new device id: each other rank re-adds the peer
+            # once (to drop the dead session) and changes nothing else about it.
             for j in others:
                 text = mesh.daemons[j].log_text()[logs_before[j] :]
                 assert plan_lines_about(text, k) == [], text
+                assert text.count(f"peer rank {k} restarted its device") == 1, text
                 after = peer_of(await device_peers(mesh, mesh.daemons[j]), mesh, k)
                 assert after == before[j], (j, after, before[j])
             assert mesh.dead_daemons() == {}
@@ -368,9 +371,16 @@ async def test_dead_wireguard_go_is_restarted_and_the_state_reapplied() -> None:
             assert sorted(
                 line.split()[0] for line in routes.stdout.decode().splitlines()
             ) == sorted(mesh.address(j) for j in others)
-            # The other ranks saw nothing: same key, same port, same endpoint.
+            # The other ranks kept key, port and endpoint; they re-added the peer
+            # once, when rank k's entry announced its new device id.
             for j in others:
-                assert plan_lines_about(mesh.daemons[j].log_text()[logs_before[j] :], k) == []
+                text = mesh.daemons[j].log_text()[logs_before[j] :]
+                assert plan_lines_about(text, k) == [], text
+                with trio.fail_after(10):
+                    while f"peer rank {k} restarted its device" not in mesh.daemons[j].log_text():
+                        await trio.sleep(0.1)
+                text = mesh.daemons[j].log_text()[logs_before[j] :]
+                assert text.count(f"peer rank {k} restarted its device") == 1, text
                 assert peer_of(await device_peers(mesh, mesh.daemons[j]), mesh, k) == before[j]
 
 
