@@ -16,6 +16,7 @@ import trio
 from vnetd import __version__
 from vnetd.errors import VnetdError
 from vnetd.logs import LOG_FORMATS, setup_logging
+from vnetd.registry.access import add_etcd_arguments, etcd_access
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,13 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="this daemon's rank, or auto: a sticky rank per node from the registry "
         "(else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)",
     )
-    up.add_argument(
-        "--etcd",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="etcd client URL; repeat for several (overrides registry.endpoints)",
-    )
+    add_etcd_arguments(up)
     up.add_argument(
         "--endpoint",
         metavar="HOST:PORT",
@@ -63,9 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--dataplane",
-        default="userspace",
-        choices=["userspace", "fake"],
-        help="userspace = wireguard-go (default); fake = in memory, for scale tests",
+        default=None,
+        choices=["auto", "kernel", "userspace", "fake"],
+        help="auto: the kernel's WireGuard when a link can be created, else wireguard-go; "
+        "kernel; userspace = wireguard-go; fake = in memory, for scale tests "
+        "(default: the spec's [wireguard] dataplane, else auto)",
     )
     up.add_argument(
         "--resync-interval",
@@ -146,6 +143,7 @@ def _up(args: argparse.Namespace) -> int:
         dataplane=args.dataplane,
         resync_interval=args.resync_interval,
         http_listen=args.http_listen,
+        etcd_access=etcd_access(args),
     )
     trio.run(run_until_signal, opts, dict(os.environ))
     return 0

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -37,6 +38,7 @@ from vnetd.model import Member
 from vnetd.observe.endpoints import DaemonEndpoints
 from vnetd.observe.metrics import DaemonMetrics
 from vnetd.reconciler import Reconciler
+from vnetd.registry.access import EtcdAccess, with_etcd_access
 from vnetd.registry.base import Registry
 from vnetd.retry import Backoff, RegistryHealth
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints, with_http_listen
@@ -67,9 +69,11 @@ class UpOptions:
     endpoint: str | None = None
     state_dir: Path = Path("/var/lib/vnetd")
     instance: str | None = None
-    dataplane: str = "userspace"
+    dataplane: str | None = None
+    """auto, kernel, userspace or fake; None: the spec's [wireguard] dataplane (auto)."""
     resync_interval: float = 30.0
     http_listen: str | None = None
+    etcd_access: EtcdAccess = EtcdAccess()
 
 
 PEERS_BEFORE_CLAIM = 5.0
@@ -91,8 +95,7 @@ class Running:
 
 def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
     """Resolve spec, identity and device config; every failure is a ``VnetdError``."""
-    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
-    spec = with_http_listen(spec, opts.http_listen)
+    spec = with_http_listen(load_up_spec(opts, env), opts.http_listen)
     rank = resolve_rank(spec, opts.rank, env, socket.gethostname())
     set_rank(rank)
     keys = load_or_create_key(opts.state_dir)
@@ -114,10 +117,46 @@ def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, 
         listen_port=_port_of(endpoint, spec.port),
         address=spec.interface_address(rank),
         network=spec.network,
-        mtu=spec.mtu,
+        mtu=resolve_mtu(spec, endpoint),
         persistent_keepalive=spec.persistent_keepalive,
     )
     return spec, me, config
+
+
+def load_up_spec(opts: UpOptions, env: Mapping[str, str]) -> MeshSpec:
+    """The spec with the etcd flags and environment applied."""
+    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
+    return with_etcd_access(spec, opts.etcd_access, env)
+
+
+def resolve_mtu(spec: MeshSpec, endpoint: str, netns: str | None = None) -> int:
+    """The spec's MTU; for ``auto`` the underlay's MTU minus WireGuard's overhead
+    for our endpoint's family (sync: netlink)."""
+    if isinstance(spec.mtu, int):
+        return spec.mtu
+    from vnetd.dataplane.link import auto_mtu, underlay_mtu
+
+    host = endpoint.rpartition(":")[0].strip("[]")
+    try:
+        ifname, underlay = underlay_mtu(netns, host)
+    except OSError as exc:
+        raise VnetdError(f"mesh.mtu: auto: cannot read the underlay's MTU: {exc}") from None
+    mtu = auto_mtu(underlay, host)
+    low = 1280 if spec.network.version == 6 else 576
+    if mtu < low:
+        raise VnetdError(
+            f"mesh.mtu: auto gives {mtu} (underlay {ifname} mtu {underlay}), below the "
+            f"minimum {low}; set mesh.mtu to a number"
+        )
+    log.info(
+        "mtu auto: %d (underlay %s mtu %d minus %d for an IPv%d endpoint)",
+        mtu,
+        ifname,
+        underlay,
+        underlay - mtu,
+        ip_address(host).version,
+    )
+    return mtu
 
 
 def _port_of(endpoint: str, default: int) -> int:
@@ -154,7 +193,6 @@ async def run_daemon(
         VnetdError: bad input, a spec that differs from the registry's, or a
             data plane that cannot be set up.
     """
-    open_dataplane = open_dataplane or _dataplane_factory(opts.dataplane)
     open_registry = open_registry or _etcd_registry
     if wants_auto_rank(opts.rank, env):
         rank = await _auto_rank(opts, env, open_registry)
@@ -169,6 +207,8 @@ async def run_daemon(
         me.instance,
         ",".join(spec.registry.endpoints),
     )
+    if open_dataplane is None:
+        open_dataplane = await choose_dataplane(opts.dataplane, spec, config.interface)
     metrics = DaemonMetrics()
     endpoints = DaemonEndpoints(spec, me, metrics)
     with plain_errors():
@@ -227,7 +267,7 @@ async def _auto_rank(
     """This node's sticky rank from the registry, waiting for etcd as long as it takes."""
     from vnetd.assign import assign_rank
 
-    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
+    spec = load_up_spec(opts, env)
     node = resolve_instance(opts.instance, env)
     health = RegistryHealth()
     backoff = Backoff()
@@ -335,19 +375,63 @@ def device_id_of(dataplane: Dataplane) -> str:
     return value if isinstance(value, str) else ""
 
 
+async def choose_dataplane(
+    flag: str | None, spec: MeshSpec, interface: str, netns: str | None = None
+) -> DataplaneFactory:
+    """The data plane to run: ``--dataplane``, else the spec's ``[wireguard] dataplane``.
+
+    ``auto`` keeps the kind of a link this interface already has (a device
+    left by a killed daemon, to adopt), else uses the kernel's WireGuard when
+    a probe link can be created, else wireguard-go; it logs which and why.
+
+    Raises:
+        VnetdError: ``kernel`` was asked for and the kernel has no WireGuard.
+    """
+    from vnetd.dataplane.kernel import kernel_unavailable
+    from vnetd.dataplane.link import link_kind, run_netlink
+
+    kind = flag or spec.local.dataplane
+    source = "--dataplane" if flag else "[wireguard] dataplane"
+    if kind == "auto":
+        existing = await run_netlink(lambda: link_kind(netns, interface))
+        if existing in ("wireguard", "tun"):
+            kind = "kernel" if existing == "wireguard" else "userspace"
+            log.info("data plane: %s (auto: %s already has a %s link)", kind, interface, existing)
+            return _dataplane_factory(kind)
+        reason = await kernel_unavailable(netns)
+        if reason is None:
+            log.info("data plane: kernel WireGuard (auto: a wireguard link can be created)")
+            return _dataplane_factory("kernel")
+        log.info("data plane: kernel WireGuard unavailable (%s); using wireguard-go", reason)
+        return _dataplane_factory("userspace")
+    if kind == "kernel":
+        reason = await kernel_unavailable(netns)
+        if reason is not None:
+            raise VnetdError(
+                f"{source}: kernel WireGuard unavailable ({reason}); "
+                "use auto or userspace (wireguard-go)"
+            )
+    log.info("data plane: %s (%s %s)", kind, source, kind)
+    return _dataplane_factory(kind)
+
+
 def _dataplane_factory(kind: str) -> DataplaneFactory:
     if kind == "userspace":
         from vnetd.dataplane.uapi import open_uapi_dataplane
 
         return open_uapi_dataplane
+    if kind == "kernel":
+        from vnetd.dataplane.kernel import open_kernel_dataplane
+
+        return open_kernel_dataplane
     if kind == "fake":
         from vnetd.dataplane.fake import open_fake_dataplane
 
         return open_fake_dataplane
-    raise VnetdError(f"--dataplane: {kind!r} is not one of userspace, fake")
+    raise VnetdError(f"--dataplane: {kind!r} is not one of auto, kernel, userspace, fake")
 
 
 def _etcd_registry(spec: MeshSpec) -> AbstractAsyncContextManager[Registry]:
-    from vnetd.registry.etcd import open_etcd_registry
+    from vnetd.registry.access import open_registry_for
 
-    return open_etcd_registry(spec.registry.endpoints)
+    return open_registry_for(spec)

@@ -12,7 +12,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from ipaddress import (
     IPv4Address,
     IPv4Interface,
@@ -42,12 +42,33 @@ class RegistrySpec:
     endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
     prefix: str = "/vnetd"
     lease_ttl: int = 10
+    ca_file: str | None = None
+    """PEM CA that signed etcd's server certificate (https endpoints); None: the system's."""
+    cert_file: str | None = None
+    """PEM client certificate for etcd's ``--client-cert-auth``, with ``key_file``."""
+    key_file: str | None = None
+    username: str | None = None
+    """etcd user (auth enabled); the password comes from ``password_file`` or the env."""
+    password_file: str | None = None
+    password: str | None = field(default=None, repr=False, compare=False)
+    """The password once read (``vnetd.registry.access``); never from the TOML, never shown."""
 
 
 @dataclass(frozen=True)
 class HttpSpec:
     listen: str | None = None
     """``host:port`` of the health, readiness, metrics and status endpoint; None: off."""
+
+
+DATAPLANES = ("auto", "kernel", "userspace")
+
+
+@dataclass(frozen=True)
+class DataplaneSpec:
+    """``[wireguard] dataplane``: local to each node, not part of ``[mesh]``."""
+
+    dataplane: str = "auto"
+    """auto: the kernel's WireGuard when a link can be created, else wireguard-go."""
 
 
 @dataclass(frozen=True)
@@ -59,12 +80,14 @@ class MeshSpec:
     network: IPNetwork
     port: int = 51820
     interface: str = "vnet0"
-    mtu: int = 1420
+    mtu: int | str = 1420
+    """An MTU, or "auto": each daemon's underlay MTU minus WireGuard's overhead."""
     hostname: str = "{name}-{rank}"
     offset: int = 1
     persistent_keepalive: int = 0
     registry: RegistrySpec = RegistrySpec()
     http: HttpSpec = HttpSpec()
+    local: DataplaneSpec = DataplaneSpec()
 
     def address(self, rank: int) -> IPAddress:
         """The fixed overlay address of ``rank``."""
@@ -108,6 +131,7 @@ class MeshSpec:
         table = asdict(self)
         del table["registry"]
         del table["http"]
+        del table["local"]
         table["network"] = str(self.network)
         return table
 
@@ -133,12 +157,22 @@ _MESH_KEYS: dict[str, type] = {
     "network": str,
     "port": int,
     "interface": str,
-    "mtu": int,
+    "mtu": int,  # or "auto": see _mtu
     "hostname": str,
     "offset": int,
     "persistent_keepalive": int,
 }
-_REGISTRY_KEYS: dict[str, type] = {"endpoints": list, "prefix": str, "lease_ttl": int}
+_REGISTRY_KEYS: dict[str, type] = {
+    "endpoints": list,
+    "prefix": str,
+    "lease_ttl": int,
+    "ca_file": str,
+    "cert_file": str,
+    "key_file": str,
+    "username": str,
+    "password_file": str,
+}
+_REGISTRY_FILES = ("ca_file", "cert_file", "key_file", "password_file")
 _HTTP_KEYS: dict[str, type] = {"listen": str}
 _REQUIRED = ("name", "size", "network")
 
@@ -167,10 +201,13 @@ def load_spec(path: Path | str) -> MeshSpec:
 
 def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
     """Validate a parsed TOML document into a ``MeshSpec``."""
-    unknown = sorted(set(data) - {"mesh", "registry", "http"})
+    unknown = sorted(set(data) - {"mesh", "registry", "http", "wireguard"})
     if unknown:
-        raise SpecError(f"unknown table or key {unknown[0]!r} (known: [mesh], [registry], [http])")
-    mesh = _table(data, "mesh")
+        raise SpecError(
+            f"unknown table or key {unknown[0]!r} (known: [mesh], [registry], [http], [wireguard])"
+        )
+    mesh = dict(_table(data, "mesh"))
+    mtu_value = mesh.pop("mtu", 1420)
     registry = _table(data, "registry")
     _check_keys("mesh", mesh, _MESH_KEYS)
     _check_keys("registry", registry, _REGISTRY_KEYS)
@@ -193,7 +230,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
             "(1-15 characters of letters, digits, '_', '.', '-')"
         )
     min_mtu = 1280 if network.version == 6 else 576
-    mtu = _int_in("mesh.mtu", mesh.get("mtu", 1420), min_mtu, 65535)
+    mtu = _mtu(mtu_value, min_mtu)
     hostname = _hostname(str(mesh.get("hostname", "{name}-{rank}")))
     keepalive = _int_in("mesh.persistent_keepalive", mesh.get("persistent_keepalive", 0), 0, 65535)
 
@@ -211,7 +248,27 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         http=HttpSpec(
             listen=check_listen(http["listen"], "http.listen") if "listen" in http else None
         ),
+        local=_dataplane_spec(_table(data, "wireguard")),
     )
+
+
+def _mtu(value: object, low: int) -> int | str:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f'mesh.mtu: expected an integer or "auto", got {_kind(value)}')
+    return _int_in("mesh.mtu", value, low, 65535)
+
+
+_WIREGUARD_KEYS: dict[str, type] = {"dataplane": str}
+
+
+def _dataplane_spec(table: Mapping[str, Any]) -> DataplaneSpec:
+    _check_keys("wireguard", table, _WIREGUARD_KEYS)
+    value = table.get("dataplane", "auto")
+    if value not in DATAPLANES:
+        raise SpecError(f"wireguard.dataplane: {value!r} is not one of {', '.join(DATAPLANES)}")
+    return DataplaneSpec(dataplane=value)
 
 
 def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -299,7 +356,19 @@ def _registry(table: Mapping[str, Any]) -> RegistrySpec:
     if not prefix.startswith("/") or prefix.endswith("/") and prefix != "/":
         raise SpecError(f"registry.prefix: {prefix!r} must start with '/' and not end with '/'")
     ttl = _int_in("registry.lease_ttl", table.get("lease_ttl", RegistrySpec.lease_ttl), 2, 3600)
-    return RegistrySpec(endpoints=tuple(endpoints), prefix=prefix.rstrip("/"), lease_ttl=ttl)
+    for key in (*_REGISTRY_FILES, "username"):
+        if key in table and not table[key]:
+            raise SpecError(f"registry.{key}: empty; give a value or leave the key out")
+    return RegistrySpec(
+        endpoints=tuple(endpoints),
+        prefix=prefix.rstrip("/"),
+        lease_ttl=ttl,
+        ca_file=table.get("ca_file"),
+        cert_file=table.get("cert_file"),
+        key_file=table.get("key_file"),
+        username=table.get("username"),
+        password_file=table.get("password_file"),
+    )
 
 
 def _check_url(url: object) -> None:

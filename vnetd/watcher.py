@@ -15,12 +15,22 @@ dropped if they have not come back by then. Limit: a reset is only seen as
 one while the new store's revision is still below the old one; a store that
 has already been written past it by the time we list is indistinguishable
 from ordinary deletions, and the missing members are dropped at once.
+
+The claim rules are enforced by the reader too: an entry that keeps its
+create revision (it was not deleted in between) may change only if its
+``instance`` stays the same (a takeover by the same pod, a key rotation, a
+new endpoint). A rewrite by another instance, or into something that does
+not decode, is someone with write access ignoring the claim: it is refused
+(logged once per entry, counted in ``refused_total``) and the member kept.
+An entry that was deleted and created again (a new create revision, also
+when only a re-list sees it) is a new claim and taken as it is.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 
 import trio
 
@@ -35,6 +45,12 @@ log = logging.getLogger("vnetd.watch")
 
 RESET_GRACE_TTLS = 2
 """How many lease TTLs members missing after a registry reset are kept."""
+
+BAD_ENTRIES_REMEMBERED = 1000
+"""Bad keys kept by name (so each is logged once); beyond, they are only counted."""
+BAD_ENTRIES_NAMED = 20
+"""Bad entries logged by name per ``BAD_LOG_WINDOW``; the rest go into one summary line."""
+BAD_LOG_WINDOW = 60.0
 
 
 class MemberView:
@@ -60,6 +76,12 @@ class MemberView:
         """The highest store revision seen: of the last list, or of an event since."""
         self.bad_entries: dict[str, str] = {}
         self.bad_total = 0
+        self.refused: dict[int, int] = {}
+        """Rank -> create revision of an entry whose rewrite was refused (logged once)."""
+        self.refused_total = 0
+        self._bad_window_start = -math.inf
+        self._bad_named = 0
+        self._bad_unnamed = 0
         self.version = 0
         self.synced = False
         self.lists = 0
@@ -86,6 +108,7 @@ class MemberView:
         bad: dict[str, str] = {}
         for kv in kvs:
             member = self._decode(spec, kv.key, kv.value, bad)
+            member = self._accepted(spec, kv.key, member, kv.create_revision)
             if member is not None:
                 members[member.rank] = member
                 created[member.rank] = kv.create_revision
@@ -117,7 +140,8 @@ class MemberView:
         if event.kind == "delete":
             self._drop(rank)
             return
-        member = self._decode(spec, event.key, event.value, self.bad_entries)
+        decoded = self._decode(spec, event.key, event.value, self.bad_entries)
+        member = self._accepted(spec, event.key, decoded, event.create_revision)
         if member is None:
             self._drop(rank)
         elif (
@@ -127,6 +151,33 @@ class MemberView:
             self.members[member.rank] = member
             self.created[member.rank] = event.create_revision
             self._bump()
+
+    def _accepted(
+        self, spec: MeshSpec, key: str, member: Member | None, create_revision: int
+    ) -> Member | None:
+        """``member`` as written at ``key``, or the member we had there if the write
+        breaks the claim rules (another instance, or junk, in an entry never deleted)."""
+        rank = rank_of_key(spec, key)
+        if rank is None or rank in self.held:
+            return member
+        old = self.members.get(rank)
+        if old is None or self.created.get(rank) != create_revision or create_revision == 0:
+            return member
+        if member is not None and member.rank == rank and member.instance == old.instance:
+            return member
+        if self.refused.get(rank) != create_revision:
+            self.refused[rank] = create_revision
+            self.refused_total += 1
+            log.warning(
+                "refusing a rewrite of rank %d's entry by %s: it is held by %s and was not "
+                "deleted in between (create revision %d); keeping %s's member",
+                rank,
+                member.instance if member is not None else "an unreadable record",
+                old.instance,
+                create_revision,
+                old.instance,
+            )
+        return old
 
     def _drop(self, rank: int | None) -> None:
         if rank is None:
@@ -144,10 +195,40 @@ class MemberView:
             return decode_member(spec, key, value)
         except BadEntry as exc:
             if key not in self.bad_entries:
-                log.warning("skipping bad registry entry: %s", exc)
                 self.bad_total += 1
-            bad[key] = str(exc)
+                self._log_bad(exc)
+            if key in bad or len(bad) < BAD_ENTRIES_REMEMBERED:
+                bad[key] = str(exc)
             return None
+
+    def _log_bad(self, exc: BadEntry) -> None:
+        """Name a bad entry, at most ``BAD_ENTRIES_NAMED`` per window; summarise the rest.
+
+        A flood of junk keys (100,000 of them) would otherwise be as many log
+        lines, and remembering every key as many strings.
+        """
+        now = time.monotonic()
+        if now - self._bad_window_start >= BAD_LOG_WINDOW:
+            if self._bad_unnamed:
+                log.warning(
+                    "skipped %d more bad registry entries without naming them "
+                    "(%d bad entries seen in all)",
+                    self._bad_unnamed,
+                    self.bad_total - 1,
+                )
+            self._bad_window_start, self._bad_named, self._bad_unnamed = now, 0, 0
+        if self._bad_named < BAD_ENTRIES_NAMED:
+            self._bad_named += 1
+            log.warning("skipping bad registry entry: %s", exc)
+            if self._bad_named == BAD_ENTRIES_NAMED:
+                log.warning(
+                    "more than %d bad registry entries in %.0f s: counting the rest, "
+                    "naming them again after that",
+                    BAD_ENTRIES_NAMED,
+                    BAD_LOG_WINDOW,
+                )
+        else:
+            self._bad_unnamed += 1
 
     def _bump(self) -> None:
         self.version += 1

@@ -191,3 +191,81 @@ def read_link_state(netns: str | None, interface: str) -> LinkState:
         link = ipr.get_links(index)[0]
         addresses = frozenset(str(msg.get_attr("IFA_ADDRESS")) for msg in ipr.get_addr(index=index))
         return LinkState(True, bool(link["flags"] & _IFF_UP), addresses)
+
+
+def create_wireguard_link(netns: str | None, name: str) -> int:
+    """Create an in-kernel WireGuard link called ``name``; returns its index.
+
+    Raises:
+        NetlinkError: the kernel refused (``EOPNOTSUPP``: no WireGuard module).
+    """
+    with _iproute(netns) as ipr:
+        ipr.link("add", ifname=name, kind="wireguard")
+        return int(ipr.link_lookup(ifname=name)[0])
+
+
+def kernel_wireguard_unavailable(netns: str | None, probe_name: str) -> str | None:
+    """Why a WireGuard link cannot be created here, or None when it can.
+
+    Creates a link called ``probe_name`` and deletes it again at once.
+    """
+    try:
+        create_wireguard_link(netns, probe_name)
+    except NetlinkError as exc:
+        hint = " (no wireguard kernel module)" if exc.code == errno.EOPNOTSUPP else ""
+        return f"creating a wireguard link: {exc.args[-1] if exc.args else exc}{hint}"
+    except OSError as exc:
+        return f"creating a wireguard link: {exc.strerror or exc}"
+    with _iproute(netns) as ipr:
+        for index in ipr.link_lookup(ifname=probe_name):
+            _ignore((errno.ENODEV,), partial(ipr.link, "del", index=index))
+    return None
+
+
+IPV4_OVERHEAD = 60
+"""WireGuard's per-packet overhead over an IPv4 underlay: 20 IP + 8 UDP + 32 WireGuard."""
+IPV6_OVERHEAD = 80
+"""The same over an IPv6 underlay: 40 IP + 8 UDP + 32 WireGuard."""
+
+
+def underlay_mtu(netns: str | None, host: str) -> tuple[str, int]:
+    """The name and MTU of the underlay interface for our endpoint ``host``.
+
+    The interface that holds ``host`` (the pod's own address), else the one
+    the route to ``host`` leaves by (an endpoint behind NAT), else the one of
+    the default route of ``host``'s family.
+
+    Raises:
+        DataplaneError: none of these exists.
+    """
+    addr = ip_address(host)
+    family = 2 if addr.version == 4 else 10
+    with _iproute(netns) as ipr:
+        index: int | None = None
+        for msg in ipr.get_addr(family=family):
+            if msg.get("IFA_ADDRESS") == str(addr):
+                index = int(msg["index"])
+                break
+        if index is None:
+            try:
+                routes = ipr.route("get", dst=str(addr))
+            except NetlinkError:
+                routes = []
+            oif = routes[0].get("RTA_OIF") if routes else None
+            if oif is None:
+                defaults = ipr.get_default_routes(family=family)
+                oif = defaults[0].get("RTA_OIF") if defaults else None
+            index = int(oif) if oif is not None else None
+        if index is None:
+            raise DataplaneError(
+                f"mesh.mtu: auto: no interface holds {addr} and there is no route to it; "
+                "set mesh.mtu to a number"
+            )
+        link = ipr.get_links(index)[0]
+        return str(link.get("IFLA_IFNAME")), int(link.get("IFLA_MTU"))
+
+
+def auto_mtu(underlay: int, host: str) -> int:
+    """The overlay MTU for an underlay MTU and our endpoint's family."""
+    overhead = IPV4_OVERHEAD if ip_address(host).version == 4 else IPV6_OVERHEAD
+    return underlay - overhead

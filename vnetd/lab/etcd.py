@@ -41,8 +41,36 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def _url(host: str, port: int, scheme: str = "http") -> str:
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class EtcdTls:
+    """Serve clients over TLS: etcd's certificate and key, and the CA that signed them.
+
+    With ``client_cert_auth`` etcd also requires a client certificate signed
+    by ``ca_file``. ``client_cert``/``client_key`` are what the lab's own
+    etcdctl presents.
+    """
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    client_cert_auth: bool = False
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def server_flags(self) -> list[str]:
+        flags = ["--cert-file", str(self.cert_file), "--key-file", str(self.key_file),
+                 "--trusted-ca-file", str(self.ca_file)]  # fmt: skip
+        return [*flags, "--client-cert-auth"] if self.client_cert_auth else flags
+
+    def etcdctl_flags(self) -> list[str]:
+        flags = ["--cacert", str(self.ca_file)]
+        if self.client_cert and self.client_key:
+            flags += ["--cert", str(self.client_cert), "--key", str(self.client_key)]
+        return flags
 
 
 @dataclass
@@ -56,6 +84,7 @@ class EtcdServer:
     netns: str | None = None
     name: str = "vnetd-lab"
     peer_url: str = ""
+    tls: EtcdTls | None = None
     _process: trio.Process | None = field(default=None, repr=False)
 
     def command(self) -> list[str]:
@@ -74,6 +103,8 @@ class EtcdServer:
             "--election-timeout", "500",
             "--log-level", "warn",
         ]  # fmt: skip
+        if self.tls is not None:
+            argv += self.tls.server_flags()
         if self.netns is not None:
             return ["ip", "netns", "exec", self.netns, *argv]
         return argv
@@ -139,6 +170,8 @@ class EtcdServer:
         if self.netns is not None:
             argv = ["ip", "netns", "exec", self.netns, ETCDCTL_BIN, "--endpoints", self.url,
                     "--dial-timeout=1s", "--command-timeout=1s", "endpoint", "health"]  # fmt: skip
+            if self.tls is not None:
+                argv[7:7] = self.tls.etcdctl_flags()
             with trio.move_on_after(3):
                 result = await trio.run_process(argv, check=False, capture_stdout=True,
                                                 capture_stderr=True)  # fmt: skip
@@ -175,6 +208,7 @@ async def run_etcd(
     *,
     netns: str | None = None,
     name: str = "vnetd-lab",
+    tls: EtcdTls | None = None,
 ) -> AsyncIterator[EtcdServer]:
     """Run etcd on ``host:client_port`` with ``data_dir``; stop it by pid on exit.
 
@@ -186,6 +220,8 @@ async def run_etcd(
         netns: run under ``ip netns exec NETNS``; the peer URL is then
             ``127.0.0.1:2380`` inside it.
         name: the member name.
+        tls: serve clients over https with these files (inside ``netns`` only:
+            the readiness check uses etcdctl there).
 
     Raises:
         EtcdStartError: etcd did not start or answer within 20 s.
@@ -198,14 +234,17 @@ async def run_etcd(
     else:
         port = client_port if client_port is not None else NETNS_CLIENT_PORT
         peer_port = NETNS_PEER_PORT
+    if tls is not None and netns is None:
+        raise ValueError("run_etcd: tls is supported inside a netns only")
     server = EtcdServer(
-        url=_url(host, port),
+        url=_url(host, port, "https" if tls is not None else "http"),
         pid=0,
         data_dir=data_dir,
         log_path=data_dir.with_name(data_dir.name + ".log"),
         netns=netns,
         name=name,
         peer_url=_url("127.0.0.1", peer_port),
+        tls=tls,
     )
     await server.start()
     try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from vnetd.lab.etcd import ETCDCTL_BIN, EtcdServer, run_etcd
+from vnetd.lab.etcd import ETCDCTL_BIN, EtcdServer, EtcdTls, run_etcd
 from vnetd.lab.netns import (
     add_netns,
     delete_netns,
@@ -57,6 +57,8 @@ _WORKDIR_PREFIX = "vnetd-lab-"
 UNDERLAY_PREFIXLEN = 15
 FIRST_POD_IP = ipaddress.IPv4Address("198.18.1.0")
 ETCD_IP = "198.18.0.10"
+UNDERLAY6_PREFIX = "fd00:198:18::"
+"""With ``open_lab(ipv6=True)`` pod i also has ``fd00:198:18::<i+1>/64`` on eth0."""
 ETCD_PORT = 2379
 MAX_PODS = 1000
 """A Linux bridge takes at most 1024 ports."""
@@ -80,6 +82,8 @@ class Pod:
     underlay_ip: str
     dir: Path
     """``<workdir>/<name>``: holds ``state/`` and ``logs/``."""
+    underlay_ip6: str | None = None
+    """The pod's IPv6 underlay address (``open_lab(ipv6=True)``), else None."""
 
     @property
     def state_dir(self) -> Path:
@@ -161,12 +165,19 @@ class LabProcess:
 class Lab:
     """A built lab; get one from ``open_lab``."""
 
-    def __init__(self, lab_id: str, workdir: Path, pods: int) -> None:
+    def __init__(
+        self, lab_id: str, workdir: Path, pods: int, *, mtu: int | None = None, ipv6: bool = False
+    ) -> None:
         self.id = lab_id
+        self.mtu = mtu
+        """The underlay MTU of every veth and the bridge (None: the kernel's 1500)."""
+        self.ipv6 = ipv6
         self.workdir = workdir
         self.switch_netns = f"{NETNS_PREFIX}{lab_id}-sw"
         self.etcd_netns = f"{NETNS_PREFIX}{lab_id}-etcd"
         self.etcd_url = f"http://{ETCD_IP}:{ETCD_PORT}"
+        self.etcdctl_flags: list[str] = []
+        """Extra etcdctl flags: TLS files (set by ``start_etcd``), ``--user`` once auth is on."""
         self.pods = [self._pod(i) for i in range(pods)]
         self.processes: list[LabProcess] = []
         self._etcd: EtcdServer | None = None
@@ -182,6 +193,7 @@ class Lab:
             netns=f"{NETNS_PREFIX}{self.id}-{name}",
             underlay_ip=str(FIRST_POD_IP + index),
             dir=self.workdir / name,
+            underlay_ip6=f"{UNDERLAY6_PREFIX}{index + 1:x}" if self.ipv6 else None,
         )
 
     @property
@@ -194,12 +206,15 @@ class Lab:
         """The etcd server once started (its ``pid`` is 0 while stopped)."""
         return self._etcd
 
-    async def start_etcd(self, *, fresh: bool = False) -> EtcdServer:
+    async def start_etcd(self, *, fresh: bool = False, tls: EtcdTls | None = None) -> EtcdServer:
         """Start etcd in the etcd namespace (again, on the same data, after ``stop_etcd``).
 
         Args:
             fresh: after ``stop_etcd``, start on an empty data dir instead, as
                 an etcd that lost its volume would come back.
+            tls: the first start only: serve clients over https
+                (``open_lab(..., with_etcd=False)``, then this); ``etcd_url`` and
+                ``etcdctl`` follow.
 
         Raises:
             EtcdStartError: it did not answer within 20 s.
@@ -214,8 +229,12 @@ class Lab:
                     ETCD_PORT,
                     netns=self.etcd_netns,
                     name=f"vlab-{self.id}",
+                    tls=tls,
                 )
             )
+            self.etcd_url = self._etcd.url
+            if tls is not None:
+                self.etcdctl_flags = [*tls.etcdctl_flags(), *self.etcdctl_flags]
         elif self._etcd.pid == 0:
             await self._etcd.start(fresh=fresh)
         elif fresh:
@@ -241,7 +260,7 @@ class Lab:
         self._check_open()
         argv = ["ip", "netns", "exec", self.etcd_netns, ETCDCTL_BIN,
                 "--endpoints", self.etcd_url, "--dial-timeout=2s", "--command-timeout=5s",
-                *args]  # fmt: skip
+                *self.etcdctl_flags, *args]  # fmt: skip
         with trio.fail_after(timeout):
             result = await trio.run_process(
                 argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
@@ -428,10 +447,16 @@ class Lab:
         await add_netns(self.netns_names)
         ports = [(f"p{p.index}", p.netns) for p in self.pods] + [("etcd", self.etcd_netns)]
         switch = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
+        mtu = f" mtu {self.mtu}" if self.mtu else ""
+        if mtu:
+            switch.append(f"link set br0{mtu}")
         for port, netns in ports:
-            switch += [f"link add {port} type veth peer name eth0 netns {netns}",
+            switch += [f"link add {port}{mtu} type veth peer name eth0{mtu} netns {netns}",
                        f"link set {port} master br0 up"]  # fmt: skip
         await ip_batch(switch, netns=self.switch_netns)
+        for pod in self.pods:
+            if pod.underlay_ip6:
+                await ip_batch([f"addr add {pod.underlay_ip6}/64 dev eth0 nodad"], netns=pod.netns)
         hosts = [(p.netns, p.underlay_ip) for p in self.pods] + [(self.etcd_netns, ETCD_IP)]
         for netns, addr in hosts:
             await ip_batch(
@@ -468,7 +493,12 @@ async def _destroy_netns(names: Sequence[str]) -> None:
 
 @asynccontextmanager
 async def open_lab(
-    pods: int, *, workdir: Path | None = None, with_etcd: bool = True
+    pods: int,
+    *,
+    workdir: Path | None = None,
+    with_etcd: bool = True,
+    mtu: int | None = None,
+    ipv6: bool = False,
 ) -> AsyncIterator[Lab]:
     """Build a lab of ``pods`` pods (and etcd), yield it, and tear it all down.
 
@@ -477,6 +507,9 @@ async def open_lab(
         workdir: where pod dirs, logs and etcd data go; kept afterwards. None
             makes a temp dir that is removed on exit.
         with_etcd: start etcd now; otherwise call ``Lab.start_etcd`` later.
+        mtu: the underlay MTU of the veths and the bridge (None: 1500).
+        ipv6: give each pod an IPv6 underlay address too (``Pod.underlay_ip6``,
+            ``fd00:198:18::<i+1>/64``); etcd stays on IPv4.
 
     Raises:
         LabError: a namespace or link could not be made (all is undone).
@@ -500,7 +533,7 @@ async def open_lab(
     except BaseException:
         _remove_marker(lab_id)
         raise
-    lab = Lab(lab_id, workdir, pods)
+    lab = Lab(lab_id, workdir, pods, mtu=mtu, ipv6=ipv6)
     try:
         try:
             await lab._build()

@@ -12,14 +12,29 @@ Behaviour verified against etcd 3.4:
 * ``/v3/lease/revoke`` on an unknown lease answers 404, gRPC code 5.
 * A watch stream first sends ``{"result": {"created": true}}``; a watch from
   a compacted revision then sends ``{"canceled": true, "compact_revision": N}``.
+
+Security (``EtcdSecurity``): TLS with a CA file and a client certificate,
+and etcd's username/password auth: ``POST /v3/auth/authenticate`` gives a
+token that goes in the ``Authorization`` header of every call; when etcd
+answers that the token is invalid (it expired, or another member issued
+it: etcd's simple tokens are per member) the client authenticates again
+and retries once. Credential problems (a certificate that does not verify,
+a wrong password, a permission denied) raise ``RegistryAccessError``, one
+line that names the flag to fix. It is a ``RegistryUnavailable``: the
+daemon keeps its data plane and retries (a certificate may be renewed, a
+role granted), the CLI prints the line and exits 2.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +47,9 @@ JSON = dict[str, Any]
 
 # gRPC status codes the gateway reports in error bodies.
 _NOT_FOUND = 5
+_INVALID_ARGUMENT = 3
+_PERMISSION_DENIED = 7
+_UNAUTHENTICATED = 16
 _UNAVAILABLE_CODES = frozenset({4, 14})  # DEADLINE_EXCEEDED, UNAVAILABLE
 
 
@@ -100,6 +118,126 @@ class _Refused(RegistryError):
         self.code = code
 
 
+class RegistryAccessError(RegistryUnavailable):
+    """etcd refused our credentials: TLS verification, authentication or a permission."""
+
+
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """How to reach a secured etcd: TLS files and a user. The password is never shown."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client's TLS context: the CA (else the system's) and our certificate.
+
+        Raises:
+            RegistryError: a file cannot be read or is not PEM of the right kind.
+        """
+        try:
+            context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        except (OSError, ssl.SSLError) as exc:
+            raise RegistryError(
+                f"--etcd-ca (registry.ca_file) {self.ca_file}: not a readable PEM CA "
+                f"certificate: {_reason(exc)}"
+            ) from None
+        if self.cert_file or self.key_file:
+            if not (self.cert_file and self.key_file):
+                raise RegistryError(
+                    "--etcd-cert and --etcd-key (registry.cert_file, registry.key_file): "
+                    "give both or neither"
+                )
+            _check_not_expired(self.cert_file)
+            try:
+                context.load_cert_chain(str(self.cert_file), str(self.key_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise RegistryError(
+                    f"--etcd-cert {self.cert_file} / --etcd-key {self.key_file}: cannot load "
+                    f"the client certificate and key: {_reason(exc)}"
+                ) from None
+        return context
+
+
+def _check_not_expired(cert_file: Path) -> None:
+    """Refuse a client certificate that is expired or not yet valid: etcd would only
+    close the connection (TLS 1.3 reports it after the handshake), with no reason."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    except (OSError, ValueError):
+        return  # load_cert_chain names the problem
+    now = datetime.now(UTC)
+    if now > cert.not_valid_after_utc:
+        raise RegistryAccessError(
+            f"--etcd-cert (registry.cert_file) {cert_file}: the client certificate expired "
+            f"on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; renew it"
+        )
+    if now < cert.not_valid_before_utc:
+        raise RegistryAccessError(
+            f"--etcd-cert (registry.cert_file) {cert_file}: the client certificate is not "
+            f"valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; check the clock"
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return str(exc.verify_message or exc.reason)
+    if isinstance(exc, ssl.SSLError):
+        return str(exc.reason or exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
+
+
+def tls_problem(exc: BaseException, endpoint: str) -> RegistryAccessError | None:
+    """A one-line ``RegistryAccessError`` if ``exc`` (or its cause) is a TLS failure."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            why = str(seen.verify_message or seen.reason)
+            fix = (
+                "renew etcd's server certificate"
+                if "expired" in why
+                else "check --etcd-ca (registry.ca_file): it must be the CA that signed "
+                "etcd's certificate, for this host name"
+            )
+            return RegistryAccessError(f"etcd {endpoint}: certificate verify failed ({why}); {fix}")
+        if isinstance(seen, ssl.SSLError):
+            why = str(seen.reason or seen)
+            if "EXPIRED" in why.upper():
+                fix = "renew the client certificate (--etcd-cert, registry.cert_file)"
+            else:
+                fix = "check --etcd-cert/--etcd-key and that etcd trusts their CA"
+            return RegistryAccessError(f"etcd {endpoint}: TLS handshake refused ({why}); {fix}")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _closed_hint(exc: BaseException, endpoint: str) -> str:
+    """What a bare closed connection on https most likely means (etcd does not say)."""
+    if endpoint.startswith("https://") and isinstance(exc, httpx.ReadError) and not str(exc):
+        return (
+            " (connection closed after the TLS handshake: etcd may have refused the client "
+            "certificate; check --etcd-cert/--etcd-key and that etcd trusts their CA)"
+        )
+    return ""
+
+
+def _key_of(body: JSON) -> str:
+    raw = body.get("key")
+    if not isinstance(raw, str):
+        return "?"
+    try:
+        return _unb64(raw).decode("utf-8", "replace")
+    except ValueError:
+        return "?"
+
+
 class EtcdRegistry:
     """A ``Registry`` backed by one etcd cluster through its JSON gateway.
 
@@ -107,15 +245,27 @@ class EtcdRegistry:
         endpoints: client URLs such as ``http://10.0.0.1:2379``; on a
             connection error or timeout the next one is tried, each once.
         timeout: the bound of each call (and of connecting a watch), seconds.
+        security: TLS files and credentials (None: plain, no auth).
     """
 
-    def __init__(self, endpoints: Sequence[str], *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout: float = 5.0,
+        security: EtcdSecurity | None = None,
+    ) -> None:
         if not endpoints:
             raise RegistryError("etcd endpoints: at least one URL is required")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._current = 0
         self._timeout = timeout
-        self._client = httpx.AsyncClient(timeout=timeout)
+        self._security = security or EtcdSecurity()
+        tls = any(url.startswith("https://") for url in self._endpoints)
+        verify: ssl.SSLContext | bool = self._security.ssl_context() if tls else True
+        self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
+        self._tokens: dict[str, str] = {}
+        """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
 
     async def _post(self, path: str, body: JSON) -> JSON:
         failures: list[str] = []
@@ -123,15 +273,92 @@ class EtcdRegistry:
             where = f"{endpoint}{path}"
             with trio.move_on_after(self._timeout):
                 try:
-                    response = await self._client.post(where, json=body)
-                    data = _check(response, where)
+                    data = await self._call(endpoint, path, body)
+                except RegistryAccessError:
+                    raise
                 except (httpx.TransportError, RegistryUnavailable) as exc:
-                    failures.append(f"{endpoint}: {exc!r}")
+                    problem = tls_problem(exc, endpoint)
+                    if problem is not None:
+                        raise problem from None
+                    failures.append(f"{endpoint}: {exc!r}{_closed_hint(exc, endpoint)}")
                     continue
                 self._current = self._endpoints.index(endpoint)
                 return data
-            failures.append(f"{endpoint}: no answer within {self._timeout} s")
+            failures.append(f"{endpoint}: no answer within {self._timeout} s ({where})")
         raise RegistryUnavailable(f"etcd {path} failed on every endpoint: {'; '.join(failures)}")
+
+    async def _call(self, endpoint: str, path: str, body: JSON) -> JSON:
+        """One call on one endpoint, authenticating first (and again once, if the token
+        has become invalid)."""
+        where = f"{endpoint}{path}"
+        for attempt in range(2):
+            headers = await self._auth_headers(endpoint)
+            response = await self._client.post(where, json=body, headers=headers)
+            try:
+                return _check(response, where)
+            except _Refused as exc:
+                if attempt == 0 and self._token_rejected(endpoint, exc):
+                    continue
+                raise self._access_error(exc, endpoint, body) from None
+        raise AssertionError("unreachable")
+
+    async def _auth_headers(self, endpoint: str) -> dict[str, str]:
+        if self._security.username is None:
+            return {}
+        token = self._tokens.get(endpoint)
+        if token is None:
+            token = await self._authenticate(endpoint)
+            self._tokens[endpoint] = token
+        return {"Authorization": token}
+
+    async def _authenticate(self, endpoint: str) -> str:
+        where = f"{endpoint}/v3/auth/authenticate"
+        user = self._security.username
+        credentials = {"name": user, "password": self._security.password or ""}
+        response = await self._client.post(where, json=credentials)
+        try:
+            data = _check(response, where)
+        except _Refused as exc:
+            if exc.code == _INVALID_ARGUMENT or "authentication failed" in str(exc):
+                raise RegistryAccessError(
+                    f"etcd {endpoint}: authentication failed for user {user!r}; check "
+                    "--etcd-user and the password (--etcd-password-file, VNETD_ETCD_PASSWORD)"
+                ) from None
+            if "authentication is not enabled" in str(exc):
+                raise RegistryAccessError(
+                    f"etcd {endpoint}: authentication is not enabled on this etcd; "
+                    "drop --etcd-user, or enable auth (docs/security.md)"
+                ) from None
+            raise
+        token = data.get("token")
+        if not isinstance(token, str) or not token:
+            raise RegistryError(f"etcd {where}: no token in the answer")
+        return token
+
+    def _token_rejected(self, endpoint: str, exc: _Refused) -> bool:
+        """Forget a token etcd no longer accepts; True if authenticating again may help."""
+        text = str(exc)
+        if self._security.username is None:
+            return False
+        if exc.code == _UNAUTHENTICATED or "invalid auth token" in text:
+            self._tokens.pop(endpoint, None)
+            return True
+        return False
+
+    def _access_error(self, exc: _Refused, endpoint: str, body: JSON) -> RegistryError:
+        text = str(exc)
+        if exc.code == _PERMISSION_DENIED or "permission denied" in text:
+            user = self._security.username or "(none)"
+            return RegistryAccessError(
+                f"etcd {endpoint}: permission denied for user {user} on key {_key_of(body)!r}; "
+                "grant the user's role readwrite on the mesh prefix (docs/security.md)"
+            )
+        if "user name is empty" in text or exc.code == _UNAUTHENTICATED:
+            return RegistryAccessError(
+                f"etcd {endpoint}: etcd requires authentication; give --etcd-user and "
+                "--etcd-password-file (or VNETD_ETCD_USER, VNETD_ETCD_PASSWORD)"
+            )
+        return exc
 
     def _rotation(self) -> list[str]:
         n = len(self._endpoints)
@@ -241,16 +468,31 @@ class EtcdRegistry:
             attempt = AsyncExitStack()
             with trio.move_on_after(self._timeout):
                 try:
+                    headers = await self._auth_headers(endpoint)
                     response = await attempt.enter_async_context(
-                        self._client.stream("POST", where, json=body, timeout=timeout)
+                        self._client.stream(
+                            "POST", where, json=body, timeout=timeout, headers=headers
+                        )
                     )
                     if response.status_code >= 400:
                         await response.aread()
                         _check(response, where)
                     lines = response.aiter_lines()
                     first = await _next_message(lines)
+                except RegistryAccessError:
+                    await attempt.aclose()
+                    raise
+                except _Refused as exc:
+                    await attempt.aclose()
+                    self._token_rejected(endpoint, exc)
+                    raise self._access_error(exc, endpoint, body) from None
                 except (httpx.TransportError, RegistryUnavailable) as exc:
                     await attempt.aclose()
+                    problem = tls_problem(exc, endpoint)
+                    if problem is not None:
+                        raise problem from None
+                    if "invalid auth token" in str(exc) or "code 16" in str(exc):
+                        self._tokens.pop(endpoint, None)
                     failures.append(f"{endpoint}: {exc!r}")
                     continue
                 except BaseException:
@@ -315,9 +557,11 @@ async def _watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[WatchEvent,
 
 
 @asynccontextmanager
-async def open_etcd_registry(endpoints: Sequence[str]) -> AsyncIterator[EtcdRegistry]:
+async def open_etcd_registry(
+    endpoints: Sequence[str], security: EtcdSecurity | None = None
+) -> AsyncIterator[EtcdRegistry]:
     """An ``EtcdRegistry`` that is closed (shielded from cancellation) on exit."""
-    registry = EtcdRegistry(endpoints)
+    registry = EtcdRegistry(endpoints, security=security)
     try:
         yield registry
     finally:

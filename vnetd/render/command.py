@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vnetd.errors import SpecError
+from vnetd.registry.access import add_etcd_arguments, etcd_access, with_etcd_access
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
 from vnetd.render.hostfile import FORMATS, NAME_KINDS, render_hostfile
 from vnetd.render.hosts import render_hosts_block
@@ -96,13 +97,7 @@ def add_parsers(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         metavar="PATH",
         help="the rank's private key (mode 0600); without it PrivateKey is a placeholder",
     )
-    wg_quick.add_argument(
-        "--etcd",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="etcd client URL; repeat for several (overrides registry.endpoints)",
-    )
+    add_etcd_arguments(wg_quick)
     wg_quick.set_defaults(run=run_wg_quick)
 
     manifests = kinds.add_parser(
@@ -209,6 +204,7 @@ def run_wg_quick(args: argparse.Namespace, open_registry: RegistryOpener | None 
     from vnetd.render.wgquick import registration_problem, render_wg_quick
 
     spec = with_etcd_endpoints(load_spec(args.config), args.etcd)
+    spec = with_etcd_access(spec, etcd_access(args), os.environ)
     rank = _rank(spec, args.rank)
     key = load_private_key(args.private_key_file) if args.private_key_file else None
     members, bad = read_members_now(spec, open_registry)

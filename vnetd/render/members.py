@@ -10,8 +10,9 @@ import trio
 from vnetd.errors import RegistryUnavailable
 from vnetd.membership import read_members
 from vnetd.model import Member
+from vnetd.registry.access import security_of
 from vnetd.registry.base import Registry
-from vnetd.registry.etcd import open_etcd_registry
+from vnetd.registry.etcd import EtcdSecurity, open_etcd_registry
 from vnetd.spec import MeshSpec
 
 RegistryOpener = Callable[[Sequence[str]], AbstractAsyncContextManager[Registry]]
@@ -30,14 +31,25 @@ def read_members_now(
 
     Args:
         open_registry: opens a registry on ``spec.registry.endpoints``;
-            ``open_etcd_registry`` when None.
+            etcd with the spec's TLS and auth settings when None.
         timeout: the bound of the whole read, seconds.
 
     Raises:
         RegistryUnavailable: no answer within ``timeout``, or no endpoint
             reachable; the message names the endpoints and the fix.
     """
-    return trio.run(_read, spec, open_registry or open_etcd_registry, timeout)
+    return trio.run(_read, spec, open_registry or _etcd_opener(spec), timeout)
+
+
+def _etcd_opener(spec: MeshSpec) -> RegistryOpener:
+    security = security_of(spec.registry)
+    if security == EtcdSecurity():
+        return open_etcd_registry
+
+    def open_registry(endpoints: Sequence[str]) -> AbstractAsyncContextManager[Registry]:
+        return open_etcd_registry(endpoints, security)
+
+    return open_registry
 
 
 async def _read(

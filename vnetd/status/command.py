@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,6 +34,13 @@ from rich.text import Text
 from vnetd.errors import DataplaneError, RegistryError, RegistryUnavailable, SpecError
 from vnetd.membership import read_members
 from vnetd.model import DevicePeer, Member
+from vnetd.registry.access import (
+    NO_ACCESS_FLAGS,
+    EtcdAccess,
+    add_etcd_arguments,
+    etcd_access,
+    with_etcd_access,
+)
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
 from vnetd.status.table import plain_console, print_plain, status_renderable
@@ -79,13 +87,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         epilog="exit status: 0 shown, 2 bad input or registry unreadable",
     )
     parser.add_argument("--config", required=True, type=Path, help="the mesh spec (TOML)")
-    parser.add_argument(
-        "--etcd",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="etcd client URL; repeat for several (overrides registry.endpoints)",
-    )
+    add_etcd_arguments(parser)
     parser.add_argument(
         "--json", action="store_true", help="print a JSON document instead of the table"
     )
@@ -119,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         watch=args.watch,
         interval=args.interval,
         wireguard_dir=args.wireguard_dir,
+        access=etcd_access(args),
+        env=os.environ,
     )
     try:
         return trio.run(show_status, plan)
@@ -136,6 +140,8 @@ def plan_status(
     watch: bool = False,
     interval: float = DEFAULT_INTERVAL,
     wireguard_dir: Path = DEFAULT_WIREGUARD_DIR,
+    access: EtcdAccess = NO_ACCESS_FLAGS,
+    env: Mapping[str, str] | None = None,
 ) -> StatusPlan:
     """Load the spec and check the options.
 
@@ -148,6 +154,7 @@ def plan_status(
             f"{MAX_INTERVAL:g} seconds"
         )
     spec = with_etcd_endpoints(load_spec(config), etcd)
+    spec = with_etcd_access(spec, access, env or {})
     socket_path = wireguard_dir / f"{spec.interface}.sock"
     return StatusPlan(spec, socket_path, json_output, watch, interval)
 
@@ -290,9 +297,9 @@ async def show_status(
     Cancellation: safe; the registry client is closed.
     """
     if open_registry is None:
-        from vnetd.registry.etcd import open_etcd_registry
+        from vnetd.registry.access import secured_opener
 
-        open_registry = open_etcd_registry
+        open_registry = secured_opener(plan.spec)
     if read_device is None:
         read_device = _read_uapi_device
     console = console or _stdout_console()

@@ -27,6 +27,7 @@ import trio
 from vnetd.errors import IdentityError, SpecError, plain_errors
 from vnetd.identity import resolve_rank
 from vnetd.ranks import parse_ranks
+from vnetd.registry.access import EtcdAccess, add_etcd_arguments, etcd_access, with_etcd_access
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
 from vnetd.wait.gate import Gate, ready_line, timeout_line
@@ -53,6 +54,7 @@ class WaitOptions:
     rank: str | None = None
     etcd: Sequence[str] = ()
     wireguard_dir: Path = DEFAULT_WIREGUARD_DIR
+    etcd_access: EtcdAccess = EtcdAccess()
 
 
 @dataclass(frozen=True)
@@ -102,13 +104,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
     parser.add_argument(
         "--rank", help="this host's rank (else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)"
     )
-    parser.add_argument(
-        "--etcd",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="etcd client URL; repeat for several (overrides registry.endpoints)",
-    )
+    add_etcd_arguments(parser)
     parser.add_argument(
         "--wireguard-dir",
         type=Path,
@@ -133,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         rank=args.rank,
         etcd=args.etcd,
         wireguard_dir=args.wireguard_dir,
+        etcd_access=etcd_access(args),
     )
     plan = plan_wait(opts, os.environ, socket.gethostname())
     return trio.run(run_wait, plan)
@@ -149,6 +146,7 @@ def plan_wait(opts: WaitOptions, env: Mapping[str, str], hostname: str) -> WaitP
     if (opts.ranks is None) == (opts.min_peers is None):
         raise SpecError("give exactly one of --ranks SPEC and --min-peers K")
     spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
+    spec = with_etcd_access(spec, opts.etcd_access, env)
     self_rank = _self_rank(spec, opts, env, hostname)
     if opts.min_peers is not None:
         if not 0 <= opts.min_peers <= spec.size - 1:
@@ -231,9 +229,9 @@ def uapi_handshakes(path: Path) -> HandshakeReader:
 
 @asynccontextmanager
 async def _open_etcd(spec: MeshSpec) -> AsyncIterator[Registry]:
-    from vnetd.registry.etcd import open_etcd_registry
+    from vnetd.registry.access import open_registry_for
 
-    async with open_etcd_registry(spec.registry.endpoints) as registry:
+    async with open_registry_for(spec) as registry:
         yield registry
 
 

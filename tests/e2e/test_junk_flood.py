@@ -1,0 +1,73 @@
+"""A flood of junk keys under the mesh's members prefix leaves a daemon's memory
+bounded and its real peers untouched."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import trio
+
+from vnetd.lab.cluster import MeshLab
+from vnetd.lab.lab import open_lab
+from vnetd.membership import members_prefix
+
+JUNK = 100_000
+RSS_GROWTH_LIMIT_KB = 10 * 1024  # measured +0.4 MB; +21 MB when every bad key was kept
+WRITER = Path(__file__).with_name("junk_writer.py")
+
+
+def daemon_pid(mesh: MeshLab, rank: int) -> int:
+    """The python process of ``vnetd up`` (the lab's wrappers exec into it)."""
+    pid = mesh.daemons[rank].pid
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"vnetd" in cmdline and b"up" in cmdline, cmdline
+    return pid
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+async def test_a_flood_of_junk_keys_leaves_memory_bounded_and_peers_untouched() -> None:
+    with trio.fail_after(150):
+        async with open_lab(2) as lab:
+            mesh = MeshLab.create(lab)
+            await mesh.start_probes()
+            for rank in (0, 1):
+                await mesh.start_rank(rank)
+            await mesh.wait_full_mesh(60)
+            pid = daemon_pid(mesh, 0)
+            await trio.sleep(1)
+            before_rss = rss_kb(pid)
+            before = await mesh.device_dump(0)
+
+            argv = ["ip", "netns", "exec", lab.etcd_netns, sys.executable, str(WRITER),
+                    lab.etcd_url, members_prefix(mesh.spec), str(JUNK)]  # fmt: skip
+            with trio.fail_after(90):
+                result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True)
+            print(f"junk written: {result.stdout.decode().strip()}")
+            # let the daemon take in the watch events, then a full re-list
+            await trio.sleep(5)
+            after_rss = rss_kb(pid)
+            after = await mesh.device_dump(0)
+            log_lines = mesh.daemons[0].log_text().splitlines()
+            bad_lines = [line for line in log_lines if "bad registry entr" in line]
+            growth = after_rss - before_rss
+            print(f"daemon RSS {before_rss} kB -> {after_rss} kB (+{growth} kB); "
+                  f"{len(bad_lines)} log lines about bad entries; {len(log_lines)} in all")  # fmt: skip
+
+            assert not mesh.dead_daemons()
+            assert [row[:4] for row in after] == [row[:4] for row in before]
+            assert growth < RSS_GROWTH_LIMIT_KB
+            assert len(bad_lines) < 200, bad_lines[-3:]
+            status = json.loads(
+                (await lab.run(mesh.pod(0), [sys.executable, "-m", "vnetd", "status",
+                                             "--config", str(mesh.spec_path), "--json"], 60)
+                 ).stdout
+            )  # fmt: skip
+            print(f"vnetd status: bad_entries {status.get('bad_entries')}")

@@ -1,0 +1,422 @@
+"""The kernel data plane: an in-kernel WireGuard link, configured over generic netlink.
+
+The link is created through rtnetlink (``kind wireguard``); key, port and
+peers go through WireGuard's generic netlink family with pyroute2's
+``WireGuard`` socket, one ``set`` per peer change (never ``replace_peers``),
+all of a plan in one worker-thread batch. Address, MTU and routes are
+``vnetd.dataplane.link``'s, shared with the userspace data plane.
+
+The messages are built by pure functions (``device_attrs``, ``peer_messages``,
+``handshake_messages``) and the answers read by ``parse_info``, so they are
+unit-tested without a kernel; the client is injected (``WgClient``).
+
+A link left by a daemon that was killed (the kernel keeps it, unlike a
+wireguard-go that dies with its pod) is adopted when it holds our private key:
+its peers and sessions are kept. A link of that name with another key, or of
+another kind, is refused and left untouched.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from ipaddress import ip_address, ip_network
+from typing import Any, Protocol, TypeVar
+
+import trio
+from pyroute2.netlink.exceptions import NetlinkError
+
+from vnetd.dataplane.base import DeviceConfig, LinkState, key_to_hex, route_changes
+from vnetd.dataplane.link import (
+    NETLINK_TIMEOUT,
+    change_routes,
+    configure_link,
+    create_wireguard_link,
+    device_routes,
+    kernel_wireguard_unavailable,
+    link_kind,
+    prune_addresses,
+    read_link_state,
+    remove_link,
+    run_netlink,
+    sync_peer_routes,
+)
+from vnetd.errors import DataplaneError
+from vnetd.model import DevicePeer, Plan
+
+log = logging.getLogger("vnetd.dataplane")
+
+CLEANUP_DEADLINE = 10.0
+
+T = TypeVar("T")
+
+PeerMessage = dict[str, Any]
+"""A peer as pyroute2's ``WireGuard.set(peer=...)`` takes it."""
+
+
+class WgClient(Protocol):
+    """The part of pyroute2's ``WireGuard`` socket used here (sync; run in a thread)."""
+
+    def set(
+        self,
+        interface: str,
+        listen_port: int | None = None,
+        fwmark: int | None = None,
+        private_key: str | None = None,
+        peer: PeerMessage | None = None,
+    ) -> object: ...
+
+    def info(self, interface: str) -> Iterable[Any]: ...
+
+    def close(self) -> None: ...
+
+
+WgFactory = Callable[[str | None], WgClient]
+
+
+def open_wireguard(netns: str | None) -> WgClient:
+    """pyroute2's generic netlink WireGuard socket, in ``netns`` (never created)."""
+    from pyroute2 import WireGuard
+
+    client: WgClient = WireGuard(netns=netns, flags=0) if netns else WireGuard()
+    return client
+
+
+# --- messages (pure) --------------------------------------------------------------------
+
+
+def device_attrs(config: DeviceConfig) -> dict[str, Any]:
+    """The device-level ``set`` arguments: private key and listen port."""
+    key_to_hex(config.private_key, "private_key")
+    return {"private_key": config.private_key, "listen_port": config.listen_port}
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` to ``(host, port)`` as the netlink endpoint wants it."""
+    host, _, port = endpoint.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return str(ip_address(host)), int(port)
+    except ValueError:
+        raise DataplaneError(f"endpoint: {endpoint!r} is not IP:PORT") from None
+
+
+def _endpoint_fields(endpoint: str | None) -> dict[str, Any]:
+    if endpoint is None:
+        return {}
+    addr, port = split_endpoint(endpoint)
+    return {"endpoint_addr": addr, "endpoint_port": port}
+
+
+def peer_messages(plan: Plan, persistent_keepalive: int = 0) -> list[PeerMessage]:
+    """One message per peer change of ``plan``: removes, then updates, then adds.
+
+    The same semantics as the UAPI lines: updates are ``update_only``; adds
+    replace the peer's allowed IPs, so re-adding an existing peer is exact.
+    """
+    messages: list[PeerMessage] = []
+    for peer in plan.remove:
+        messages.append({"public_key": _key(peer.public_key), "remove": True})
+    for upd in plan.update:
+        msg: PeerMessage = {"public_key": _key(upd.public_key), "update_only": True}
+        msg.update(_endpoint_fields(upd.endpoint))
+        if upd.allowed_ips is not None:
+            msg["replace_allowed_ips"] = True
+            msg["allowed_ips"] = list(upd.allowed_ips)
+        messages.append(msg)
+    for peer in plan.add:
+        msg = {"public_key": _key(peer.public_key)}
+        msg.update(_endpoint_fields(peer.endpoint))
+        msg["replace_allowed_ips"] = True
+        msg["allowed_ips"] = list(peer.allowed_ips)
+        if persistent_keepalive:
+            msg["persistent_keepalive"] = persistent_keepalive
+        messages.append(msg)
+    return messages
+
+
+def handshake_messages(keys: Sequence[str], persistent_keepalive: int) -> list[PeerMessage]:
+    """Messages that make the kernel start a handshake with each peer now.
+
+    As in wireguard-go, a persistent keepalive going from off to on sends a
+    keepalive at once (``wg_packet_send_keepalive`` in the kernel's
+    netlink.c), which with no session starts a handshake.
+    """
+    return [
+        {"public_key": _key(key), "update_only": True, "persistent_keepalive": seconds}
+        for key in keys
+        for seconds in (0, 1, persistent_keepalive)
+    ]
+
+
+def _key(key: str) -> str:
+    key_to_hex(key)  # a DataplaneError naming public_key, before pyroute2's ValueError
+    return key
+
+
+def _text(value: object) -> str:
+    return value.decode("ascii") if isinstance(value, bytes) else str(value)
+
+
+def parse_info(messages: Iterable[Any]) -> tuple[str | None, int | None, dict[str, DevicePeer]]:
+    """The answer of ``info`` to (private key, listen port, peers by public key).
+
+    A large device is dumped over several messages and one peer's allowed IPs
+    may continue in the next one: they are merged by public key.
+    """
+    private_key: str | None = None
+    port: int | None = None
+    peers: dict[str, dict[str, Any]] = {}
+    for msg in messages:
+        if msg.get_attr("WGDEVICE_A_PRIVATE_KEY") is not None:
+            private_key = _text(msg.get_attr("WGDEVICE_A_PRIVATE_KEY"))
+        if msg.get_attr("WGDEVICE_A_LISTEN_PORT") is not None:
+            port = int(msg.get_attr("WGDEVICE_A_LISTEN_PORT"))
+        for nla in msg.get_attr("WGDEVICE_A_PEERS") or ():
+            key = _text(nla.get_attr("WGPEER_A_PUBLIC_KEY"))
+            peer = peers.setdefault(key, {"public_key": key, "allowed_ips": []})
+            endpoint = nla.get_attr("WGPEER_A_ENDPOINT")
+            if endpoint:
+                addr = ip_address(endpoint["addr"])
+                host = f"[{addr}]" if addr.version == 6 else str(addr)
+                peer["endpoint"] = f"{host}:{endpoint['port']}"
+            handshake = nla.get_attr("WGPEER_A_LAST_HANDSHAKE_TIME")
+            if handshake:
+                peer["last_handshake"] = handshake["tv_sec"] + handshake["tv_nsec"] / 1e9
+            for field, attr in (
+                ("rx_bytes", "WGPEER_A_RX_BYTES"),
+                ("tx_bytes", "WGPEER_A_TX_BYTES"),
+            ):
+                if nla.get_attr(attr) is not None:
+                    peer[field] = int(nla.get_attr(attr))
+            for allowed in nla.get_attr("WGPEER_A_ALLOWEDIPS") or ():
+                peer["allowed_ips"].append(str(ip_network(allowed["addr"], strict=False)))
+    return (
+        private_key,
+        port,
+        {
+            key: DevicePeer(**{**fields, "allowed_ips": tuple(sorted(fields["allowed_ips"]))})
+            for key, fields in peers.items()
+        },
+    )
+
+
+# --- the data plane ---------------------------------------------------------------------
+
+
+class KernelDataplane:
+    """An in-kernel WireGuard link. Create it with ``open_kernel_dataplane``."""
+
+    def __init__(self, config: DeviceConfig, netns: str | None, wg_factory: WgFactory) -> None:
+        self.config = config
+        self.netns = netns
+        self.wg_factory = wg_factory
+        self.index = 0
+        self.noprefixroute = True
+        self.device_id = secrets.token_hex(8)
+        self.owns_link = False
+        """Set once the link is ours (created or adopted): removed on exit."""
+        self._lock = trio.Lock()
+
+    def _call(self, fn: Callable[[WgClient], T]) -> T:
+        """Open a WireGuard socket, run ``fn`` with it, close it (sync; in a thread)."""
+        wg = self.wg_factory(self.netns)
+        try:
+            return fn(wg)
+        finally:
+            wg.close()
+
+    def _info(self) -> tuple[str | None, int | None, dict[str, DevicePeer]]:
+        interface = self.config.interface
+        return parse_info(self._call(lambda wg: list(wg.info(interface))))
+
+    async def peers(self) -> dict[str, DevicePeer]:
+        async with self._lock:
+            return (await run_netlink(self._info))[2]
+
+    def _send(self, messages: Sequence[PeerMessage]) -> set[str]:
+        """Send the messages (one ``set`` each), in order; the allowed IPs then live."""
+        interface = self.config.interface
+
+        def batch(wg: WgClient) -> None:
+            for message in messages:
+                wg.set(interface, peer=message)
+
+        self._call(batch)
+        return {ip for peer in self._info()[2].values() for ip in peer.allowed_ips}
+
+    async def apply(self, plan: Plan) -> None:
+        """Apply ``plan`` peer by peer in one netlink batch, then move the routes.
+
+        The kernel applies each message on its own: a refused one leaves the
+        earlier ones applied; the next full resync heals it.
+
+        Raises:
+            DataplaneError: the kernel refused the change.
+        """
+        if not plan:
+            return
+        keepalive = self.config.persistent_keepalive
+        messages = peer_messages(plan, keepalive) + handshake_messages(plan.handshake, keepalive)
+        async with self._lock:
+            start = trio.current_time()
+            live = await run_netlink(lambda: self._send(messages))
+            gone, new = route_changes(plan, live)
+            if gone or new:
+                index = self.index
+                await run_netlink(lambda: change_routes(self.netns, index, gone, new))
+            elapsed = (trio.current_time() - start) * 1000
+        log.debug(
+            "%s: applied %s (routes -%d +%d) in %.1f ms",
+            self.config.interface,
+            plan.describe(limit=16),
+            len(gone),
+            len(new),
+            elapsed,
+        )
+
+    async def routes(self) -> set[str]:
+        async with self._lock:
+            index = self.index
+            return await run_netlink(lambda: device_routes(self.netns, index))
+
+    async def link_state(self) -> LinkState:
+        interface = self.config.interface
+        return await run_netlink(lambda: read_link_state(self.netns, interface))
+
+    async def open(self) -> bool:
+        """Create (or adopt) the link, set key and port, configure the link.
+
+        Returns whether an existing link was adopted.
+
+        Raises:
+            DataplaneError: the name belongs to something else, or the kernel refused.
+        """
+        config, netns = self.config, self.netns
+        kind = await run_netlink(lambda: link_kind(netns, config.interface))
+        adopted: dict[str, DevicePeer] | None = None
+        if kind is None:
+            await run_netlink(lambda: create_wireguard_link(netns, config.interface))
+        elif kind == "wireguard":
+            adopted = await self._check_ours()
+        self.owns_link = kind in (None, "wireguard")
+        if not self.owns_link:
+            raise DataplaneError(
+                f"interface {config.interface} already exists (kind {kind}): it belongs to "
+                f"something else; delete it (ip link del {config.interface}) or choose another "
+                "name with [mesh] interface"
+            )
+        attrs = device_attrs(config)
+        await run_netlink(lambda: self._call(lambda wg: wg.set(config.interface, **attrs)))
+        self.index, self.noprefixroute = await run_netlink(lambda: configure_link(netns, config))
+        if adopted is not None:
+            await self._repair_adopted(adopted)
+        return adopted is not None
+
+    async def _check_ours(self) -> dict[str, DevicePeer]:
+        interface = self.config.interface
+        key, _, peers = await run_netlink(self._info)
+        if not key or not hmac.compare_digest(
+            base64.b64decode(key), base64.b64decode(self.config.private_key)
+        ):
+            what = "another private key" if key else "no private key"
+            raise DataplaneError(
+                f"interface {interface}: a kernel wireguard link with {what} already exists: "
+                f"it belongs to something else; delete it (ip link del {interface}) or choose "
+                "another name with [mesh] interface"
+            )
+        return peers
+
+    async def _repair_adopted(self, peers: dict[str, DevicePeer]) -> None:
+        interface, index, netns = self.config.interface, self.index, self.netns
+        keep = str(self.config.address.ip)
+        stale = await run_netlink(lambda: prune_addresses(netns, index, keep))
+        if stale:
+            log.warning("%s: removed addresses of a previous run: %s", interface, ",".join(stale))
+        held = {str(ip_network(ip, strict=False)) for p in peers.values() for ip in p.allowed_ips}
+        gone, new = await run_netlink(lambda: sync_peer_routes(netns, index, held))
+        if gone or new:
+            log.info(
+                "%s: peer routes repaired (-%s +%s)",
+                interface,
+                ",".join(sorted(gone)) or "none",
+                ",".join(sorted(new)) or "none",
+            )
+
+
+@asynccontextmanager
+async def open_kernel_dataplane(
+    config: DeviceConfig,
+    *,
+    netns: str | None = None,
+    wg_factory: WgFactory = open_wireguard,
+) -> AsyncIterator[KernelDataplane]:
+    """Create (or adopt) the kernel WireGuard link, configure it, yield the device.
+
+    On exit the link and the unreachable route are removed.
+
+    Args:
+        config: the device.
+        netns: an existing network namespace (tests only; the daemon runs in
+            its pod's namespace with ``None``).
+        wg_factory: opens the generic netlink client (a fake in unit tests).
+
+    Raises:
+        DataplaneError: the kernel has no WireGuard, refused a setting, or the
+            interface name belongs to something else.
+
+    Cancellation: cleanup runs shielded, bounded by ``CLEANUP_DEADLINE``.
+    """
+    started = trio.current_time()
+    dataplane = KernelDataplane(config, netns, wg_factory)
+    try:
+        adopted = await dataplane.open()
+        log.info(
+            "%s: kernel wireguard %s in %.0f ms (address %s, mtu %d)",
+            config.interface,
+            "link adopted (same key)" if adopted else "link up",
+            (trio.current_time() - started) * 1000,
+            config.address,
+            config.mtu,
+        )
+        yield dataplane
+    except NetlinkError as exc:  # from the WireGuard socket outside run_netlink's mapping
+        raise DataplaneError(f"netlink: {exc}") from exc
+    finally:
+        if dataplane.owns_link:
+            with trio.CancelScope(shield=True) as cleanup:
+                cleanup.deadline = trio.current_time() + CLEANUP_DEADLINE
+                try:
+                    await run_netlink(partial(remove_link, netns, config), CLEANUP_DEADLINE)
+                except DataplaneError as exc:
+                    log.error("%s: could not remove link or routes: %s", config.interface, exc)
+
+
+__all__ = [
+    "NETLINK_TIMEOUT",
+    "KernelDataplane",
+    "WgClient",
+    "device_attrs",
+    "handshake_messages",
+    "open_kernel_dataplane",
+    "parse_info",
+    "peer_messages",
+]
+
+
+async def kernel_unavailable(netns: str | None = None) -> str | None:
+    """Why the kernel's WireGuard cannot be used here, or None when it can.
+
+    Creates a probe link (a name of its own) and deletes it at once.
+    """
+    name = f"vnetdprobe{secrets.randbelow(100000)}"
+    try:
+        return await run_netlink(lambda: kernel_wireguard_unavailable(netns, name))
+    except DataplaneError as exc:
+        return str(exc)
