@@ -1,6 +1,9 @@
-"""One contract for every Dataplane: the in-memory fake and wireguard-go over UAPI.
+"""One contract for every Dataplane: the in-memory fake, wireguard-go over UAPI,
+and the kernel's WireGuard over generic netlink.
 
-The uapi cases need root and wireguard-go. Each runs its device in a network
+The uapi cases need root and wireguard-go; the kernel cases need root and a
+kernel that can create a ``wireguard`` link, and skip with the reason
+otherwise (this lab machine has no WireGuard module). Each runs its device in a network
 namespace the test creates (and deletes, also on failure), under a unique
 interface name so that ``/run/wireguard/<ifname>.sock`` cannot collide.
 Overlay 10.250.0.0/16; underlay endpoints in 198.18.0.0/15 exist only as
@@ -38,6 +41,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
+from vnetd.dataplane.kernel import KernelDataplane, kernel_unavailable, open_kernel_dataplane
 from vnetd.dataplane.link import change_routes, configure_link, run_netlink
 from vnetd.dataplane.supervise import (
     WireguardGo,
@@ -112,6 +116,15 @@ class Device:
         if isinstance(self.dp, FakeDataplane):
             self.dp.applied.clear()
             return self.dp.applied  # type: ignore[return-value]
+        if isinstance(self.dp, KernelDataplane):
+            send = self.dp._send
+
+            def counting_send(messages: list[dict[str, object]]) -> set[str]:
+                seen.append(messages)
+                return send(messages)
+
+            monkeypatch.setattr(self.dp, "_send", counting_send)
+            return seen
         assert isinstance(self.dp, UapiDataplane)
         original = self.dp.uapi.set
 
@@ -151,8 +164,30 @@ def netns() -> Iterator[str]:
         yield name
 
 
-@pytest.fixture(params=["fake", pytest.param("uapi", marks=needs_lab)])
+_kernel_probe: list[str | None] = []
+
+
+def skip_without_kernel_wireguard() -> None:
+    """Skip, printing why, unless a wireguard link can be created (probed once, in a netns)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("kernel WireGuard: needs root and ip")
+    if not _kernel_probe:
+
+        async def probe() -> str | None:
+            with namespace() as name:
+                return await kernel_unavailable(name)
+
+        _kernel_probe.append(trio.run(probe))
+    if _kernel_probe[0] is not None:
+        reason = f"kernel WireGuard unavailable here: {_kernel_probe[0]}"
+        print(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture(params=["fake", pytest.param("uapi", marks=needs_lab), "kernel"])
 def kind(request: pytest.FixtureRequest) -> str:
+    if request.param == "kernel":
+        skip_without_kernel_wireguard()
     return request.param  # type: ignore[no-any-return]
 
 
@@ -167,9 +202,11 @@ def device_netns(kind: str) -> Iterator[str | None]:
 
 def open_device(
     kind: str, config: DeviceConfig, ns: str | None
-) -> AbstractAsyncContextManager[FakeDataplane | UapiDataplane]:
+) -> AbstractAsyncContextManager[FakeDataplane | UapiDataplane | KernelDataplane]:
     if kind == "fake":
         return open_fake_dataplane(config)
+    if kind == "kernel":
+        return open_kernel_dataplane(config, netns=ns)
     return open_uapi_dataplane(config, netns=ns)
 
 

@@ -70,8 +70,10 @@ def render_wg_quick(
         f"PrivateKey = {key.private_key if key else placeholder_key(rank)}",
         f"Address = {spec.interface_address(rank)}",
         f"ListenPort = {spec.port}",
-        f"MTU = {spec.mtu}",
     ]
+    # mtu = "auto": no MTU line, and wg-quick derives it from the endpoint route's MTU.
+    if isinstance(spec.mtu, int):
+        lines.append(f"MTU = {spec.mtu}")
     for peer_rank in sorted(members):
         peer = peers.get(members[peer_rank].public_key)
         if peer is None or peer.rank != peer_rank:

@@ -1,0 +1,412 @@
+"""The kernel data plane without a kernel: the messages it hands pyroute2, the
+answers it reads, and the choice ``--dataplane auto`` makes.
+
+pyroute2's own encoder and decoder are exercised: each peer message is
+encoded by ``AsyncWireGuard._wg_set_peer`` into a ``wgmsg`` and decoded back,
+and device dumps are built as the kernel sends them and parsed by
+``parse_info``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import socket
+from collections.abc import Iterable
+from ipaddress import ip_interface, ip_network
+from typing import Any
+
+import pytest
+import trio
+from pyroute2.netlink.generic.wireguard import (
+    WGPEER_F_REMOVE_ME,
+    WGPEER_F_REPLACE_ALLOWEDIPS,
+    WGPEER_F_UPDATE_ONLY,
+    AsyncWireGuard,
+    wgmsg,
+)
+
+from vnetd import daemon
+from vnetd.dataplane import kernel
+from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.kernel import (
+    KernelDataplane,
+    device_attrs,
+    handshake_messages,
+    parse_info,
+    peer_messages,
+)
+from vnetd.errors import DataplaneError, VnetdError
+from vnetd.model import DevicePeer, Peer, PeerUpdate, Plan
+from vnetd.spec import parse_spec
+
+KA = base64.b64encode(bytes([1] * 32)).decode()
+KB = base64.b64encode(bytes([2] * 32)).decode()
+KC = base64.b64encode(bytes([3] * 32)).decode()
+PRIVATE = base64.b64encode(bytes([9] * 32)).decode()
+
+
+def config(keepalive: int = 0) -> DeviceConfig:
+    return DeviceConfig(
+        interface="vnet0",
+        private_key=PRIVATE,
+        listen_port=51820,
+        address=ip_interface("10.250.0.1/16"),
+        network=ip_network("10.250.0.0/16"),
+        mtu=1420,
+        persistent_keepalive=keepalive,
+    )
+
+
+def encoded(message: dict[str, Any]) -> dict[str, Any]:
+    """The peer as the kernel receives it: through pyroute2's encoder and back."""
+    msg = wgmsg()
+    msg["cmd"] = 1
+    msg["version"] = 1
+    msg["attrs"].append(["WGDEVICE_A_IFNAME", "vnet0"])
+    AsyncWireGuard._wg_set_peer(object.__new__(AsyncWireGuard), msg, message)
+    msg.encode()
+    back = wgmsg(msg.data)
+    back.decode()
+    (peer,) = back.get_attr("WGDEVICE_A_PEERS")
+    out: dict[str, Any] = {
+        "key": peer.get_attr("WGPEER_A_PUBLIC_KEY").decode(),
+        "flags": peer.get_attr("WGPEER_A_FLAGS"),
+    }
+    if peer.get_attr("WGPEER_A_ENDPOINT"):
+        ep = peer.get_attr("WGPEER_A_ENDPOINT")
+        out["endpoint"] = (ep["family"], ep["addr"], ep["port"])
+    if peer.get_attr("WGPEER_A_ALLOWEDIPS") is not None:
+        out["allowed"] = [a["addr"] for a in peer.get_attr("WGPEER_A_ALLOWEDIPS")]
+    if peer.get_attr("WGPEER_A_PERSISTENT_KEEPALIVE_INTERVAL") is not None:
+        out["keepalive"] = peer.get_attr("WGPEER_A_PERSISTENT_KEEPALIVE_INTERVAL")
+    return out
+
+
+def test_plan_is_one_message_per_peer_in_order_remove_update_add() -> None:
+    plan = Plan(
+        remove=(Peer(KA, ("10.250.0.2/32",)),),
+        update=(
+            PeerUpdate(KB, endpoint="[fd00:198:18::3]:51821"),
+            PeerUpdate(KC, allowed_ips=("10.250.0.4/32",), old_allowed_ips=("10.250.0.9/32",)),
+        ),
+        add=(Peer(KA, ("10.250.0.2/32", "fd00:250::2/128"), "198.18.0.2:51820"),),
+    )
+    assert [encoded(m) for m in peer_messages(plan, persistent_keepalive=25)] == [
+        {"key": KA, "flags": WGPEER_F_REMOVE_ME},
+        {
+            "key": KB,
+            "flags": WGPEER_F_UPDATE_ONLY,
+            "endpoint": (socket.AF_INET6, "fd00:198:18::3", 51821),
+        },
+        {
+            "key": KC,
+            "flags": WGPEER_F_UPDATE_ONLY | WGPEER_F_REPLACE_ALLOWEDIPS,
+            "allowed": ["10.250.0.4/32"],
+        },
+        {
+            "key": KA,
+            "flags": WGPEER_F_REPLACE_ALLOWEDIPS,
+            "endpoint": (socket.AF_INET, "198.18.0.2", 51820),
+            "allowed": ["10.250.0.2/32", "fd00:250::2/128"],
+            "keepalive": 25,
+        },
+    ]
+
+
+def test_add_without_endpoint_or_keepalive_sends_neither() -> None:
+    (msg,) = peer_messages(Plan(add=(Peer(KA, ("10.250.0.2/32",)),)))
+    assert encoded(msg) == {
+        "key": KA,
+        "flags": WGPEER_F_REPLACE_ALLOWEDIPS,
+        "allowed": ["10.250.0.2/32"],
+    }
+
+
+def test_no_message_replaces_the_peer_list() -> None:
+    plan = Plan(add=(Peer(KA, ("10.250.0.2/32",)), Peer(KB, ("10.250.0.3/32",))))
+    for msg in peer_messages(plan):
+        assert "replace_peers" not in msg
+    # The device-level set carries only key and port, never a peer list.
+    assert device_attrs(config()) == {"private_key": PRIVATE, "listen_port": 51820}
+
+
+def test_handshake_turns_keepalive_off_on_and_back() -> None:
+    msgs = [encoded(m) for m in handshake_messages([KA], persistent_keepalive=0)]
+    assert [(m["flags"], m["keepalive"]) for m in msgs] == [
+        (WGPEER_F_UPDATE_ONLY, 0),
+        (WGPEER_F_UPDATE_ONLY, 1),
+        (WGPEER_F_UPDATE_ONLY, 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("plan", "match"),
+    [
+        pytest.param(Plan(add=(Peer("not-a-key", ("10.250.0.2/32",)),)), "public_key", id="key"),
+        pytest.param(Plan(add=(Peer(KA, ("10.250.0.2/32",), "host:51820"),)), "endpoint", id="ep"),
+    ],
+)
+def test_bad_input_is_a_dataplane_error(plan: Plan, match: str) -> None:
+    with pytest.raises(DataplaneError, match=match):
+        peer_messages(plan)
+
+
+def dump(peers: list[list[Any]], private_key: str | None = PRIVATE) -> wgmsg:
+    """A WG_CMD_GET_DEVICE answer as the kernel sends it, decoded by pyroute2."""
+    msg = wgmsg()
+    msg["cmd"] = 0
+    msg["version"] = 1
+    msg["attrs"] = [["WGDEVICE_A_IFNAME", "vnet0"], ["WGDEVICE_A_LISTEN_PORT", 51820]]
+    if private_key:
+        msg["attrs"].append(["WGDEVICE_A_PRIVATE_KEY", private_key])
+    if peers:
+        msg["attrs"].append(["WGDEVICE_A_PEERS", [{"attrs": attrs} for attrs in peers]])
+    msg.encode()
+    back = wgmsg(msg.data)
+    back.decode()
+    return back
+
+
+def allowed(*cidrs: str) -> list[Any]:
+    items = []
+    for cidr in cidrs:
+        net = ip_network(cidr)
+        family = socket.AF_INET if net.version == 4 else socket.AF_INET6
+        items.append(
+            {
+                "attrs": [
+                    ["WGALLOWEDIP_A_FAMILY", family],
+                    ["WGALLOWEDIP_A_IPADDR", socket.inet_pton(family, str(net.network_address))],
+                    ["WGALLOWEDIP_A_CIDR_MASK", net.prefixlen],
+                ]
+            }
+        )
+    return ["WGPEER_A_ALLOWEDIPS", items]
+
+
+def test_parse_info_reads_peers_and_merges_a_split_dump() -> None:
+    first = dump(
+        [
+            [
+                ["WGPEER_A_PUBLIC_KEY", KA],
+                ["WGPEER_A_ENDPOINT", {"addr": "fd00:198:18::2", "port": 51820}],
+                ["WGPEER_A_LAST_HANDSHAKE_TIME", {"tv_sec": 100, "tv_nsec": 500_000_000}],
+                ["WGPEER_A_RX_BYTES", 10],
+                ["WGPEER_A_TX_BYTES", 20],
+                allowed("fd00:250::2/128"),
+            ]
+        ]
+    )
+    # The kernel continues a peer whose allowed IPs did not fit in the next message.
+    second = dump(
+        [
+            [["WGPEER_A_PUBLIC_KEY", KA], allowed("10.250.0.2/32")],
+            [
+                ["WGPEER_A_PUBLIC_KEY", KB],
+                ["WGPEER_A_ENDPOINT", {"addr": "198.18.0.3", "port": 51821}],
+                allowed("10.250.0.3/32"),
+            ],
+        ],
+        private_key=None,
+    )
+    key, port, peers = parse_info([first, second])
+    assert (key, port) == (PRIVATE, 51820)
+    assert peers == {
+        KA: DevicePeer(
+            KA, ("10.250.0.2/32", "fd00:250::2/128"), "[fd00:198:18::2]:51820", 100.5, 10, 20
+        ),
+        KB: DevicePeer(KB, ("10.250.0.3/32",), "198.18.0.3:51821"),
+    }
+
+
+def test_parse_info_of_an_empty_device() -> None:
+    assert parse_info([dump([])]) == (PRIVATE, 51820, {})
+
+
+class FakeWireGuard:
+    """Records ``set`` calls; ``info`` answers with the peers set so far (no kernel)."""
+
+    def __init__(self, log: list[tuple[str, dict[str, Any]]]) -> None:
+        self.log = log
+
+    def set(
+        self,
+        interface: str,
+        listen_port: int | None = None,
+        fwmark: int | None = None,
+        private_key: str | None = None,
+        peer: dict[str, Any] | None = None,
+    ) -> object:
+        assert peer is not None
+        self.log.append((interface, peer))
+        return None
+
+    def info(self, interface: str) -> Iterable[Any]:
+        peers: dict[str, list[Any]] = {}
+        for _, peer in self.log:
+            if peer.get("remove"):
+                peers.pop(peer["public_key"], None)
+            elif "allowed_ips" in peer:
+                peers[peer["public_key"]] = [
+                    ["WGPEER_A_PUBLIC_KEY", peer["public_key"]],
+                    allowed(*peer["allowed_ips"]),
+                ]
+        return [dump(list(peers.values()))]
+
+    def close(self) -> None:
+        pass
+
+
+async def test_apply_sends_each_peer_once_and_moves_routes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    routes: list[tuple[set[str], set[str]]] = []
+    # Never touch this namespace's routes: record them instead.
+    monkeypatch.setattr(
+        kernel, "change_routes", lambda ns, index, gone, new: routes.append((gone, new))
+    )
+    dp = KernelDataplane(config(), None, lambda netns: FakeWireGuard(sent))
+    a, b = Peer(KA, ("10.250.0.2/32",), rank=1), Peer(KB, ("10.250.0.3/32",), rank=2)
+    with trio.fail_after(5):
+        await dp.apply(Plan(add=(a, b)))
+        await dp.apply(Plan(remove=(a,)))
+        await dp.apply(Plan())
+        peers = await dp.peers()
+    assert [(ifname, p["public_key"], bool(p.get("remove"))) for ifname, p in sent] == [
+        ("vnet0", KA, False),
+        ("vnet0", KB, False),
+        ("vnet0", KA, True),
+    ]
+    assert routes == [(set(), {"10.250.0.2/32", "10.250.0.3/32"}), ({"10.250.0.2/32"}, set())]
+    assert set(peers) == {KB}
+
+
+# --- the choice -------------------------------------------------------------------------
+
+
+def spec(dataplane: str | None = None) -> Any:  # noqa: ANN401
+    data: dict[str, Any] = {"mesh": {"name": "m", "size": 2, "network": "10.250.0.0/16"}}
+    if dataplane:
+        data["wireguard"] = {"dataplane": dataplane}
+    return parse_spec(data)
+
+
+def probe_says(monkeypatch: pytest.MonkeyPatch, link: str | None, reason: str | None) -> None:
+    monkeypatch.setattr("vnetd.dataplane.link.link_kind", lambda netns, name: link)
+
+    async def unavailable(netns: str | None = None) -> str | None:
+        return reason
+
+    monkeypatch.setattr(kernel, "kernel_unavailable", unavailable)
+
+
+NO_MODULE = "creating a wireguard link: Operation not supported (no wireguard kernel module)"
+
+
+def factory_name(factory: Any) -> str:  # noqa: ANN401
+    return str(factory.__name__)
+
+
+@pytest.mark.parametrize(
+    ("flag", "configured", "link", "reason", "chosen", "logged"),
+    [
+        pytest.param(
+            None,
+            None,
+            None,
+            NO_MODULE,
+            "open_uapi_dataplane",
+            f"kernel WireGuard unavailable ({NO_MODULE}); using wireguard-go",
+            id="auto-falls-back",
+        ),
+        pytest.param(
+            "auto",
+            None,
+            None,
+            None,
+            "open_kernel_dataplane",
+            "kernel WireGuard (auto: a wireguard link can be created)",
+            id="auto-kernel",
+        ),
+        pytest.param(
+            None,
+            "auto",
+            "wireguard",
+            NO_MODULE,
+            "open_kernel_dataplane",
+            "kernel (auto: vnet0 already has a wireguard link)",
+            id="auto-adopts-kernel-link",
+        ),
+        pytest.param(
+            "auto",
+            None,
+            "tun",
+            None,
+            "open_uapi_dataplane",
+            "userspace (auto: vnet0 already has a tun link)",
+            id="auto-adopts-wireguard-go",
+        ),
+        pytest.param(
+            None,
+            "userspace",
+            None,
+            None,
+            "open_uapi_dataplane",
+            "userspace ([wireguard] dataplane userspace)",
+            id="spec-userspace",
+        ),
+        pytest.param(
+            "userspace",
+            "kernel",
+            None,
+            None,
+            "open_uapi_dataplane",
+            "userspace (--dataplane userspace)",
+            id="flag-wins",
+        ),
+        pytest.param(
+            "kernel",
+            None,
+            None,
+            None,
+            "open_kernel_dataplane",
+            "kernel (--dataplane kernel)",
+            id="kernel",
+        ),
+    ],
+)
+async def test_choice(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    flag: str | None,
+    configured: str | None,
+    link: str | None,
+    reason: str | None,
+    chosen: str,
+    logged: str,
+) -> None:
+    caplog.set_level(logging.INFO, logger="vnetd.daemon")
+    probe_says(monkeypatch, link, reason)
+    factory = await daemon.choose_dataplane(flag, spec(configured), "vnet0")
+    assert factory_name(factory) == chosen
+    assert f"data plane: {logged}" in caplog.messages
+
+
+async def test_kernel_asked_for_but_unavailable_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    probe_says(monkeypatch, None, NO_MODULE)
+    with pytest.raises(VnetdError) as err:
+        await daemon.choose_dataplane(None, spec("kernel"), "vnet0")
+    assert str(err.value) == (
+        f"[wireguard] dataplane: kernel WireGuard unavailable ({NO_MODULE}); "
+        "use auto or userspace (wireguard-go)"
+    )
+
+
+def test_spec_dataplane_is_local_not_part_of_the_mesh() -> None:
+    assert spec("kernel").canonical_json() == spec("userspace").canonical_json()
+    with pytest.raises(VnetdError, match=r"wireguard.dataplane: 'wg' is not one of auto"):
+        spec("wg")
