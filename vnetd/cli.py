@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the private key is kept (default /var/lib/vnetd)",
     )
     up.add_argument(
+        "--preshared-key-file",
+        metavar="FILE",
+        help="a mesh-wide WireGuard pre-shared key (wg genpsk), mode 0600, e.g. a mounted "
+        "Secret (else VNETD_PRESHARED_KEY_FILE, else [wireguard] preshared_key_file)",
+    )
+    up.add_argument(
         "--instance", help="the name that owns the claim (else POD_NAME, else hostname)"
     )
     up.add_argument(
@@ -139,6 +145,7 @@ def _up(args: argparse.Namespace) -> int:
         etcd=args.etcd,
         endpoint=args.endpoint,
         state_dir=args.state_dir,
+        preshared_key_file=args.preshared_key_file,
         instance=args.instance,
         dataplane=args.dataplane,
         resync_interval=args.resync_interval,

@@ -28,6 +28,7 @@ from vnetd.dataplane.base import Dataplane, DeviceConfig
 from vnetd.errors import RegistryUnavailable, VnetdError, plain_errors
 from vnetd.identity import (
     load_or_create_key,
+    load_preshared_key,
     resolve_endpoint,
     resolve_instance,
     resolve_rank,
@@ -73,6 +74,7 @@ class UpOptions:
     """auto, kernel, userspace or fake; None: the spec's [wireguard] dataplane (auto)."""
     resync_interval: float = 30.0
     http_listen: str | None = None
+    preshared_key_file: str | None = None
     etcd_access: EtcdAccess = EtcdAccess()
 
 
@@ -119,8 +121,23 @@ def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, 
         network=spec.network,
         mtu=resolve_mtu(spec, endpoint),
         persistent_keepalive=spec.persistent_keepalive,
+        preshared_key=_preshared_key(opts, spec, env),
     )
     return spec, me, config
+
+
+def _preshared_key(opts: UpOptions, spec: MeshSpec, env: Mapping[str, str]) -> str | None:
+    """The mesh's pre-shared key: ``--preshared-key-file``, ``VNETD_PRESHARED_KEY_FILE``,
+    then ``[wireguard] preshared_key_file``; None when none is given."""
+    sources = [
+        ("--preshared-key-file", opts.preshared_key_file),
+        ("VNETD_PRESHARED_KEY_FILE", env.get("VNETD_PRESHARED_KEY_FILE")),
+        ("wireguard.preshared_key_file", spec.local.preshared_key_file),
+    ]
+    for source, value in sources:
+        if value:
+            return load_preshared_key(Path(value), source)
+    return None
 
 
 def load_up_spec(opts: UpOptions, env: Mapping[str, str]) -> MeshSpec:

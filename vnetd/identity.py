@@ -151,6 +151,32 @@ def _read_key(path: Path) -> KeyPair:
         raise IdentityError(f"{path}: not a base64 X25519 private key") from None
 
 
+def load_preshared_key(path: Path, source: str = "--preshared-key-file") -> str:
+    """The mesh-wide pre-shared key (base64 of 32 bytes, ``wg genpsk``) from ``path``.
+
+    Raises:
+        IdentityError: unreadable, readable by group or others, or not a key;
+            the key itself is never part of the message.
+    """
+    try:
+        mode = path.stat().st_mode & 0o777
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise IdentityError(f"{source} {path}: cannot read: {exc.strerror}") from None
+    if mode & 0o077:
+        raise IdentityError(
+            f"{source} {path}: mode {mode:04o} lets others read the pre-shared key; "
+            f"run chmod 600 {path}"
+        )
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise IdentityError(f"{source} {path}: not a base64 32-byte key (make one with wg genpsk)")
+    return text
+
+
 def public_key_of(private_key: str) -> str:
     """The base64 public key of a base64 X25519 private key."""
     raw = base64.b64decode(private_key, validate=True)

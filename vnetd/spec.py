@@ -69,6 +69,8 @@ class DataplaneSpec:
 
     dataplane: str = "auto"
     """auto: the kernel's WireGuard when a link can be created, else wireguard-go."""
+    preshared_key_file: str | None = None
+    """A file holding the mesh-wide pre-shared key (base64), e.g. a mounted Secret."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,7 @@ def _mtu(value: object, low: int) -> int | str:
     return _int_in("mesh.mtu", value, low, 65535)
 
 
-_WIREGUARD_KEYS: dict[str, type] = {"dataplane": str}
+_WIREGUARD_KEYS: dict[str, type] = {"dataplane": str, "preshared_key_file": str}
 
 
 def _dataplane_spec(table: Mapping[str, Any]) -> DataplaneSpec:
@@ -268,7 +270,7 @@ def _dataplane_spec(table: Mapping[str, Any]) -> DataplaneSpec:
     value = table.get("dataplane", "auto")
     if value not in DATAPLANES:
         raise SpecError(f"wireguard.dataplane: {value!r} is not one of {', '.join(DATAPLANES)}")
-    return DataplaneSpec(dataplane=value)
+    return DataplaneSpec(dataplane=value, preshared_key_file=table.get("preshared_key_file"))
 
 
 def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -13,6 +13,7 @@ configuration inside those namespaces, which have no route to them.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import errno
 import itertools
 import json
@@ -251,6 +252,25 @@ async def test_link_is_up_and_holds_the_address(device: Device) -> None:
         state = await device.dp.link_state()
         assert state.exists and state.up
         assert str(device.config.address.ip) in state.addresses
+
+
+async def test_added_peers_get_the_mesh_preshared_key(kind: str, device_netns: str | None) -> None:
+    psk = base64.b64encode(bytes(range(200, 232))).decode()
+    config = dataclasses.replace(device_config(next(_names)), preshared_key=psk)
+    a, _b = two_peers()
+    with trio.fail_after(30):
+        async with open_device(kind, config, device_netns) as dp:
+            await dp.apply(Plan(add=(a,)))
+            if isinstance(dp, FakeDataplane):
+                assert dp.preshared_keys == {a.public_key: psk}
+            else:
+                assert device_netns is not None
+                shown = await trio.run_process(
+                    ["ip", "netns", "exec", device_netns, "wg", "show", config.interface,
+                     "preshared-keys"],
+                    capture_stdout=True,
+                )  # fmt: skip
+                assert shown.stdout.decode().split() == [a.public_key, psk]
 
 
 async def test_link_state_after_exit_says_gone(kind: str, device_netns: str | None) -> None:

@@ -34,6 +34,7 @@ class DeviceConfig:
     network: IPv4Network | IPv6Network
     mtu: int
     persistent_keepalive: int = 0
+    preshared_key: str | None = None  # base64, mesh-wide; never logged
 
     def __repr__(self) -> str:
         return (

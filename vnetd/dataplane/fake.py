@@ -34,6 +34,8 @@ class FakeDataplane:
         self.device_routes: set[str] = set()
         self.unreachable: set[str] = {str(config.network)}
         self.closed = False
+        self.preshared_keys: dict[str, str | None] = {}
+        """The pre-shared key each peer was added with (base64, or None)."""
         self.device_id = secrets.token_hex(8)
         self.handshakes: list[str] = []
         self.restarts = 0
@@ -58,7 +60,10 @@ class FakeDataplane:
             self.device[upd.public_key] = current
             if upd.allowed_ips is not None:
                 self._assign(upd.public_key, upd.allowed_ips)
+        if self.config.preshared_key is not None:
+            key_to_hex(self.config.preshared_key, "preshared_key")
         for added in plan.add:
+            self.preshared_keys[added.public_key] = self.config.preshared_key
             current = self.device.get(added.public_key, DevicePeer(added.public_key, ()))
             if added.endpoint is not None:
                 current = replace(current, endpoint=added.endpoint)

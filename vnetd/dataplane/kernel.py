@@ -114,7 +114,9 @@ def _endpoint_fields(endpoint: str | None) -> dict[str, Any]:
     return {"endpoint_addr": addr, "endpoint_port": port}
 
 
-def peer_messages(plan: Plan, persistent_keepalive: int = 0) -> list[PeerMessage]:
+def peer_messages(
+    plan: Plan, persistent_keepalive: int = 0, preshared_key: str | None = None
+) -> list[PeerMessage]:
     """One message per peer change of ``plan``: removes, then updates, then adds.
 
     The same semantics as the UAPI lines: updates are ``update_only``; adds
@@ -132,6 +134,8 @@ def peer_messages(plan: Plan, persistent_keepalive: int = 0) -> list[PeerMessage
         messages.append(msg)
     for peer in plan.add:
         msg = {"public_key": _key(peer.public_key)}
+        if preshared_key is not None:
+            msg["preshared_key"] = _key(preshared_key)
         msg.update(_endpoint_fields(peer.endpoint))
         msg["replace_allowed_ips"] = True
         msg["allowed_ips"] = list(peer.allowed_ips)
@@ -263,7 +267,8 @@ class KernelDataplane:
         if not plan:
             return
         keepalive = self.config.persistent_keepalive
-        messages = peer_messages(plan, keepalive) + handshake_messages(plan.handshake, keepalive)
+        messages = peer_messages(plan, keepalive, self.config.preshared_key)
+        messages += handshake_messages(plan.handshake, keepalive)
         async with self._lock:
             start = trio.current_time()
             live = await run_netlink(lambda: self._send(messages))

@@ -123,7 +123,8 @@ class UapiDataplane:
         if not plan:
             return
         keepalive = self.config.persistent_keepalive
-        lines = plan_lines(plan, keepalive) + handshake_lines(plan.handshake, keepalive)
+        lines = plan_lines(plan, keepalive, self.config.preshared_key)
+        lines += handshake_lines(plan.handshake, keepalive)
         async with self._lock:
             start = trio.current_time()
             await self.uapi.set(lines)

@@ -120,11 +120,14 @@ def parse_peers(pairs: Iterable[tuple[str, str]]) -> dict[str, DevicePeer]:
     return peers
 
 
-def plan_lines(plan: Plan, persistent_keepalive: int = 0) -> list[tuple[str, str]]:
+def plan_lines(
+    plan: Plan, persistent_keepalive: int = 0, preshared_key: str | None = None
+) -> list[tuple[str, str]]:
     """One ``set`` transaction for ``plan``: removes, then updates, then adds.
 
     Never ``replace_peers``: only the named peers are touched. Adds also send
-    ``replace_allowed_ips`` so re-adding an existing peer is exact, not a union.
+    ``replace_allowed_ips`` so re-adding an existing peer is exact, not a union,
+    and the mesh's pre-shared key (base64) when there is one.
     """
     lines: list[tuple[str, str]] = []
     for peer in plan.remove:
@@ -138,6 +141,8 @@ def plan_lines(plan: Plan, persistent_keepalive: int = 0) -> list[tuple[str, str
             lines += [("allowed_ip", ip) for ip in upd.allowed_ips]
     for peer in plan.add:
         lines.append(("public_key", key_to_hex(peer.public_key)))
+        if preshared_key is not None:
+            lines.append(("preshared_key", key_to_hex(preshared_key, "preshared_key")))
         if peer.endpoint is not None:
             lines.append(("endpoint", peer.endpoint))
         lines.append(("replace_allowed_ips", "true"))
