@@ -25,3 +25,10 @@ def test_tool_passes(argv: list[str]) -> None:
         [str(BIN / argv[0]), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_test_file_names_are_unique_across_suites() -> None:
+    # The suites have no __init__.py, so pytest imports test files by basename:
+    # two files with one name stop the whole run at collection.
+    names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
