@@ -56,10 +56,15 @@ async def test_a_new_key_replaces_the_old_one_on_every_peer(lab: Lab) -> None:
             # The swap is one plan: the old key leaves and the new one joins
             # in the same transaction (the same log timestamp), so the rank's
             # address is never without a peer.
-            lines = mesh.daemons[rank].log_text().splitlines()
-            left = [line[:23] for line in lines if "peer left: rank 1" in line]
-            joined = {line[:23] for line in lines if "peer joined: rank 1" in line}
-            assert len(left) == 1 and left[0] in joined, lines[-6:]
+            # One plan's lines are logged together, ending with "plan applied".
+            plans, current = [], []
+            for line in mesh.daemons[rank].log_text().splitlines():
+                current.append(line)
+                if "plan applied" in line:
+                    plans.append("\n".join(current))
+                    current = []
+            swaps = [p for p in plans if "peer left: rank 1" in p]
+            assert len(swaps) == 1 and "peer joined: rank 1" in swaps[0], swaps
         ping = await lab.run(mesh.pod(0), ["ping", "-c", "1", "-W", "2", mesh.address(1)], 5)
         assert ping.returncode == 0, ping.stdout.decode()
         print(f"key rotated: rank 0 holds the new key {swapped:.2f} s after the restart")
