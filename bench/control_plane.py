@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Control-plane scale: 256 and 1024 simulated ranks, fake data plane, one real etcd.
+
+Each run builds a lab of ``--procs`` pods plus etcd. Pod i runs one
+``bench/sim_ranks.py`` process holding the ranks r with r % procs == i
+(interleaved, so every process joins across the whole range), each a whole
+``run_daemon`` with its own etcd client, lease, watch, reconciler, state dir
+and instance name, and a ``FakeDataplane`` as its device. The processes
+start together and start their daemons at a steady pace, ``--rate`` joins
+per second in all (a Kubernetes Job's pods appear at a few tens per
+second): the join storm. The spec is the production default (lease TTL
+10 s, keepalive every 3.3 s; resync every 30 s) unless ``--ttl`` says
+otherwise. ``bench/etcd_metrics.py`` scrapes etcd's /metrics every second
+from pod 0.
+
+Figures per run:
+
+* ``converge_s``: the last registration (the latest ``claimed`` time of any
+  daemon, taken when etcd acknowledged its claim) → every daemon's device
+  holds all N-1 peers (the latest ``full`` time);
+* ``storm_s``: the first process start → that same moment;
+* ``cpu_s_per_daemon``: CPU seconds of all sim processes from their start to
+  full, divided by N; and at rest (``--rest`` s after full) as a share of a core;
+* etcd requests per second (gRPC messages received, by method) during the
+  storm and at rest, and etcd's own CPU.
+
+Run alone: ``.venv/bin/python bench/control_plane.py --sizes 256 --runs 1``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from functools import partial
+from typing import Any
+
+import trio
+from common import (
+    BENCH,
+    JSON,
+    LoadSampler,
+    attempt,
+    base_parser,
+    check_host,
+    lab_netns,
+    merge_load,
+    runs_for,
+    seeded,
+    spread,
+    wait_for,
+    write_result,
+)
+
+from vnetd.lab.cluster import write_spec
+from vnetd.lab.lab import LabProcess, open_lab
+
+NAME = "control_plane"
+TITLE = "Control-plane scale (simulated ranks)"
+CONVERGE_AFTER = 60.0
+"""How long after the last scheduled start the mesh may take before the run is
+recorded as not converged."""
+
+
+def events(process: LabProcess) -> list[JSON]:
+    found = []
+    for line in process.log_text().splitlines():
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return found
+
+
+def warnings(processes: list[LabProcess]) -> dict[str, int]:
+    """The daemons' WARNING/ERROR lines, counted by their first words (numbers elided)."""
+    counts: dict[str, int] = {}
+    for process in processes:
+        for line in process.log_text().splitlines():
+            if line.startswith("{") or (" WARNING " not in line and " ERROR " not in line):
+                continue
+            words = line.split(maxsplit=4)[-1].split()[:6]
+            key = " ".join("N" if any(c.isdigit() for c in w) else w for w in words)
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:12])
+
+
+def progress(processes: list[LabProcess]) -> tuple[int, int]:
+    """(claimed, full) summed over the latest progress line of each process."""
+    claimed = full = 0
+    for process in processes:
+        latest = [e for e in events(process) if e.get("event") == "progress"]
+        if latest:
+            claimed += int(latest[-1]["claimed"])
+            full += int(latest[-1]["full"])
+    return claimed, full
+
+
+def rates(samples: list[JSON], start: float, end: float) -> JSON:
+    """Per-second rates of etcd's counters between the samples nearest ``start`` and ``end``."""
+    good = [s for s in samples if "error" not in s]
+    if len(good) < 2:
+        return {}
+    first = min(good, key=lambda s: abs(s["t"] - start))
+    last = min(good, key=lambda s: abs(s["t"] - end))
+    span = last["t"] - first["t"]
+    if span <= 0:
+        return {}
+
+    def delta(part: str) -> dict[str, float]:
+        keys = set(first[part]) | set(last[part])
+        return {k: round((last[part].get(k, 0) - first[part].get(k, 0)) / span, 2) for k in keys}
+
+    received = delta("received")
+    return {
+        "window_s": round(span, 2),
+        "requests_per_s": round(sum(received.values()), 1),
+        "received_per_s": received,
+        "sent_per_s": delta("sent"),
+        "mvcc_per_s": delta("mvcc"),
+        "lease_per_s": delta("lease"),
+        "etcd_cpu_share": round((last["cpu"] - first["cpu"]) / span, 3),
+    }
+
+
+def series(samples: list[JSON], t0: float) -> list[list[float]]:
+    """``[[s since t0, requests/s], ...]`` between consecutive scrapes (for the plot)."""
+    good = [s for s in samples if "error" not in s]
+    out = []
+    for a, b in zip(good, good[1:], strict=False):
+        span = b["t"] - a["t"]
+        if span > 0:
+            n = sum(b["received"].values()) - sum(a["received"].values())
+            out.append([round(b["t"] - t0, 2), round(n / span, 1)])
+    return out
+
+
+async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int) -> JSON:
+    timeout = size / rate + CONVERGE_AFTER
+    async with open_lab(procs) as lab:
+        sampler = LoadSampler(own_netns=lab_netns(lab))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sampler.run)
+            spec = write_spec(lab.workdir / "mesh.toml", size, lab.etcd_url, ttl=ttl)
+            scraper = await lab.start(
+                lab.pods[0],
+                [sys.executable, str(BENCH / "etcd_metrics.py"), "--url", lab.etcd_url,
+                 "--interval", "1", "--duration", str(timeout + rest + 60)],
+                private_mount=False,
+            )  # fmt: skip
+            await trio.sleep(2.5)
+            t0 = time.time()
+            sims = []
+            for i, pod in enumerate(lab.pods):
+                ranks = ",".join(str(r) for r in range(i, size, procs))
+                argv = [sys.executable, str(BENCH / "sim_ranks.py"), "--config", str(spec),
+                        "--ranks", ranks, "--state-root", str(pod.state_dir),
+                        "--stagger", str(procs / rate)]  # fmt: skip
+                sims.append(await lab.start(pod, argv, private_mount=False))
+            converged = True
+            try:
+                await wait_for(
+                    lambda: (
+                        progress(sims)[1] >= size or any(p.returncode is not None for p in sims)
+                    ),
+                    f"{size} simulated daemons holding every peer",
+                    timeout,
+                    1.0,
+                )
+            except TimeoutError:
+                converged = False  # recorded as such, with what the daemons logged
+            if any(p.returncode is not None for p in sims):
+                tail = next(p for p in sims if p.returncode is not None).log_text()[-2000:]
+                raise RuntimeError(f"a sim_ranks process exited:\n{tail}")
+            all_events = [e for p in sims for e in events(p)]
+            claims = [e["t"] for e in all_events if e.get("event") == "claimed"] or [time.time()]
+            fulls = [e["t"] for e in all_events if e.get("event") == "full"] or [time.time()]
+            cpu_full = sum(_last_cpu(p) for p in sims)
+            full_at = max(fulls) if converged else time.time()
+            await trio.sleep(rest if converged else 0)
+            rest_end = time.time()
+            cpu_rest = sum(_last_cpu(p) for p in sims) - cpu_full
+            await trio.sleep(1.5)
+            metrics = events(scraper)
+            warned = warnings(sims)
+            nursery.cancel_scope.cancel()
+    last_claim = max(claims)
+    result = {
+        "size": size,
+        "procs": procs,
+        "ranks_per_proc": size // procs,
+        "converged": converged,
+        "claimed": len(claims),
+        "full": len(fulls),
+        "converge_s": full_at - last_claim if converged else None,
+        "storm_s": full_at - t0,
+        "registration_span_s": last_claim - min(claims),
+        "first_claim_s": min(claims) - t0,
+        "cpu_s_per_daemon_to_full": cpu_full / size,
+        "cpu_share_per_daemon_rest": cpu_rest / size / rest if converged else None,
+        "etcd_storm": rates(metrics, t0, full_at),
+        "etcd_rest": rates(metrics, full_at + 1, rest_end),
+        "etcd_series": series(metrics, t0),
+        "full_curve": [round(t - t0, 3) for t in sorted(fulls)],
+        "claim_curve": [round(t - t0, 3) for t in sorted(claims)],
+        "warnings": warned,
+        "load": sampler.summary(),
+    }
+    outcome = (
+        f"full mesh {full_at - last_claim:.1f} s after the last registration"
+        if converged
+        else f"NOT full after {timeout:.0f} s ({len(claims)} claimed, {len(fulls)} full)"
+    )
+    print(
+        f"  {size} ranks in {procs} processes: {outcome} ({result['storm_s']:.1f} s after "
+        "start); CPU "
+        f"{result['cpu_s_per_daemon_to_full']:.2f} s/daemon; etcd "
+        f"{result['etcd_storm'].get('requests_per_s', 0):.0f} req/s storm, "
+        f"{result['etcd_rest'].get('requests_per_s', 0):.0f} req/s rest",
+        flush=True,
+    )
+    return result
+
+
+def _last_cpu(process: LabProcess) -> float:
+    latest = [e for e in events(process) if e.get("event") == "progress"]
+    return float(latest[-1]["cpu"]) if latest else 0.0
+
+
+def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
+    by_size: JSON = {}
+    for size in sizes:
+        mine = [r for r in runs if r["size"] == size]
+        by_size[str(size)] = {
+            "runs": len(mine),
+            "procs": mine[0]["procs"] if mine else None,
+            "converge_s": spread(r["converge_s"] for r in mine),
+            "converged": sum(1 for r in mine if r["converged"]),
+            "storm_s": spread(r["storm_s"] for r in mine),
+            "registration_span_s": spread(r["registration_span_s"] for r in mine),
+            "cpu_s_per_daemon_to_full": spread(r["cpu_s_per_daemon_to_full"] for r in mine),
+            "cpu_share_per_daemon_rest": spread(r["cpu_share_per_daemon_rest"] for r in mine),
+            "etcd_storm_rps": spread(r["etcd_storm"].get("requests_per_s") for r in mine),
+            "etcd_rest_rps": spread(r["etcd_rest"].get("requests_per_s") for r in mine),
+            "etcd_storm_cpu": spread(r["etcd_storm"].get("etcd_cpu_share") for r in mine),
+            "etcd_rest_cpu": spread(r["etcd_rest"].get("etcd_cpu_share") for r in mine),
+        }
+    return {"by_size": by_size, "target_s": 10.0, "target_size": 1024}
+
+
+async def main_async(args: Any) -> int:  # noqa: ANN401
+    seed, _rng = seeded(args.seed)
+    runs: list[JSON] = []
+    failures: list[JSON] = []
+    for size in args.sizes:
+        n = runs_for(args.runs, size)
+        for i in range(n):
+            print(f"control plane: {size} ranks, run {i + 1}/{n}", flush=True)
+            result = await attempt(
+                failures,
+                {"size": size, "run": i + 1},
+                partial(one_run, size, args.procs, args.rest, args.rate, args.ttl),
+            )
+            if result is not None:
+                runs.append(result)
+    params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
+              "procs": args.procs, "rest_s": args.rest,
+              "rate_per_s": args.rate, "lease_ttl_s": args.ttl, "resync_s": 30,
+              "seed": seed}  # fmt: skip
+    write_result(NAME, TITLE, params, runs, summarize(runs, args.sizes),
+                 merge_load([r["load"] for r in runs]), args.out,
+                 failures)  # fmt: skip
+    return len(failures)
+
+
+def main() -> None:
+    parser = base_parser(__doc__.split("\n")[0], sizes=(256, 1024), runs=2)
+    parser.add_argument("--procs", type=int, default=4, help="sim processes (pods), default 4")
+    parser.add_argument("--rest", type=float, default=20.0, help="seconds at rest (default 20)")
+    parser.add_argument("--rate", type=float, default=25.0, help="joins per second (default 25)")
+    parser.add_argument("--ttl", type=int, default=10, help="lease TTL, s (default 10)")
+    args = parser.parse_args()
+    check_host(("ip", "unshare", "etcd"))
+    sys.exit(1 if trio.run(main_async, args) else 0)
+
+
+if __name__ == "__main__":
+    main()

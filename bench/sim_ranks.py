@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Many simulated vnetd daemons in one trio process, fake data plane, real etcd; run in a lab pod.
+
+    sim_ranks.py --config mesh.toml --ranks 0-255 --state-root DIR [--stagger 0.005]
+
+Each rank is a whole ``vnetd.daemon.run_daemon`` (spec check, claim under a
+lease with keepalive, list-then-watch, reconciler) with its own etcd client,
+state dir (key) and instance name; only the device is the in-memory
+``FakeDataplane``, wrapped to note when it first holds every other rank of
+the spec. One JSON line per event on stdout (``t``: wall clock, epoch s):
+
+- ``{"event": "claimed", "rank": R, "t": T}`` when a daemon's claim is in etcd;
+- ``{"event": "full", "rank": R, "t": T}`` when its device first holds N-1 peers;
+- ``{"event": "progress", "claimed": n, "full": n, "cpu": s, "t": T}`` every second,
+  ``cpu`` being this process's CPU seconds so far.
+
+Runs until SIGTERM. The daemons' own logs are off (WARNING and above go to
+stderr): at 1024 ranks they would log a million "peer joined" lines. With
+``BENCH_PROFILE=DIR`` in the environment it runs under cProfile and leaves
+``DIR/sim-<pid>.prof``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from functools import partial
+from ipaddress import ip_network
+from pathlib import Path
+
+import trio
+
+from vnetd.daemon import Running, UpOptions, run_daemon
+from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.fake import FakeDataplane
+from vnetd.model import Plan
+from vnetd.ranks import parse_ranks
+from vnetd.spec import load_spec
+
+
+def emit(record: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CountingDataplane(FakeDataplane):
+    """A ``FakeDataplane`` that reports when it first holds ``want`` peers.
+
+    It also indexes which peer holds each allowed IP: the stock fake finds
+    the previous holder by scanning every peer for every peer it adds, so a
+    daemon starting into a 1024-rank mesh would spend ~0.1 s of CPU in the
+    fake alone (1023 adds × 1023 peers). The semantics are the same: an
+    allowed IP belongs to one peer, the last one given it.
+    """
+
+    def __init__(self, config: DeviceConfig, rank: int, want: int, state: Counters) -> None:
+        super().__init__(config)
+        self.rank = rank
+        self.want = want
+        self.state = state
+        self.full = False
+        self._owner: dict[str, str] = {}
+
+    def _assign(self, public_key: str, allowed_ips: Iterable[str]) -> None:
+        wanted = {str(ip_network(ip, strict=False)) for ip in allowed_ips}
+        for ip in wanted:
+            owner = self._owner.get(ip)
+            if owner is not None and owner != public_key:
+                peer = self.device.get(owner)
+                if peer is not None and ip in peer.allowed_ips:
+                    kept = tuple(x for x in peer.allowed_ips if x != ip)
+                    self.device[owner] = replace(peer, allowed_ips=kept)
+            self._owner[ip] = public_key
+        self.device[public_key] = replace(
+            self.device[public_key], allowed_ips=tuple(sorted(wanted))
+        )
+
+    async def apply(self, plan: Plan) -> None:
+        await super().apply(plan)
+        if not self.full and len(self.device) >= self.want:
+            self.full = True
+            self.state.full += 1
+            emit({"event": "full", "rank": self.rank, "t": time.time()})
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.claimed = 0
+        self.full = 0
+
+
+def endpoint_ip(rank: int) -> str:
+    """A distinct underlay address per rank, inside 198.18.0.0/15 (only registered, never
+    sent to: the data plane is fake)."""
+    return f"198.19.{rank // 256}.{rank % 256}"
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    spec = load_spec(args.config)
+    ranks = parse_ranks(args.ranks, spec.size)
+    state = Counters()
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, signals, nursery.cancel_scope)
+            nursery.start_soon(_progress, state, len(ranks))
+            emit({"event": "starting", "ranks": len(ranks), "t": time.time()})
+            for rank in ranks:
+                nursery.start_soon(_one, rank, args, spec.size, state)
+                if args.stagger:
+                    await trio.sleep(args.stagger)
+
+
+async def _one(rank: int, args: argparse.Namespace, size: int, state: Counters) -> None:
+    opts = UpOptions(
+        config=args.config,
+        rank=str(rank),
+        state_dir=args.state_root / f"rank{rank}",
+        instance=f"sim-{rank}",
+        dataplane="fake",
+        resync_interval=args.resync,
+    )
+    env = {"POD_IP": endpoint_ip(rank), "POD_NAME": f"sim-{rank}"}
+
+    @asynccontextmanager
+    async def dataplane(device: DeviceConfig) -> AsyncIterator[CountingDataplane]:
+        fake = CountingDataplane(device, rank, size - 1, state)
+        try:
+            yield fake
+        finally:
+            fake.close()
+
+    async with trio.open_nursery() as nursery:
+        running: Running = await nursery.start(
+            partial(run_daemon, opts, env, open_dataplane=dataplane)
+        )
+        with trio.fail_after(600):
+            await running.claim.claimed.wait()
+        state.claimed += 1
+        emit({"event": "claimed", "rank": rank, "t": running.claim.claimed_at or time.time()})
+
+
+async def _progress(state: Counters, total: int) -> None:
+    while True:
+        emit({"event": "progress", "claimed": state.claimed, "full": state.full, "of": total,
+              "cpu": round(cpu_seconds(), 3), "t": time.time()})  # fmt: skip
+        await trio.sleep(1.0)
+
+
+async def _stop_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:
+    async for _ in signals:
+        scope.cancel()
+        return
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--ranks", required=True, help="e.g. 0-255")
+    parser.add_argument("--state-root", type=Path, required=True)
+    parser.add_argument("--stagger", type=float, default=0.0, help="seconds between starts")
+    parser.add_argument("--resync", type=float, default=30.0, help="--resync-interval")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    profile_dir = os.environ.get("BENCH_PROFILE")
+    if not profile_dir:
+        trio.run(main_async, args)
+        return 0
+    import cProfile  # where does a process of simulated daemons spend its CPU?
+
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(trio.run, main_async, args)
+    finally:
+        profiler.dump_stats(Path(profile_dir) / f"sim-{os.getpid()}.prof")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
