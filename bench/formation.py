@@ -304,7 +304,7 @@ async def steady_join(
 
 
 async def one_run(size: int, rng: Any, args: Any) -> JSON:  # noqa: ANN401
-    async with open_lab(size) as lab:
+    async with open_lab(size, static_neighbours=True) as lab:
         sampler = LoadSampler(own_netns=lab_netns(lab))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sampler.run)

@@ -216,7 +216,7 @@ async def one_run(size: int, rng: Any, max_gap: float, launcher_first: bool) -> 
     order = list(range(size))
     rng.shuffle(order)
     gaps = [rng.uniform(0, max_gap) for _ in order]
-    async with open_lab(size) as lab:
+    async with open_lab(size, static_neighbours=True) as lab:
         sampler = LoadSampler(own_netns=lab_netns(lab))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sampler.run)

@@ -296,3 +296,34 @@ async def test_a_pod_can_move_to_a_new_underlay_address(lab: Lab) -> None:
         assert ping.returncode == 0, ping.stdout.decode()
         with pytest.raises(ValueError, match="underlay"):
             await lab.move_pod(moved, "10.0.0.1")
+
+
+async def test_static_neighbours_pin_every_underlay_address_without_arp() -> None:
+    async with open_lab(3, static_neighbours=True, ipv6=True) as lab:
+        with trio.fail_after(40):
+            hosts = [(p, p.underlay_ip, p.underlay_ip6) for p in lab.pods]
+            for src in lab.pods:
+                for dst, ip4, ip6 in hosts:
+                    if dst is src:
+                        continue
+                    for addr in (ip4, ip6):
+                        assert addr is not None
+                        ping = await lab.run(src, ["ping", "-c", "1", "-W", "2", addr], 5)
+                        assert ping.returncode == 0, ping.stdout.decode()
+                assert await etcd_health(lab, src.index) is not None
+                neigh = await lab.run(src, ["ip", "-j", "neigh", "show", "dev", "eth0"], 5)
+                entries = {e["dst"]: e for e in json.loads(neigh.stdout)}
+                others = [a for d, *addrs in hosts if d is not src for a in addrs]
+                for addr in [*others, lab_module.ETCD_IP]:
+                    assert addr in entries, f"{src.name}: no entry for {addr}: {entries}"
+                    assert entries[addr]["state"] == ["PERMANENT"], entries[addr]
+                learned = [e for e in entries.values() if e["state"] != ["PERMANENT"]
+                           and not e["dst"].startswith("fe80:")]  # fmt: skip
+                assert not learned, f"{src.name} resolved by ARP/ND: {learned}"
+            moved = await lab.move_pod(lab.pods[2], "198.18.3.2")
+            ping = await lab.run(lab.pods[0], ["ping", "-c", "1", "-W", "2", "198.18.3.2"], 5)
+            assert ping.returncode == 0, ping.stdout.decode()
+            neigh = await lab.run(lab.pods[0], ["ip", "-j", "neigh", "show", "dev", "eth0"], 5)
+            entries = {e["dst"]: e["state"] for e in json.loads(neigh.stdout)}
+            assert entries.get(moved.underlay_ip) == ["PERMANENT"]
+            assert "198.18.1.2" not in entries

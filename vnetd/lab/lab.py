@@ -7,6 +7,16 @@ Layout of a lab with id ``ab12`` (nothing lives in the root namespace)::
     vlab-ab12-pod1   eth0 198.18.1.1/15 ...
     vlab-ab12-etcd   eth0 198.18.0.10/15, etcd on :2379
 
+With ``open_lab(..., static_neighbours=True)`` every eth0 gets a fixed MAC
+address and every namespace a permanent neighbour entry for every other one,
+so nothing is resolved by ARP. The kernel's neighbour table is global: its
+``gc_thresh3`` (1024 entries by default, settable only in the root namespace)
+counts the entries of every namespace together, and a full mesh of 64 pods
+needs about 4,000, so resolution fails with ENOBUFS ("neighbor table
+overflow") for every lab on the machine. Permanent entries are exempt from
+that limit. The big benchmark labs use it; a real cluster has no such limit
+to share.
+
 Processes started with ``Lab.start`` run in their pod's network namespace and
 in a private mount namespace with their own tmpfs on ``/run/wireguard``, so
 every pod can use the same WireGuard interface name. A marker file
@@ -60,6 +70,7 @@ ETCD_IP = "198.18.0.10"
 UNDERLAY6_PREFIX = "fd00:198:18::"
 """With ``open_lab(ipv6=True)`` pod i also has ``fd00:198:18::<i+1>/64`` on eth0."""
 ETCD_PORT = 2379
+ETCD_MAC = "02:76:6c:ff:00:01"
 MAX_PODS = 1000
 """A Linux bridge takes at most 1024 ports."""
 
@@ -166,12 +177,21 @@ class Lab:
     """A built lab; get one from ``open_lab``."""
 
     def __init__(
-        self, lab_id: str, workdir: Path, pods: int, *, mtu: int | None = None, ipv6: bool = False
+        self,
+        lab_id: str,
+        workdir: Path,
+        pods: int,
+        *,
+        mtu: int | None = None,
+        ipv6: bool = False,
+        static_neighbours: bool = False,
     ) -> None:
         self.id = lab_id
         self.mtu = mtu
         """The underlay MTU of every veth and the bridge (None: the kernel's 1500)."""
         self.ipv6 = ipv6
+        self.static_neighbours = static_neighbours
+        """Fixed MACs and permanent neighbour entries instead of ARP (see the module doc)."""
         self.workdir = workdir
         self.switch_netns = f"{NETNS_PREFIX}{lab_id}-sw"
         self.etcd_netns = f"{NETNS_PREFIX}{lab_id}-etcd"
@@ -433,7 +453,30 @@ class Lab:
         )  # fmt: skip
         moved = replace(pod, underlay_ip=underlay_ip)
         self.pods[pod.index] = moved
+        if self.static_neighbours:
+            for netns, _ in self._hosts():
+                if netns != pod.netns:
+                    await ip_batch(
+                        [f"neigh del {pod.underlay_ip} dev eth0",
+                         f"neigh replace {underlay_ip} lladdr {_mac(pod.index)} dev eth0 "
+                         "nud permanent"], netns=netns, force=True,
+                    )  # fmt: skip
         return moved
+
+    def _hosts(self) -> list[tuple[str, str]]:
+        """(namespace, IPv4 underlay address) of every pod and of etcd."""
+        return [(p.netns, p.underlay_ip) for p in self.pods] + [(self.etcd_netns, ETCD_IP)]
+
+    async def _pin_neighbours(self) -> None:
+        """Permanent neighbour entries in every namespace for every other one (IPv4 and IPv6)."""
+        entries = [(p.netns, p.underlay_ip, _mac(p.index)) for p in self.pods]
+        entries += [(p.netns, p.underlay_ip6, _mac(p.index)) for p in self.pods if p.underlay_ip6]
+        entries.append((self.etcd_netns, ETCD_IP, ETCD_MAC))
+        for netns, _ in self._hosts():
+            await ip_batch(
+                [f"neigh replace {addr} lladdr {mac} dev eth0 nud permanent"
+                 for owner, addr, mac in entries if owner != netns]
+            , netns=netns)  # fmt: skip
 
     def _check_open(self) -> None:
         if self._closed:
@@ -445,24 +488,27 @@ class Lab:
             pod.log_dir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "etcd").mkdir(parents=True, exist_ok=True)
         await add_netns(self.netns_names)
-        ports = [(f"p{p.index}", p.netns) for p in self.pods] + [("etcd", self.etcd_netns)]
+        ports = [(f"p{p.index}", p.netns, _mac(p.index)) for p in self.pods]
+        ports.append(("etcd", self.etcd_netns, ETCD_MAC))
         switch = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
         mtu = f" mtu {self.mtu}" if self.mtu else ""
         if mtu:
             switch.append(f"link set br0{mtu}")
-        for port, netns in ports:
-            switch += [f"link add {port}{mtu} type veth peer name eth0{mtu} netns {netns}",
+        for port, netns, mac in ports:
+            switch += [f"link add {port}{mtu} type veth peer name eth0{mtu} address {mac} "
+                       f"netns {netns}",
                        f"link set {port} master br0 up"]  # fmt: skip
         await ip_batch(switch, netns=self.switch_netns)
         for pod in self.pods:
             if pod.underlay_ip6:
                 await ip_batch([f"addr add {pod.underlay_ip6}/64 dev eth0 nodad"], netns=pod.netns)
-        hosts = [(p.netns, p.underlay_ip) for p in self.pods] + [(self.etcd_netns, ETCD_IP)]
-        for netns, addr in hosts:
+        for netns, addr in self._hosts():
             await ip_batch(
                 ["link set lo up", f"addr add {addr}/{UNDERLAY_PREFIXLEN} dev eth0",
                  "link set eth0 up"], netns=netns,
             )  # fmt: skip
+        if self.static_neighbours:
+            await self._pin_neighbours()
 
     async def _teardown(self, *, remove_workdir: bool) -> None:
         """Stop everything by pid and delete every namespace and the marker."""
@@ -483,6 +529,11 @@ class Lab:
                     shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def _mac(index: int) -> str:
+    """Pod ``index``'s fixed, locally administered eth0 MAC address."""
+    return f"02:76:6c:00:{(index + 1) >> 8:02x}:{(index + 1) & 0xFF:02x}"
+
+
 async def _destroy_netns(names: Sequence[str]) -> None:
     """Kill (by pid) whatever still runs in the namespaces, then delete them."""
     leftover = [pid for pids in pids_in_netns(names).values() for pid in pids]
@@ -499,6 +550,7 @@ async def open_lab(
     with_etcd: bool = True,
     mtu: int | None = None,
     ipv6: bool = False,
+    static_neighbours: bool = False,
 ) -> AsyncIterator[Lab]:
     """Build a lab of ``pods`` pods (and etcd), yield it, and tear it all down.
 
@@ -510,6 +562,8 @@ async def open_lab(
         mtu: the underlay MTU of the veths and the bridge (None: 1500).
         ipv6: give each pod an IPv6 underlay address too (``Pod.underlay_ip6``,
             ``fd00:198:18::<i+1>/64``); etcd stays on IPv4.
+        static_neighbours: pin every underlay neighbour instead of resolving
+            it by ARP; needed beyond ~30 pods (see the module doc).
 
     Raises:
         LabError: a namespace or link could not be made (all is undone).
@@ -533,7 +587,7 @@ async def open_lab(
     except BaseException:
         _remove_marker(lab_id)
         raise
-    lab = Lab(lab_id, workdir, pods, mtu=mtu, ipv6=ipv6)
+    lab = Lab(lab_id, workdir, pods, mtu=mtu, ipv6=ipv6, static_neighbours=static_neighbours)
     try:
         try:
             await lab._build()
