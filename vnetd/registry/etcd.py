@@ -262,7 +262,10 @@ class EtcdRegistry:
         self._timeout = timeout
         self._security = security or EtcdSecurity()
         tls = any(url.startswith("https://") for url in self._endpoints)
-        verify: ssl.SSLContext | bool = self._security.ssl_context() if tls else True
+        # With plain http endpoints no TLS is ever spoken; verify=False keeps httpx from
+        # building a default context with the system's CA bundle, which costs ~0.2 CPU-s
+        # at start (a quarter of a daemon's start-up, measured in bench/control_plane.py).
+        verify: ssl.SSLContext | bool = self._security.ssl_context() if tls else False
         self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
         self._tokens: dict[str, str] = {}
         """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
