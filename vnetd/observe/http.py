@@ -3,7 +3,8 @@
 hypercorn (its trio worker) does the HTTP; this module is a small ASGI
 application that maps four GET paths to an ``Endpoints`` object. Routing
 four fixed paths needs no framework. The endpoint is off unless a listen
-address is configured (``[http] listen`` in the spec or ``--http-listen``).
+address is configured (``[http] listen`` in the spec or ``--http-listen``),
+and hypercorn is only imported then (~50 ms of a daemon's start otherwise).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
 log = logging.getLogger("vnetd.http")
 
@@ -125,6 +124,9 @@ async def serve_http(
 
     Cancellation: open connections get ``GRACEFUL_TIMEOUT`` seconds.
     """
+    from hypercorn.config import Config  # only when serving (see the module doc)
+    from hypercorn.trio import serve
+
     config = Config()
     config.bind = [listen]
     config.accesslog = None
