@@ -160,9 +160,14 @@ def _plan(args: argparse.Namespace) -> int:
     from vnetd.spec import load_spec
 
     spec = load_spec(args.config)
-    print(f"# mesh {spec.name}: {spec.size} ranks in {spec.network}, port {spec.port}")
+    networks = " and ".join(str(net) for net in spec.networks)
+    print(f"# mesh {spec.name}: {spec.size} ranks in {networks}, port {spec.port}")
+    if spec.network6 is not None:
+        print("# rank, address, hostname, IPv6 address")
     for rank in range(spec.size):
-        print(f"{rank}\t{spec.address(rank)}\t{spec.host(rank)}")
+        # Dual stack: the IPv6 address is a 4th column, so the first three stay as they were.
+        extra = "".join(f"\t{addr}" for addr in spec.addresses(rank)[1:])
+        print(f"{rank}\t{spec.address(rank)}\t{spec.host(rank)}{extra}")
     return 0
 
 

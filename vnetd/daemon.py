@@ -122,6 +122,8 @@ def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, 
         mtu=resolve_mtu(spec, endpoint),
         persistent_keepalive=spec.persistent_keepalive,
         preshared_key=_preshared_key(opts, spec, env),
+        address6=spec.interface_address6(rank),
+        network6=spec.network6,
     )
     return spec, me, config
 
@@ -159,7 +161,7 @@ def resolve_mtu(spec: MeshSpec, endpoint: str, netns: str | None = None) -> int:
     except OSError as exc:
         raise VnetdError(f"mesh.mtu: auto: cannot read the underlay's MTU: {exc}") from None
     mtu = auto_mtu(underlay, host)
-    low = 1280 if spec.network.version == 6 else 576
+    low = spec.min_mtu
     if mtu < low:
         raise VnetdError(
             f"mesh.mtu: auto gives {mtu} (underlay {ifname} mtu {underlay}), below the "
@@ -218,7 +220,7 @@ async def run_daemon(
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
         me.rank,
-        config.address,
+        config.describe_addresses(),
         config.interface,
         me.endpoint,
         me.instance,

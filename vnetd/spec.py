@@ -1,7 +1,8 @@
 """The mesh spec: a small TOML file from which every address is derived.
 
 The address plan is a pure function of the spec: rank ``r`` owns host
-number ``offset + r`` of ``network``. Everything the consumers need (Flux
+number ``offset + r`` of ``network`` and, in a dual-stack mesh, the same
+host number of ``network6``. Everything the consumers need (Flux
 bootstrap config, ``/etc/hosts``, MPI host files) can therefore be written
 before any pod exists. ``docs/spec.md`` documents every key.
 """
@@ -80,6 +81,7 @@ class MeshSpec:
     name: str
     size: int
     network: IPNetwork
+    """The primary network: IPv4, or IPv6 in an IPv6-only mesh."""
     port: int = 51820
     interface: str = "vnet0"
     mtu: int | str = 1420
@@ -90,23 +92,70 @@ class MeshSpec:
     registry: RegistrySpec = RegistrySpec()
     http: HttpSpec = HttpSpec()
     local: DataplaneSpec = DataplaneSpec()
+    network6: IPv6Network | None = None
+    """Dual stack: the IPv6 network beside an IPv4 ``network``; None: one family."""
+
+    @property
+    def networks(self) -> tuple[IPNetwork, ...]:
+        """The overlay networks, the primary first."""
+        return (self.network,) if self.network6 is None else (self.network, self.network6)
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The IP versions of the overlay, the primary first: (4,), (6,) or (4, 6)."""
+        return tuple(net.version for net in self.networks)
+
+    @property
+    def min_mtu(self) -> int:
+        """The smallest MTU the overlay may have: IPv6 needs 1280, IPv4 576."""
+        return 1280 if 6 in self.versions else 576
 
     def address(self, rank: int) -> IPAddress:
-        """The fixed overlay address of ``rank``."""
+        """The fixed overlay address of ``rank`` in the primary ``network``."""
+        return self.addresses(rank)[0]
+
+    def addresses(self, rank: int) -> tuple[IPAddress, ...]:
+        """The rank's fixed overlay addresses, one per network, the primary first."""
         self.check_rank(rank)
-        return self.network.network_address + self.offset + rank
+        return tuple(net.network_address + self.offset + rank for net in self.networks)
+
+    def address_in(self, rank: int, version: int) -> IPAddress:
+        """The rank's address of IP version ``version`` (4 or 6).
+
+        Raises:
+            ValueError: the mesh has no network of that version (see ``versions``).
+        """
+        for addr in self.addresses(rank):
+            if addr.version == version:
+                return addr
+        raise ValueError(f"mesh {self.name} has no IPv{version} network")
 
     def interface_address(self, rank: int) -> IPv4Interface | IPv6Interface:
-        """The rank's address with the network's prefix length."""
-        addr = self.address(rank)
-        if isinstance(addr, IPv4Address):
-            return IPv4Interface(f"{addr}/{self.network.prefixlen}")
-        return IPv6Interface(f"{addr}/{self.network.prefixlen}")
+        """The rank's primary address with the network's prefix length."""
+        return self.interface_addresses(rank)[0]
+
+    def interface_addresses(self, rank: int) -> tuple[IPv4Interface | IPv6Interface, ...]:
+        """The rank's addresses with their networks' prefix lengths, the primary first."""
+        found: list[IPv4Interface | IPv6Interface] = []
+        for addr, net in zip(self.addresses(rank), self.networks, strict=True):
+            if isinstance(addr, IPv4Address):
+                found.append(IPv4Interface(f"{addr}/{net.prefixlen}"))
+            else:
+                found.append(IPv6Interface(f"{addr}/{net.prefixlen}"))
+        return tuple(found)
+
+    def interface_address6(self, rank: int) -> IPv6Interface | None:
+        """Dual stack: the rank's address in ``network6`` with its prefix length, else None."""
+        if self.network6 is None:
+            return None
+        self.check_rank(rank)
+        addr = self.network6.network_address + self.offset + rank
+        return IPv6Interface(f"{addr}/{self.network6.prefixlen}")
 
     def allowed_ips(self, rank: int) -> tuple[str, ...]:
-        """The allowed IPs a peer of ``rank`` gets: its address as a host route."""
-        addr = self.address(rank)
-        return (f"{addr}/{addr.max_prefixlen}",)
+        """The allowed IPs a peer of ``rank`` gets: each address as a host route (/32,
+        /128), sorted as the data planes report them."""
+        return tuple(sorted(f"{addr}/{addr.max_prefixlen}" for addr in self.addresses(rank)))
 
     def host(self, rank: int) -> str:
         """The hostname of ``rank`` from the spec's pattern."""
@@ -135,6 +184,12 @@ class MeshSpec:
         del table["http"]
         del table["local"]
         table["network"] = str(self.network)
+        if self.network6 is None:
+            # Absent, not null: the stored spec of a mesh made before network6 existed
+            # compares equal to a spec without it.
+            del table["network6"]
+        else:
+            table["network6"] = str(self.network6)
         return table
 
     def canonical_json(self) -> bytes:
@@ -157,6 +212,7 @@ _MESH_KEYS: dict[str, type] = {
     "name": str,
     "size": int,
     "network": str,
+    "network6": str,
     "port": int,
     "interface": str,
     "mtu": int,  # or "auto": see _mtu
@@ -222,8 +278,11 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
     name = _name(mesh["name"])
     size = _int_in("mesh.size", mesh["size"], 1, 1 << 20)
     network = _network(mesh["network"])
+    network6 = _network6(mesh["network6"], network) if "network6" in mesh else None
     offset = _int_in("mesh.offset", mesh.get("offset", 1), 0, 1 << 32)
     _check_fits(size, offset, network)
+    if network6 is not None:
+        _check_fits(size, offset, network6, "mesh.network6")
     port = _int_in("mesh.port", mesh.get("port", 51820), 1, 65535)
     interface = str(mesh.get("interface", "vnet0"))
     if not _IFNAME.fullmatch(interface):
@@ -231,7 +290,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
             f"mesh.interface: {interface!r} is not a valid interface name "
             "(1-15 characters of letters, digits, '_', '.', '-')"
         )
-    min_mtu = 1280 if network.version == 6 else 576
+    min_mtu = 1280 if network.version == 6 or network6 is not None else 576
     mtu = _mtu(mtu_value, min_mtu)
     hostname = _hostname(str(mesh.get("hostname", "{name}-{rank}")))
     keepalive = _int_in("mesh.persistent_keepalive", mesh.get("persistent_keepalive", 0), 0, 65535)
@@ -240,6 +299,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         name=name,
         size=size,
         network=network,
+        network6=network6,
         port=port,
         interface=interface,
         mtu=mtu,
@@ -318,20 +378,37 @@ def _name(value: str) -> str:
     return value
 
 
-def _network(value: str) -> IPNetwork:
+def _network(value: str, key: str = "mesh.network") -> IPNetwork:
     try:
         return ip_network(value, strict=True)
     except ValueError as exc:
-        raise SpecError(f"mesh.network: {value!r} is not a network in CIDR form: {exc}") from None
+        raise SpecError(f"{key}: {value!r} is not a network in CIDR form: {exc}") from None
 
 
-def _check_fits(size: int, offset: int, network: IPNetwork) -> None:
+def _network6(value: str, network: IPNetwork) -> IPv6Network:
+    """``mesh.network6``: an IPv6 network, beside an IPv4 ``mesh.network``."""
+    network6 = _network(value, "mesh.network6")
+    if not isinstance(network6, IPv6Network):
+        raise SpecError(
+            f"mesh.network6: {value!r} is not an IPv6 network; give an IPv6 CIDR "
+            'such as "fd00:250::/64" (the IPv4 network goes in mesh.network)'
+        )
+    if network.version != 4:
+        raise SpecError(
+            f"mesh.network6: set, but mesh.network {str(network)!r} is IPv6 too; for dual "
+            "stack make mesh.network IPv4, for IPv6 alone leave mesh.network6 out"
+        )
+    return network6
+
+
+def _check_fits(size: int, offset: int, network: IPNetwork, key: str = "mesh.network") -> None:
     # IPv4 keeps the broadcast address free; IPv6 has none.
     last_usable = network.num_addresses - (2 if network.version == 4 else 1)
     if offset + size - 1 > last_usable:
         room = max(0, last_usable - offset + 1)
+        what = "" if key == "mesh.network" else f"{key} "
         raise SpecError(
-            f"mesh.size: {size} ranks do not fit in {network} with offset {offset} "
+            f"mesh.size: {size} ranks do not fit in {what}{network} with offset {offset} "
             f"(room for {room}); use a larger network or a smaller size"
         )
 

@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.serialization import (
 from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
 from vnetd.dataplane.kernel import KernelDataplane, kernel_unavailable, open_kernel_dataplane
-from vnetd.dataplane.link import change_routes, configure_link, run_netlink
+from vnetd.dataplane.link import change_routes, configure_link, prune_addresses, run_netlink
 from vnetd.dataplane.supervise import (
     WireguardGo,
     output_path,
@@ -62,6 +62,7 @@ from vnetd.errors import DataplaneError
 from vnetd.model import Peer, PeerUpdate, Plan
 
 NETWORK = "10.250.0.0/16"
+NETWORK6 = "fd00:250::/64"
 _names = itertools.count(1)
 
 needs_lab = pytest.mark.skipif(
@@ -95,6 +96,13 @@ def device_config(n: int) -> DeviceConfig:
     )
 
 
+def dual_stack_config(n: int) -> DeviceConfig:
+    """``device_config`` with ``network6`` beside: the rank's address in each family."""
+    return dataclasses.replace(
+        device_config(n), address6=ip_interface("fd00:250::1/64"), network6=ip_network(NETWORK6)
+    )
+
+
 @dataclass
 class Device:
     """A data plane under test plus what the contract needs to look behind it."""
@@ -108,8 +116,7 @@ class Device:
         if isinstance(self.dp, FakeDataplane):
             return set(self.dp.unreachable)
         assert self.netns is not None
-        routes = await ip_json("-n", self.netns, "route", "show", "type", "unreachable")
-        return {r["dst"] for r in routes}
+        return await device_unreachable(self.netns)
 
     def transactions(self, monkeypatch: pytest.MonkeyPatch) -> list[object]:
         """Record the device transactions from now on."""
@@ -138,8 +145,12 @@ class Device:
 
 
 async def device_unreachable(netns: str) -> set[str]:
-    routes = await ip_json("-n", netns, "route", "show", "type", "unreachable")
-    return {str(r["dst"]) for r in routes}
+    """The namespace's unreachable routes, both families."""
+    found: set[str] = set()
+    for family in ("-4", "-6"):
+        routes = await ip_json("-n", netns, family, "route", "show", "type", "unreachable")
+        found |= {str(r["dst"]) for r in routes}
+    return found
 
 
 async def ip_json(*args: str) -> list[dict[str, object]]:
@@ -366,6 +377,33 @@ async def test_bad_public_key_is_refused(device: Device) -> None:
         await device.dp.apply(Plan(add=(Peer("not-a-key", (A_IP,)),)))
 
 
+A6_IP, B6_IP = "fd00:250::2/128", "fd00:250::3/128"
+
+
+async def test_dual_stack_device_routes_both_families(kind: str, device_netns: str | None) -> None:
+    config = dual_stack_config(next(_names))
+    a = Peer(public_key(), (A_IP, A6_IP), "198.18.0.2:51820", rank=1)
+    b = Peer(public_key(), (B_IP, B6_IP), "[fd00:198:18::3]:51820", rank=2)
+    with trio.fail_after(30):
+        async with open_device(kind, config, device_netns) as dp:
+            device = Device(kind, dp, config, device_netns)
+            state = await dp.link_state()
+            assert {"10.250.0.1", "fd00:250::1"} <= state.addresses
+            assert await device.unreachable() == {NETWORK, NETWORK6}
+            await dp.apply(Plan(add=(a, b)))
+            peers = await dp.peers()
+            assert peers[a.public_key].allowed_ips == (A_IP, A6_IP)
+            assert (peers[b.public_key].allowed_ips, peers[b.public_key].endpoint) == (
+                (B_IP, B6_IP),
+                "[fd00:198:18::3]:51820",
+            )
+            assert await dp.routes() == {A_IP, A6_IP, B_IP, B6_IP}
+            await dp.apply(Plan(remove=(a,)))
+            assert await dp.routes() == {B_IP, B6_IP}
+        if device_netns is not None:
+            assert await device_unreachable(device_netns) == set(), "both removed on exit"
+
+
 # --- wireguard-go only ------------------------------------------------------------------
 
 
@@ -381,6 +419,34 @@ async def test_address_has_no_prefix_route(uapi_device: Device) -> None:
         assert links[0]["mtu"] == 1420
         routes = await ip_json("-n", ns, "route", "show", "table", "main")
         assert [(r.get("type"), r["dst"]) for r in routes] == [("unreachable", NETWORK)]
+
+
+@needs_lab
+async def test_dual_stack_addresses_have_no_prefix_route_and_are_both_kept(netns: str) -> None:
+    config = dual_stack_config(next(_names))
+    ifname = config.interface
+    with trio.fail_after(20):
+        async with open_uapi_dataplane(config, netns=netns) as dp:
+            links = await ip_json("-n", netns, "addr", "show", "dev", ifname)
+            held = {
+                (a["local"], a["prefixlen"], a.get("noprefixroute"))
+                for a in links[0]["addr_info"]  # type: ignore[union-attr]
+                if a["scope"] == "global"
+            }
+            assert held == {("10.250.0.1", 16, True), ("fd00:250::1", 64, True)}
+            for family, network in (("-4", NETWORK), ("-6", NETWORK6)):
+                routes = await ip_json("-n", netns, family, "route", "show", "table", "main")
+                routed = [(r.get("type"), r["dst"]) for r in routes if r["dst"] != "fe80::/64"]
+                assert routed == [("unreachable", network)], "no prefix route for either"
+            # Addresses of another rank (an adopted device of an earlier run) go; ours stay.
+            for stale in ("10.250.0.77/16", "fd00:250::77/64"):
+                await trio.run_process(["ip", "-n", netns, "addr", "add", stale, "dev", ifname])
+            keep = [str(addr.ip) for addr in config.addresses]
+            removed = await run_netlink(lambda: prune_addresses(netns, dp.index, keep))
+            assert sorted(removed) == ["10.250.0.77/16", "fd00:250::77/64"]
+            state = await dp.link_state()
+            assert {"10.250.0.1", "fd00:250::1"} <= state.addresses
+            assert not {"10.250.0.77", "fd00:250::77"} & state.addresses
 
 
 _CONNECT = """

@@ -98,6 +98,7 @@ class Cluster:
             int(ip.split(".")[-1].split("/")[0]) - 1
             for peer in device.device.values()
             for ip in peer.allowed_ips
+            if ":" not in ip  # a dual-stack peer's /128 names the same rank
         }
 
     async def wait_full(self, names: list[str], ranks: set[int], timeout: float = 30) -> None:
@@ -259,4 +260,43 @@ async def test_known_peers_are_on_the_device_before_the_claim(tmp_path, autojump
         await cluster.start(0)
         await cluster.wait_full(["pod0", "pod1"], {0, 1, 2, 3})
         assert seen_at_claim == [{1, 2, 3}]
+        nursery.cancel_scope.cancel()
+
+
+DUAL_STACK = 'network6 = "fd00:250::/64"\n'
+
+
+async def test_dual_stack_peers_get_both_host_routes(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery, size=3)
+        cluster.config.write_text(
+            SPEC.format(size=3).replace("[registry]", DUAL_STACK + "[registry]")
+        )
+        for rank in range(3):
+            await cluster.start(rank)
+        await cluster.wait_full(["pod0", "pod1", "pod2"], {0, 1, 2})
+        device = cluster.devices["pod1"]
+        assert [str(a) for a in device.config.addresses] == ["10.250.0.2/16", "fd00:250::2/64"]
+        assert device.unreachable == {"10.250.0.0/16", "fd00:250::/64"}
+        assert sorted(p.allowed_ips for p in device.device.values()) == [
+            ("10.250.0.1/32", "fd00:250::1/128"),
+            ("10.250.0.3/32", "fd00:250::3/128"),
+        ]
+        assert await device.routes() == {
+            "10.250.0.1/32", "fd00:250::1/128", "10.250.0.3/32", "fd00:250::3/128"
+        }  # fmt: skip
+        link = await device.link_state()
+        assert {"10.250.0.2", "fd00:250::2"} <= link.addresses
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_daemon_with_network6_refuses_a_mesh_created_without(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        await cluster.start(0)
+        cluster.config.write_text(
+            SPEC.format(size=4).replace("[registry]", DUAL_STACK + "[registry]")
+        )
+        with pytest.raises(SpecMismatch, match=r"mesh\.network6: registry has None, local 'fd00"):
+            await cluster.start(1)
         nursery.cancel_scope.cancel()

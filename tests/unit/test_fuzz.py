@@ -55,8 +55,8 @@ toml_scalars = st.one_of(
     st.sampled_from(["10.250.0.0/16", "fd00:250::/64", "10.250.0.1/16", "vnet0", "{name}-{rank}",
                      "x{rank}y", "http://127.0.0.1:2379", "/vnetd", "0.0.0.0:9090", "[::]:0"]),
 )  # fmt: skip
-MESH_KEYS = ["name", "size", "network", "port", "interface", "mtu", "hostname", "offset",
-             "persistent_keepalive", "colour"]  # fmt: skip
+MESH_KEYS = ["name", "size", "network", "network6", "port", "interface", "mtu", "hostname",
+             "offset", "persistent_keepalive", "colour"]  # fmt: skip
 REGISTRY_KEYS = ["endpoints", "prefix", "lease_ttl", "bogus"]
 toml_values = st.one_of(toml_scalars, st.lists(toml_scalars, max_size=3))
 
@@ -87,6 +87,8 @@ def test_parse_spec_returns_a_spec_or_a_vnetd_error(document: dict[str, Any]) ->
     # A spec that parses is usable: every rank has an address and a host name.
     assert spec.size >= 1
     spec.address(spec.size - 1)
+    assert len(spec.addresses(spec.size - 1)) == len(spec.allowed_ips(0)) == len(spec.networks)
+    spec.canonical_json()
     spec.host(0)
 
 

@@ -187,3 +187,35 @@ def base64_key() -> str:
     import base64
 
     return base64.b64encode(bytes(range(1, 33))).decode()
+
+
+async def test_dual_stack_daemon_is_ready_only_with_both_addresses() -> None:
+    from ipaddress import IPv6Interface, IPv6Network, ip_interface, ip_network
+
+    from vnetd.dataplane.base import DeviceConfig
+    from vnetd.dataplane.fake import FakeDataplane
+    from vnetd.model import Member
+    from vnetd.observe.endpoints import DaemonEndpoints
+    from vnetd.spec import parse_spec
+
+    spec = parse_spec(
+        {"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16", "network6": "fd00:250::/64"}}
+    )
+    me = Member(rank=1, public_key="k", endpoint="198.18.1.1:51820", instance="pod1")
+    endpoints = DaemonEndpoints(spec, me, DaemonMetrics())
+    status = await endpoints.status()
+    assert (status["self"]["address"], status["self"]["addresses"]) == (
+        "10.250.0.2",
+        ["10.250.0.2", "fd00:250::2"],
+    )
+    assert status["network6"] == "fd00:250::/64"
+    only4 = DeviceConfig("vnet0", base64_key(), 51820, ip_interface("10.250.0.2/16"),
+                         ip_network("10.250.0.0/16"), 1420)  # fmt: skip
+    endpoints.attach_dataplane(FakeDataplane(only4))
+    assert (await endpoints.ready()).detail == "not ready: vnet0 does not hold fd00:250::2 yet"
+    both = DeviceConfig("vnet0", base64_key(), 51820, ip_interface("10.250.0.2/16"),
+                        ip_network("10.250.0.0/16"), 1420,
+                        address6=IPv6Interface("fd00:250::2/64"),
+                        network6=IPv6Network("fd00:250::/64"))  # fmt: skip
+    endpoints.attach_dataplane(FakeDataplane(both))
+    assert (await endpoints.ready()).detail.startswith("not ready: the rank is not claimed yet")

@@ -207,6 +207,7 @@ async def test_json_matches_the_registry(config):
             assert {k: v for k, v in row.items() if v is not None} == {
                 "rank": row["rank"],
                 "address": str(plan.spec.address(row["rank"])),
+                "addresses": [str(plan.spec.address(row["rank"]))],
                 "hostname": plan.spec.host(row["rank"]),
                 "state": "missing",
             }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 
 from vnetd.model import DevicePeer, Member
 from vnetd.spec import parse_spec
+from vnetd.status.table import plain_console, print_plain, status_renderable
 from vnetd.status.view import (
     DeviceColumns,
     as_json,
@@ -200,6 +202,7 @@ def test_json_document():
         "mesh": "unit",
         "size": 3,
         "network": "10.250.0.0/16",
+        "network6": None,
         "interface": "vnet0",
         "time": NOW,
         "time_utc": "2023-11-14T22:13:20Z",
@@ -214,6 +217,7 @@ def test_json_document():
         {
             "rank": 0,
             "address": "10.250.0.1",
+            "addresses": ["10.250.0.1"],
             "hostname": "unit-0",
             "state": "registered",
             "instance": "pod0",
@@ -234,6 +238,7 @@ def test_json_document():
         {
             "rank": 1,
             "address": "10.250.0.2",
+            "addresses": ["10.250.0.2"],
             "hostname": "unit-1",
             "state": "registered",
             "instance": "pod1",
@@ -254,6 +259,7 @@ def test_json_document():
         {
             "rank": 2,
             "address": "10.250.0.3",
+            "addresses": ["10.250.0.3"],
             "hostname": "unit-2",
             "state": "missing",
             "instance": None,
@@ -265,6 +271,50 @@ def test_json_document():
             "device": None,
         },
     ]
+
+
+def dual_stack_spec(size: int):
+    return parse_spec(
+        {
+            "mesh": {
+                "name": "unit",
+                "size": size,
+                "network": "10.250.0.0/16",
+                "network6": "fd00:250::/64",
+            }
+        }
+    )
+
+
+def test_json_of_a_dual_stack_mesh_lists_both_addresses_primary_first():
+    doc = as_json(dual_stack_spec(2), members_of(0), None, NOW)
+    assert (doc["network"], doc["network6"]) == ("10.250.0.0/16", "fd00:250::/64")
+    assert [(row["address"], row["addresses"]) for row in doc["ranks"]] == [
+        ("10.250.0.1", ["10.250.0.1", "fd00:250::1"]),
+        ("10.250.0.2", ["10.250.0.2", "fd00:250::2"]),
+    ]
+
+
+def test_table_of_a_dual_stack_mesh_has_an_address6_column_and_both_networks():
+    spec = dual_stack_spec(2)
+    rows = rank_rows(spec, members_of(0), None, NOW)
+    out = io.StringIO()
+    print_plain(plain_console(out), status_renderable(spec, rows, NOW, plain=True))
+    lines = [line.split() for line in out.getvalue().splitlines() if line.strip()]
+    assert lines[0] == ["mesh", "unit:", "2", "ranks", "in", "10.250.0.0/16", "and",
+                        "fd00:250::/64,", "at", "2023-11-14T22:13:20Z"]  # fmt: skip
+    assert lines[1][:4] == ["rank", "address", "address6", "hostname"]
+    assert lines[2][:5] == ["0", "10.250.0.1", "fd00:250::1", "unit-0", "registered"]
+    assert lines[3][:5] == ["1", "10.250.0.2", "fd00:250::2", "unit-1", "missing"]
+
+
+def test_table_of_a_single_stack_mesh_has_no_address6_column():
+    spec = spec_of(1)
+    out = io.StringIO()
+    rows = rank_rows(spec, members_of(0), None, NOW)
+    print_plain(plain_console(out), status_renderable(spec, rows, NOW, plain=True))
+    header = [line for line in out.getvalue().splitlines() if line.strip()][1]
+    assert header.split()[:3] == ["rank", "address", "hostname"]
 
 
 def test_json_without_a_device_has_the_same_keys():

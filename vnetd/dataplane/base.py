@@ -5,7 +5,8 @@ UAPI socket, link through pyroute2) and ``fake.FakeDataplane`` (in memory).
 Both pass ``tests/contract/test_dataplane.py``.
 
 Routing (DESIGN invariant 9): the device holds the rank's own address with
-no prefix route, the overlay network is routed ``unreachable``, and each
+no prefix route (in a dual-stack mesh one per family), each overlay
+network is routed ``unreachable``, and each
 present peer's allowed IPs get a route to the device, added with the peer
 and removed with it. A packet for a rank that has not joined therefore
 fails at once with "No route to host" on both data planes.
@@ -31,15 +32,32 @@ class DeviceConfig:
     private_key: str  # base64; never logged
     listen_port: int
     address: IPv4Interface | IPv6Interface  # the rank's address with the network's prefix
-    network: IPv4Network | IPv6Network
+    network: IPv4Network | IPv6Network  # the spec's primary network
     mtu: int
     persistent_keepalive: int = 0
     preshared_key: str | None = None  # base64, mesh-wide; never logged
+    address6: IPv6Interface | None = None  # dual stack: the rank's address in network6
+    network6: IPv6Network | None = None  # dual stack: the spec's network6
+
+    @property
+    def addresses(self) -> tuple[IPv4Interface | IPv6Interface, ...]:
+        """The addresses the device holds, the primary first."""
+        return (self.address,) if self.address6 is None else (self.address, self.address6)
+
+    @property
+    def networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """The networks routed ``unreachable``, the primary first."""
+        return (self.network,) if self.network6 is None else (self.network, self.network6)
+
+    def describe_addresses(self) -> str:
+        """``10.250.0.2/24, fd00:250::2/64``: for log lines."""
+        return ", ".join(str(addr) for addr in self.addresses)
 
     def __repr__(self) -> str:
         return (
             f"DeviceConfig(interface={self.interface!r}, listen_port={self.listen_port}, "
-            f"address={self.address}, network={self.network}, mtu={self.mtu})"
+            f"addresses=[{self.describe_addresses()}], "
+            f"networks=[{', '.join(str(net) for net in self.networks)}], mtu={self.mtu})"
         )
 
 

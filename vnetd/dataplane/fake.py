@@ -32,7 +32,7 @@ class FakeDataplane:
         self.applied: list[Plan] = []
         self.device: dict[str, DevicePeer] = {}
         self.device_routes: set[str] = set()
-        self.unreachable: set[str] = {str(config.network)}
+        self.unreachable: set[str] = {str(net) for net in config.networks}
         self.closed = False
         self.preshared_keys: dict[str, str | None] = {}
         """The pre-shared key each peer was added with (base64, or None)."""
@@ -88,7 +88,7 @@ class FakeDataplane:
     async def link_state(self) -> LinkState:
         if self.closed:
             return LinkState(False)
-        return LinkState(True, True, frozenset({str(self.config.address.ip)}))
+        return LinkState(True, True, frozenset(str(addr.ip) for addr in self.config.addresses))
 
     def restart(self) -> None:
         """What a wireguard-go restart does: a new device id, no peers, no peer routes;

@@ -340,7 +340,7 @@ class KernelDataplane:
 
     async def _repair_adopted(self, peers: dict[str, DevicePeer]) -> None:
         interface, index, netns = self.config.interface, self.index, self.netns
-        keep = str(self.config.address.ip)
+        keep = [str(addr.ip) for addr in self.config.addresses]
         stale = await run_netlink(lambda: prune_addresses(netns, index, keep))
         if stale:
             log.warning("%s: removed addresses of a previous run: %s", interface, ",".join(stale))
@@ -387,7 +387,7 @@ async def open_kernel_dataplane(
             config.interface,
             "link adopted (same key)" if adopted else "link up",
             (trio.current_time() - started) * 1000,
-            config.address,
+            config.describe_addresses(),
             config.mtu,
         )
         yield dataplane

@@ -1,11 +1,11 @@
 """The device's link, addresses and routes, through pyroute2.
 
-The rank's address is added with the network's prefix length and
-``IFA_F_NOPREFIXROUTE`` so the kernel adds no route for the whole network;
-should the kernel refuse that flag, the address falls back to a /32 (/128),
-which routes the same. The network itself is routed ``unreachable`` and
-each present peer's allowed IPs get a route to the device (DESIGN
-invariant 9).
+The rank's address (in a dual-stack mesh, each of its two) is added with
+the network's prefix length and ``IFA_F_NOPREFIXROUTE`` so the kernel adds
+no route for the whole network; should the kernel refuse that flag, the
+address falls back to a /32 (/128), which routes the same. Each network
+itself is routed ``unreachable`` and each present peer's allowed IPs get a
+route to the device (DESIGN invariant 9).
 
 pyroute2's calls here are sync; ``run_netlink`` runs a batch of them in a
 worker thread with a timeout, never on the event loop.
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
-from ipaddress import ip_address, ip_network
+from ipaddress import IPv4Interface, IPv6Interface, ip_address, ip_network
 from typing import TypeVar
 
 import trio
@@ -63,34 +63,43 @@ def _ignore(codes: tuple[int, ...], call: Callable[[], object]) -> None:
 
 
 def configure_link(netns: str | None, config: DeviceConfig) -> tuple[int, bool]:
-    """Address (no prefix route), MTU, up, ``unreachable <network>``.
+    """Addresses (no prefix route), MTU, up, ``unreachable`` for each network.
 
-    Returns the link index and whether IFA_F_NOPREFIXROUTE was accepted.
+    Returns the link index and whether IFA_F_NOPREFIXROUTE was accepted (for
+    every address).
     """
-    addr = config.address
     with _iproute(netns) as ipr:
         found = ipr.link_lookup(ifname=config.interface)
         if not found:
             raise DataplaneError(f"interface {config.interface}: not found after start")
         index = int(found[0])
-        add = partial(ipr.addr, "add", index=index, address=str(addr.ip))
         noprefixroute = True
-        try:
+        for addr in config.addresses:
+            noprefixroute &= _add_address(ipr, index, config.interface, addr)
+        ipr.link("set", index=index, mtu=config.mtu, state="up")
+        for network in config.networks:
             _ignore(
                 (errno.EEXIST,),
-                lambda: add(prefixlen=addr.network.prefixlen, flags=IFA_F_NOPREFIXROUTE),
+                partial(ipr.route, "add", dst=str(network), type="unreachable"),
             )
-        except NetlinkError as exc:
-            log.warning(
-                "%s: IFA_F_NOPREFIXROUTE refused (%s); using a host address", config.interface, exc
-            )
-            noprefixroute = False
-            _ignore((errno.EEXIST,), lambda: add(prefixlen=addr.max_prefixlen))
-        ipr.link("set", index=index, mtu=config.mtu, state="up")
-        _ignore(
-            (errno.EEXIST,), lambda: ipr.route("add", dst=str(config.network), type="unreachable")
-        )
     return index, noprefixroute
+
+
+def _add_address(
+    ipr: IPRoute, index: int, interface: str, addr: IPv4Interface | IPv6Interface
+) -> bool:
+    """Add ``addr`` with IFA_F_NOPREFIXROUTE, else as a host address; whether the flag held."""
+    add = partial(ipr.addr, "add", index=index, address=str(addr.ip))
+    try:
+        _ignore(
+            (errno.EEXIST,),
+            lambda: add(prefixlen=addr.network.prefixlen, flags=IFA_F_NOPREFIXROUTE),
+        )
+    except NetlinkError as exc:
+        log.warning("%s: IFA_F_NOPREFIXROUTE refused (%s); using a host address", interface, exc)
+        _ignore((errno.EEXIST,), lambda: add(prefixlen=addr.max_prefixlen))
+        return False
+    return True
 
 
 def link_kind(netns: str | None, name: str) -> str | None:
@@ -106,17 +115,18 @@ def link_kind(netns: str | None, name: str) -> str | None:
     return str(kind) if kind else "device"
 
 
-def prune_addresses(netns: str | None, index: int, keep: str) -> list[str]:
-    """Delete the link's addresses other than ``keep`` (link-local ones stay).
+def prune_addresses(netns: str | None, index: int, keep: Collection[str]) -> list[str]:
+    """Delete the link's addresses other than those in ``keep`` (link-local ones stay).
 
     For a device adopted from a previous run that had another rank, whose
-    address would otherwise stay on the link. Returns those removed (CIDR).
+    addresses would otherwise stay on the link. Returns those removed (CIDR).
     """
+    kept = {ip_address(addr) for addr in keep}
     removed: list[str] = []
     with _iproute(netns) as ipr:
         for msg in ipr.get_addr(index=index):
             addr, prefixlen = msg.get("IFA_ADDRESS"), msg["prefixlen"]
-            if not addr or addr == keep or ip_address(addr).is_link_local:
+            if not addr or ip_address(addr) in kept or ip_address(addr).is_link_local:
                 continue
             _ignore(
                 (errno.EADDRNOTAVAIL,),
@@ -167,7 +177,7 @@ def device_routes(netns: str | None, index: int) -> set[str]:
 
 
 def remove_link(netns: str | None, config: DeviceConfig) -> None:
-    """Delete the link (its routes go with it) and the unreachable route."""
+    """Delete the link (its routes go with it) and the unreachable routes."""
     try:
         ipr = _iproute(netns)
     except OSError:
@@ -175,10 +185,11 @@ def remove_link(netns: str | None, config: DeviceConfig) -> None:
     with ipr:
         for index in ipr.link_lookup(ifname=config.interface):
             _ignore((errno.ENODEV,), partial(ipr.link, "del", index=index))
-        _ignore(
-            (errno.ESRCH, errno.ENOENT),
-            lambda: ipr.route("del", dst=str(config.network), type="unreachable"),
-        )
+        for network in config.networks:
+            _ignore(
+                (errno.ESRCH, errno.ENOENT),
+                partial(ipr.route, "del", dst=str(network), type="unreachable"),
+            )
 
 
 def read_link_state(netns: str | None, interface: str) -> LinkState:

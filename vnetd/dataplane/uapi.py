@@ -180,7 +180,7 @@ class UapiDataplane:
     async def _repair_adopted(self, device: list[tuple[str, str]]) -> None:
         """An adopted link: only our address, and a route per peer exactly."""
         interface, index = self.config.interface, self.index
-        keep = str(self.config.address.ip)
+        keep = [str(addr.ip) for addr in self.config.addresses]
         stale = await run_netlink(lambda: prune_addresses(self.netns, index, keep))
         if stale:
             log.warning("%s: removed addresses of a previous run: %s", interface, ",".join(stale))

@@ -64,8 +64,13 @@ class DaemonEndpoints:
         except (DataplaneError, trio.TooSlowError) as exc:
             return Check(False, f"not ready: cannot read {self.spec.interface}: {exc}")
         claimed = self.running is not None and self.running.claim.claimed_at is not None
-        address = str(self.spec.address(self.me.rank))
-        return readiness(link, self.spec.interface, address, claimed)
+        addresses = [str(address) for address in self.spec.addresses(self.me.rank)]
+        # Dual stack: the link must hold both addresses before the claim counts.
+        for address in addresses[1:]:
+            check = readiness(link, self.spec.interface, address, claimed=True)
+            if not check.ok:
+                return check
+        return readiness(link, self.spec.interface, addresses[0], claimed)
 
     async def metrics(self) -> bytes:
         if self.running is not None:
@@ -92,6 +97,7 @@ class DaemonEndpoints:
         document["self"] = {
             "rank": self.me.rank,
             "address": str(self.spec.address(self.me.rank)),
+            "addresses": [str(addr) for addr in self.spec.addresses(self.me.rank)],
             "endpoint": self.me.endpoint,
             "instance": self.me.instance,
             "claimed": r is not None and r.claim.claimed_at is not None,

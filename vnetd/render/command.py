@@ -67,6 +67,7 @@ def add_parsers(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
     flux.add_argument(
         "--fanout", type=int, metavar="K", help="add parent keys for a K-ary tree (K >= 1)"
     )
+    _add_family(flux)
     flux.set_defaults(run=run_flux)
 
     hosts = kinds.add_parser("hosts", help="the /etc/hosts block of the mesh")
@@ -84,6 +85,7 @@ def add_parsers(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         default="address",
         help="overlay addresses (default; need no hosts file) or hostnames",
     )
+    _add_family(hostfile)
     hostfile.set_defaults(run=run_hostfile)
 
     wg_quick = kinds.add_parser(
@@ -129,6 +131,15 @@ def _add_common(parser: argparse.ArgumentParser, *, output: bool = True) -> None
         _add_output(parser)
 
 
+def _add_family(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--family",
+        type=int,
+        choices=(4, 6),
+        help="dual stack: write the IPv4 or IPv6 addresses (default: those of mesh.network)",
+    )
+
+
 def _add_output(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
     parser.add_argument(
         "-o", "--output", type=Path, metavar="PATH", help="write here atomically (default stdout)"
@@ -156,6 +167,7 @@ def run_flux(args: argparse.Namespace) -> int:
         port=_int_in("--port", args.port, 1, 65535),
         bind=args.bind,
         fanout=None if args.fanout is None else _int_in("--fanout", args.fanout, 1),
+        family=_family(spec, args.family),
     )
     _emit(render_flux(spec, options), args.output)
     return 0
@@ -175,12 +187,15 @@ def run_hosts(args: argparse.Namespace, rename: Rename = os.replace) -> int:
 def run_hostfile(args: argparse.Namespace) -> int:
     spec = load_spec(args.config)
     slots = _int_in("--slots", args.slots, 1)
-    if args.format == "mpich" and args.names == "address" and spec.network.version == 6:
+    family = _family(spec, args.family)
+    version = spec.network.version if family is None else family
+    if args.format == "mpich" and args.names == "address" and version == 6:
+        hint = "add --names hostname" + (" or --family 4" if 4 in spec.versions else "")
         raise SpecError(
             "--format mpich: Hydra splits NAME:N at every ':', so it cannot read IPv6 "
-            "addresses; add --names hostname"
+            f"addresses; {hint}"
         )
-    _emit(render_hostfile(spec, args.format, slots, args.names), args.output)
+    _emit(render_hostfile(spec, args.format, slots, args.names, family), args.output)
     return 0
 
 
@@ -235,6 +250,17 @@ def _int_in(flag: str, value: int, low: int, high: int | None = None) -> int:
         bound = f"{low}..{high}" if high is not None else f"at least {low}"
         raise SpecError(f"{flag}: {value} is out of range ({bound})")
     return value
+
+
+def _family(spec: MeshSpec, family: int | None) -> int | None:
+    """``--family``: None (the primary network's), or a version the mesh has."""
+    if family is None or family in spec.versions:
+        return family
+    fix = "add mesh.network6 to the spec" if family == 6 else "the mesh is IPv6 only"
+    raise SpecError(
+        f"--family {family}: mesh {spec.name} has no IPv{family} network ({fix}); "
+        "leave --family out"
+    )
 
 
 def _rank(spec: MeshSpec, rank: int) -> int:

@@ -42,32 +42,37 @@ class FluxOptions:
             ``interface`` to the overlay interface by name.
         fanout: with a value K, rank r > 0 gets ``parent`` = rank (r-1)//K
             (Flux's k-ary tree numbering); None leaves the topology to Flux.
+        family: the IP version (4 or 6) of the addresses written; None: the
+            primary network's. Family 6 sets ``enable_ipv6``.
     """
 
     curve_cert: str = DEFAULT_CURVE_CERT
     port: int = DEFAULT_PORT
     bind: BindMode = "address"
     fanout: int | None = None
+    family: int | None = None
 
 
 def render_flux(spec: MeshSpec, options: FluxOptions | None = None) -> str:
     """The ``[bootstrap]`` table of ``spec`` as TOML text ending in a newline.
 
     Raises:
-        ValueError: ``options.port`` or ``options.fanout`` out of range (the
-            command checks both first and names the flag).
+        ValueError: ``options.port`` or ``options.fanout`` out of range, or
+            the mesh has no network of ``options.family`` (the command checks
+            these first and names the flag).
     """
     options = options or FluxOptions()
     if not 1 <= options.port <= 65535:
         raise ValueError(f"port {options.port} is out of range 1..65535")
     if options.fanout is not None and options.fanout < 1:
         raise ValueError(f"fanout {options.fanout} is less than 1")
+    version = _version(spec, options)
     lines = [
         f"# Flux bootstrap config rendered by vnetd from mesh {spec.name}.",
         "# Rank r is hosts[r]; each node's hostname must equal its host value.",
         "[bootstrap]",
     ]
-    if spec.network.version == 6:
+    if version == 6:
         lines.append("enable_ipv6 = true")
     lines.append(f"curve_cert = {toml_value(options.curve_cert)}")
     lines.append(f"default_port = {toml_value(options.port)}")
@@ -79,7 +84,7 @@ def render_flux(spec: MeshSpec, options: FluxOptions | None = None) -> str:
 
 def host_entry(spec: MeshSpec, rank: int, options: FluxOptions) -> list[tuple[str, TomlValue]]:
     """The ``hosts`` entry of ``rank`` as ordered key/value pairs."""
-    address = spec.address(rank)
+    address = spec.address_in(rank, _version(spec, options))
     connect_host = f"[{address}]" if address.version == 6 else str(address)
     bind_host = spec.interface if options.bind == "interface" else connect_host
     entry: list[tuple[str, TomlValue]] = [
@@ -90,6 +95,14 @@ def host_entry(spec: MeshSpec, rank: int, options: FluxOptions) -> list[tuple[st
     if options.fanout is not None and rank > 0:
         entry.append(("parent", spec.host((rank - 1) // options.fanout)))
     return entry
+
+
+def _version(spec: MeshSpec, options: FluxOptions) -> int:
+    """The IP version of the addresses written: ``options.family`` or the primary's."""
+    version = spec.network.version if options.family is None else options.family
+    if version not in spec.versions:
+        raise ValueError(f"mesh {spec.name} has no IPv{version} network")
+    return version
 
 
 def inline_table(pairs: list[tuple[str, TomlValue]]) -> str:

@@ -35,7 +35,8 @@ def render_hosts_block(spec: MeshSpec, domain: str | None = None) -> str:
     """``ADDRESS<TAB>HOSTNAME`` per rank between the markers, ending in a newline.
 
     With ``domain``: ``ADDRESS<TAB>HOSTNAME.DOMAIN<TAB>HOSTNAME`` (the
-    canonical name first, the short name as an alias).
+    canonical name first, the short name as an alias). A dual-stack mesh gets
+    two lines per rank with the same names, the IPv4 address first.
     """
     lines = [
         begin_marker(spec.name),
@@ -44,7 +45,7 @@ def render_hosts_block(spec: MeshSpec, domain: str | None = None) -> str:
     for rank in range(spec.size):
         host = spec.host(rank)
         names = f"{host}.{domain}\t{host}" if domain else host
-        lines.append(f"{spec.address(rank)}\t{names}")
+        lines.extend(f"{address}\t{names}" for address in spec.addresses(rank))
     lines.append(end_marker(spec.name))
     return "\n".join(lines) + "\n"
 

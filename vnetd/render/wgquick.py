@@ -68,7 +68,7 @@ def render_wg_quick(
         "",
         "[Interface]",
         f"PrivateKey = {key.private_key if key else placeholder_key(rank)}",
-        f"Address = {spec.interface_address(rank)}",
+        f"Address = {', '.join(str(addr) for addr in spec.interface_addresses(rank))}",
         f"ListenPort = {spec.port}",
     ]
     # mtu = "auto": no MTU line, and wg-quick derives it from the endpoint route's MTU.

@@ -49,14 +49,18 @@ def status_renderable(
             live view, which crops a table taller than the terminal at the bottom).
     """
     with_device = any(row.device is not None for row in rows)
+    networks = " and ".join(str(net) for net in spec.networks)
     table = Table(
-        title=f"mesh {spec.name}: {spec.size} ranks in {spec.network}, at {utc_text(now)}",
+        title=f"mesh {spec.name}: {spec.size} ranks in {networks}, at {utc_text(now)}",
         title_justify="left",
         title_style="bold",
         box=None if plain else box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    for header in ("rank", "address", "hostname", "state", "pod", "endpoint", "since (UTC)"):
+    dual_stack = spec.network6 is not None
+    headers = ["rank", "address", *(["address6"] if dual_stack else []), "hostname", "state",
+               "pod", "endpoint", "since (UTC)"]  # fmt: skip
+    for header in headers:
         table.add_column(header, justify="right" if header == "rank" else "left", no_wrap=True)
     if with_device:
         table.add_column("handshake", no_wrap=True)
@@ -64,6 +68,8 @@ def status_renderable(
         table.add_column("tx", justify="right", no_wrap=True)
     for row in rows:
         cells = _cells(row, now)
+        if dual_stack:
+            cells[2:2] = [",".join(row.addresses[1:]) or NONE]
         if with_device:
             cells += _device_cells(row)
         table.add_row(*cells, style=None if row.registered else "dim")

@@ -50,6 +50,7 @@ class RankRow:
 
     rank: int
     address: str
+    """The primary (``network``) address."""
     hostname: str
     member: Member | None
     """The registry's record; None when the rank is missing."""
@@ -57,6 +58,8 @@ class RankRow:
     """Seconds since the member's ``started`` time; None when missing or unknown."""
     device: DeviceColumns | None
     """None when no device was read, or the rank is missing."""
+    addresses: tuple[str, ...] = ()
+    """Every address of the rank, the primary first (two in a dual-stack mesh)."""
 
     @property
     def registered(self) -> bool:
@@ -88,7 +91,8 @@ def rank_rows(
         columns = None
         if member is not None and device is not None:
             columns = _device_columns(member.public_key, device, now, local_key)
-        rows.append(RankRow(rank, str(spec.address(rank)), spec.host(rank), member, since, columns))
+        addresses = tuple(str(addr) for addr in spec.addresses(rank))
+        rows.append(RankRow(rank, addresses[0], spec.host(rank), member, since, columns, addresses))
     return rows
 
 
@@ -223,6 +227,7 @@ def as_json(
         "mesh": spec.name,
         "size": spec.size,
         "network": str(spec.network),
+        "network6": None if spec.network6 is None else str(spec.network6),
         "interface": spec.interface,
         "time": now,
         "time_utc": utc_text(now),
@@ -242,6 +247,7 @@ def _row_json(row: RankRow) -> dict[str, Any]:
     return {
         "rank": row.rank,
         "address": row.address,
+        "addresses": list(row.addresses or (row.address,)),
         "hostname": row.hostname,
         "state": "registered" if member is not None else "missing",
         "instance": member.instance if member else None,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from render_fixtures import GOLDEN, LAB6_TOML, LAB_TOML
+from render_fixtures import DUAL_TOML, GOLDEN, LAB6_TOML, LAB_TOML
 
 
 @pytest.fixture
@@ -46,4 +46,11 @@ def lab_config(tmp_path: Path) -> Path:
 def lab6_config(tmp_path: Path) -> Path:
     path = tmp_path / "lab6.toml"
     path.write_text(LAB6_TOML)
+    return path
+
+
+@pytest.fixture
+def dual_config(tmp_path: Path) -> Path:
+    path = tmp_path / "ds.toml"
+    path.write_text(DUAL_TOML)
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import tomllib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -37,6 +38,15 @@ port = 51900
 persistent_keepalive = 25
 """
 
+DUAL_TOML = """\
+[mesh]
+name = "ds"
+size = 3
+network = "10.250.0.0/24"
+network6 = "fd00:250::/64"
+hostname = "ds-{rank}"
+"""
+
 LAB = parse_spec(
     {"mesh": {"name": "lab", "size": 4, "network": "10.250.0.0/24", "hostname": "lab-{rank}"}}
 )
@@ -54,6 +64,9 @@ LAB6 = parse_spec(
         }
     }
 )
+
+DUAL = parse_spec(tomllib.loads(DUAL_TOML))
+"""A dual-stack mesh: IPv4 ``network`` (the primary) and IPv6 ``network6``."""
 
 
 def private_key(n: int) -> str:

@@ -233,6 +233,17 @@ def test_wg_quick_unreachable_etcd(capsys, lab_config: Path):
             id="curve-cert-newline",
         ),
         pytest.param(
+            ["render", "flux", "--family", "6"],
+            r"^vnetd: error: --family 6: mesh lab has no IPv6 network \(add mesh\.network6 to "
+            r"the spec\); leave --family out$",
+            id="flux-family6-of-ipv4-mesh",
+        ),
+        pytest.param(
+            ["render", "hostfile", "--family", "6"],
+            r"--family 6: mesh lab has no IPv6 network",
+            id="hostfile-family6-of-ipv4-mesh",
+        ),
+        pytest.param(
             ["render", "hostfile", "--slots", "0"],
             r"--slots: 0 is out of range \(at least 1\)",
             id="slots-0",
@@ -304,6 +315,41 @@ def test_mpich_ipv6_addresses_are_refused(capsys, lab6_config: Path):
     )
     assert code == 2
     assert "--format mpich:" in err and "--names hostname" in err
+
+
+def test_family_4_of_an_ipv6_only_mesh_is_refused(capsys, lab6_config: Path):
+    code, _, err = run(capsys, "render", "hostfile", "--config", str(lab6_config), "--family", "4")
+    assert code == 2
+    assert err == (
+        "vnetd: error: --family 4: mesh lab6 has no IPv4 network (the mesh is IPv6 only); "
+        "leave --family out\n"
+    )
+
+
+def test_family_chooses_the_addresses_of_a_dual_stack_mesh(capsys, dual_config: Path):
+    config = ("--config", str(dual_config))
+    code, out, _ = run(capsys, "render", "hostfile", *config)
+    assert (code, out.split("\n")[0]) == (0, "10.250.0.1 slots=1")
+    code, out, _ = run(capsys, "render", "hostfile", *config, "--family", "6")
+    assert (code, out.split("\n")[0]) == (0, "fd00:250::1 slots=1")
+    code, out, _ = run(capsys, "render", "flux", *config, "--family", "6")
+    boot = tomllib.loads(out)["bootstrap"]
+    assert (code, boot["enable_ipv6"], boot["hosts"][2]["connect"]) == (
+        0,
+        True,
+        "tcp://[fd00:250::3]:8050",
+    )
+    code, out, _ = run(capsys, "render", "flux", *config, "--family", "4")
+    assert "enable_ipv6" not in tomllib.loads(out)["bootstrap"]
+    code, out, _ = run(capsys, "hosts", *config)
+    assert out.splitlines()[2:4] == ["10.250.0.1\tds-0", "fd00:250::1\tds-0"]
+
+
+def test_mpich_with_family_6_of_a_dual_stack_mesh_is_refused(capsys, dual_config: Path):
+    code, _, err = run(capsys, "render", "hostfile", "--config", str(dual_config),
+                       "--format", "mpich", "--family", "6")  # fmt: skip
+    assert code == 2
+    assert err.endswith("cannot read IPv6 addresses; add --names hostname or --family 4\n")
 
 
 def test_broken_hosts_file_is_an_error(capsys, lab_config: Path, tmp_path: Path):

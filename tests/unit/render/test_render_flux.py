@@ -3,7 +3,7 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-from render_fixtures import EXAMPLE, LAB, LAB6
+from render_fixtures import DUAL, EXAMPLE, LAB, LAB6
 
 from vnetd.render.flux import FluxOptions, render_flux, toml_value
 from vnetd.spec import MeshSpec, load_spec
@@ -25,6 +25,15 @@ CASES = [
         id="ipv6-interface",
     ),
     pytest.param(load_spec(EXAMPLE), FluxOptions(), "flux-example.toml", id="example-spec"),
+    pytest.param(DUAL, FluxOptions(), "flux-ds.toml", id="dual-stack-primary"),
+    pytest.param(DUAL, FluxOptions(family=4), "flux-ds.toml", id="dual-stack-family4"),
+    pytest.param(DUAL, FluxOptions(family=6), "flux-ds-family6.toml", id="dual-stack-family6"),
+    pytest.param(
+        DUAL,
+        FluxOptions(family=6, bind="interface", fanout=2),
+        "flux-ds-family6-interface-fanout2.toml",
+        id="dual-stack-family6-interface",
+    ),
 ]
 
 
@@ -39,16 +48,17 @@ def test_flux_parses_back_with_every_field(spec: MeshSpec, options: FluxOptions,
     data = tomllib.loads(text)
     assert list(data) == ["bootstrap"]
     boot = data["bootstrap"]
+    version = options.family or spec.network.version
     expected_keys = {"curve_cert", "default_port", "hosts"} | (
-        {"enable_ipv6"} if spec.network.version == 6 else set()
+        {"enable_ipv6"} if version == 6 else set()
     )
     assert set(boot) == expected_keys
-    assert boot.get("enable_ipv6", False) is (spec.network.version == 6)
+    assert boot.get("enable_ipv6", False) is (version == 6)
     assert boot["curve_cert"] == options.curve_cert
     assert boot["default_port"] == options.port
     assert len(boot["hosts"]) == spec.size
     for rank, entry in enumerate(boot["hosts"]):
-        addr = spec.address(rank)
+        addr = spec.address_in(rank, version)
         uri_host = f"[{addr}]" if addr.version == 6 else str(addr)
         expected = {
             "host": spec.host(rank),
@@ -133,3 +143,26 @@ def test_toml_scalars(value: bool | int, literal: str):
 def test_flux_rejects_bad_options(options: FluxOptions):
     with pytest.raises(ValueError, match="out of range|less than 1"):
         render_flux(LAB, options)
+
+
+@pytest.mark.parametrize(
+    ("spec", "family"),
+    [
+        pytest.param(LAB, 6, id="ipv4-only-has-no-ipv6"),
+        pytest.param(LAB6, 4, id="ipv6-only-has-no-ipv4"),
+    ],
+)
+def test_flux_family_the_mesh_lacks_is_refused(spec: MeshSpec, family: int):
+    with pytest.raises(ValueError, match=f"has no IPv{family} network"):
+        render_flux(spec, FluxOptions(family=family))
+
+
+def test_flux_family6_of_a_dual_stack_mesh_brackets_and_enables_ipv6():
+    data = tomllib.loads(render_flux(DUAL, FluxOptions(family=6)))["bootstrap"]
+    assert data["enable_ipv6"] is True
+    assert data["hosts"][1] == {
+        "host": "ds-1",
+        "bind": "tcp://[fd00:250::2]:8050",
+        "connect": "tcp://[fd00:250::2]:8050",
+    }
+    assert "enable_ipv6" not in tomllib.loads(render_flux(DUAL))["bootstrap"]

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from render_fixtures import EXAMPLE, LAB, LAB6
+from render_fixtures import DUAL, EXAMPLE, LAB, LAB6
 
 from vnetd.render.hostfile import render_hostfile
 from vnetd.spec import MeshSpec, load_spec
@@ -83,12 +83,32 @@ def test_hostfile_matches_golden(fmt, slots: int, names, name: str, golden):
 
 
 @pytest.mark.parametrize(
-    ("spec", "fmt", "slots", "names", "message"),
+    ("fmt", "family", "name"),
     [
-        pytest.param(LAB, "openmpi", 0, "address", "slots 0", id="zero-slots"),
-        pytest.param(LAB6, "mpich", 1, "address", "IPv6", id="mpich-ipv6-addresses"),
+        pytest.param("openmpi", None, "hostfile-ds-openmpi.txt", id="primary"),
+        pytest.param("openmpi", 4, "hostfile-ds-openmpi.txt", id="family4"),
+        pytest.param("openmpi", 6, "hostfile-ds-openmpi-family6.txt", id="family6"),
+        pytest.param("mpich", 4, "hostfile-ds-mpich-family4.txt", id="mpich-family4"),
     ],
 )
-def test_hostfile_rejects(spec: MeshSpec, fmt, slots: int, names, message: str):
+def test_dual_stack_hostfile_matches_golden(fmt, family: int | None, name: str, golden):
+    golden(name, render_hostfile(DUAL, fmt, 1, "address", family))
+
+
+def test_dual_stack_hostfile_names_ignore_the_family():
+    assert render_hostfile(DUAL, "plain", 1, "hostname", 6) == "ds-0\nds-1\nds-2\n"
+
+
+@pytest.mark.parametrize(
+    ("spec", "fmt", "slots", "names", "family", "message"),
+    [
+        pytest.param(LAB, "openmpi", 0, "address", None, "slots 0", id="zero-slots"),
+        pytest.param(LAB6, "mpich", 1, "address", None, "IPv6", id="mpich-ipv6-addresses"),
+        pytest.param(DUAL, "mpich", 1, "address", 6, "IPv6", id="mpich-dual-stack-family6"),
+        pytest.param(LAB, "openmpi", 1, "address", 6, "no IPv6 network", id="ipv4-family6"),
+        pytest.param(LAB6, "openmpi", 1, "address", 4, "no IPv4 network", id="ipv6-family4"),
+    ],
+)
+def test_hostfile_rejects(spec: MeshSpec, fmt, slots: int, names, family, message: str):
     with pytest.raises(ValueError, match=message):
-        render_hostfile(spec, fmt, slots, names)
+        render_hostfile(spec, fmt, slots, names, family)

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
-from render_fixtures import EXAMPLE, LAB, LAB6
+from render_fixtures import DUAL, EXAMPLE, LAB, LAB6
 
 from vnetd.render.hosts import HostsFileError, render_hosts_block, splice_block
 from vnetd.render.output import OutputError, update_hosts_file
@@ -23,10 +23,21 @@ OTHER = "# BEGIN vnetd mesh lab-2\n10.251.0.1\tlab-2-0\n# END vnetd mesh lab-2\n
         pytest.param(LAB, "cluster.local", "hosts-lab-domain.txt", id="ipv4-domain"),
         pytest.param(LAB6, "hpc.example.org", "hosts-lab6-domain.txt", id="ipv6-domain"),
         pytest.param(load_spec(EXAMPLE), None, "hosts-example.txt", id="example-spec"),
+        pytest.param(DUAL, None, "hosts-ds.txt", id="dual-stack"),
+        pytest.param(DUAL, "cluster.local", "hosts-ds-domain.txt", id="dual-stack-domain"),
     ],
 )
 def test_hosts_block_matches_golden(spec, domain, name, golden):
     golden(name, render_hosts_block(spec, domain))
+
+
+def test_dual_stack_hosts_block_has_a_line_per_family_ipv4_first():
+    lines = render_hosts_block(DUAL).splitlines()[2:-1]
+    assert lines == [
+        line
+        for r in range(3)
+        for line in (f"10.250.0.{r + 1}\tds-{r}", f"fd00:250::{r + 1}\tds-{r}")
+    ]
 
 
 def test_hosts_block_lines():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from render_fixtures import LAB, LAB6, key_pair, member, memory_opener, private_key
+from render_fixtures import DUAL, LAB, LAB6, key_pair, member, memory_opener, private_key
 
 from vnetd.errors import IdentityError, RegistryUnavailable, SpecError
 from vnetd.identity import KeyPair
@@ -67,6 +67,14 @@ CASES = [
         id="duplicate-keys-left-out",
     ),
     pytest.param(LAB, 0, {}, None, "wg-quick-lab-rank0-empty.conf", id="empty-registry"),
+    pytest.param(
+        DUAL,
+        1,
+        members_of(*(member(DUAL, r) for r in range(3))),
+        key_pair(1),
+        "wg-quick-ds-rank1.conf",
+        id="dual-stack",
+    ),
 ]
 
 
@@ -83,7 +91,8 @@ def test_wg_quick_sections(spec: MeshSpec, rank: int, members, key: KeyPair | No
     lines = text.splitlines()
     assert text.endswith("\n")
     assert lines.count("[Interface]") == 1
-    assert f"Address = {spec.interface_address(rank)}" in lines
+    addresses = ", ".join(str(addr) for addr in spec.interface_addresses(rank))
+    assert f"Address = {addresses}" in lines
     assert f"ListenPort = {spec.port}" in lines
     assert f"MTU = {spec.mtu}" in lines
     private = key.private_key if key else f"<private key of rank {rank}: put it here>"
@@ -226,3 +235,13 @@ def test_read_members_times_out():
         RegistryUnavailable, match=r"no answer within 0\.05 s; check that etcd runs"
     ):
         read_members_now(LAB, open_hanging, timeout=0.05)
+
+
+def test_dual_stack_wg_quick_has_both_addresses_and_both_allowed_ips():
+    members = members_of(*(member(DUAL, r) for r in range(3)))
+    lines = render_wg_quick(DUAL, 1, members, key_pair(1)).splitlines()
+    assert "Address = 10.250.0.2/24, fd00:250::2/64" in lines
+    assert [line for line in lines if line.startswith("AllowedIPs")] == [
+        "AllowedIPs = 10.250.0.1/32, fd00:250::1/128",
+        "AllowedIPs = 10.250.0.3/32, fd00:250::3/128",
+    ]
