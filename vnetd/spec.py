@@ -14,7 +14,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property
 from ipaddress import (
     IPv4Address,
     IPv4Interface,
@@ -156,8 +156,20 @@ class MeshSpec:
     def allowed_ips(self, rank: int) -> tuple[str, ...]:
         """The allowed IPs a peer of ``rank`` gets: each address as a host route (/32,
         /128), sorted as the data planes report them."""
-        self.check_rank(rank)
-        return _host_routes(self.networks, self.offset, rank)
+        routes = self._routes.get(rank)
+        if routes is None:
+            self.check_rank(rank)
+            addresses = (net.network_address + self.offset + rank for net in self.networks)
+            routes = tuple(sorted(f"{addr}/{addr.max_prefixlen}" for addr in addresses))
+            self._routes[rank] = routes
+        return routes
+
+    @cached_property
+    def _routes(self) -> dict[int, tuple[str, ...]]:
+        # Every reconcile pass asks for every member's allowed IPs; building them with
+        # ipaddress was 75 % of a pass at 1024 ranks (profile of bench/control_plane.py).
+        # Filled on demand: at most one entry per rank that is asked for.
+        return {}
 
     def host(self, rank: int) -> str:
         """The hostname of ``rank`` from the spec's pattern."""
@@ -208,14 +220,6 @@ class MeshSpec:
             return ["<unparseable>"]
         mine = self.mesh_table()
         return sorted(k for k in mine.keys() | other.keys() if mine.get(k) != other.get(k))
-
-
-@lru_cache(maxsize=1 << 14)
-def _host_routes(networks: tuple[IPNetwork, ...], offset: int, rank: int) -> tuple[str, ...]:
-    # Every reconcile pass asks for every member's allowed IPs; building them with
-    # ipaddress took 75 % of a pass at 1024 ranks (profile of bench/control_plane.py).
-    addresses = (net.network_address + offset + rank for net in networks)
-    return tuple(sorted(f"{addr}/{addr.max_prefixlen}" for addr in addresses))
 
 
 _MESH_KEYS: dict[str, type] = {
