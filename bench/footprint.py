@@ -14,7 +14,7 @@ waits until the daemon's log shows them all, lets it settle, and reads
 VmRSS (and PSS) of the vnetd process and of its wireguard-go child
 separately. At 1023 peers it then reads the CPU both use over ``--idle`` s
 with nothing changing (keepalives every 3.3 s, a full resync every 30 s,
-the watch restarted and the members listed again every 60 s). Finally the
+the watch restarted from its last revision every 60 s). Finally the
 daemon is restarted with the 1023 peers already registered (RSS after a
 start that applies them all at once, and that pass's duration).
 

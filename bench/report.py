@@ -540,7 +540,7 @@ def footprint_section(r: JSON | None) -> tuple[list[str], list[bool | None]]:
         "",
         *table(["peers", "vnetd RSS", "vnetd PSS", "wireguard-go RSS", "wireguard-go PSS"], rows),
         f"Idle CPU over {p['idle_s']:g} s at 1023 peers (keepalives, a resync every"
-        f" {p['resync_s']} s, the watch restarted every 60 s): vnetd "
+        f" {p['resync_s']} s, the watch resumed every 60 s): vnetd "
         f"{mmm(s['idle_vnetd_share'], 2, 100, ' %')}, wireguard-go "
         f"{mmm(s['idle_wg_share'], 2, 100, ' %')} of a core. A restart with 1023 peers"
         f" registered reaches them all in {mmm(rs['to_all_peers_s'], 2, unit=' s')} (its first"

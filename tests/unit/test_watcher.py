@@ -211,3 +211,43 @@ async def test_a_list_during_the_grace_keeps_holding(autojump_clock):
         await trio.sleep(deadline + 0.5 - trio.current_time())
         assert set(view.members) == {1}
         nursery.cancel_scope.cancel()
+
+
+class CountingWatches(MemoryRegistry):
+    """Records the start revision of every watch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts: list[int] = []
+
+    def watch(self, prefix, start_revision):
+        self.starts.append(start_revision)
+        return super().watch(prefix, start_revision)
+
+
+async def test_periodic_watch_restart_resumes_without_a_list(autojump_clock):
+    # A list is O(N) for etcd and for every daemon; the periodic restart only bounds
+    # how long a silently dead stream goes unnoticed, and resuming replays everything.
+    registry = CountingWatches()
+    await registry.create(member_key(SPEC, 1), encode_member(member(1)))
+    view = MemberView()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(sync_members, resync_interval=10.0), registry, SPEC, view,
+                            RegistryHealth())  # fmt: skip
+        with trio.fail_after(5):
+            while 1 not in view.members:
+                await trio.sleep(0.01)
+        for rank in (2, 3):  # one write in each watch period
+            await trio.sleep(10.0)
+            await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+        await trio.sleep(25.0)
+        await registry.delete(member_key(SPEC, 2))
+        with trio.fail_after(5):
+            while set(view.members) != {1, 3}:
+                await trio.sleep(0.01)
+        assert view.lists == 1, "a periodic restart listed the members again"
+        assert len(registry.starts) >= 5, registry.starts
+        # Each restart resumes right after the last revision the view had seen.
+        assert registry.starts == sorted(registry.starts)
+        assert registry.starts[-1] <= view.revision
+        nursery.cancel_scope.cancel()
