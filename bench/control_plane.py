@@ -58,8 +58,8 @@ from vnetd.lab.lab import LabProcess, open_lab
 NAME = "control_plane"
 TITLE = "Control-plane scale (simulated ranks)"
 CONVERGE_AFTER = 60.0
-"""How long after the last scheduled start the mesh may take before the run is
-recorded as not converged."""
+"""Default for ``--window``: how long after the last scheduled start the mesh may
+take before the run is recorded as not converged."""
 
 
 def events(process: LabProcess) -> list[JSON]:
@@ -136,8 +136,8 @@ def series(samples: list[JSON], t0: float) -> list[list[float]]:
     return out
 
 
-async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int) -> JSON:
-    timeout = size / rate + CONVERGE_AFTER
+async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, window: float) -> JSON:
+    timeout = size / rate + window
     async with open_lab(procs) as lab:
         sampler = LoadSampler(own_netns=lab_netns(lab))
         async with trio.open_nursery() as nursery:
@@ -260,13 +260,14 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
             result = await attempt(
                 failures,
                 {"size": size, "run": i + 1},
-                partial(one_run, size, args.procs, args.rest, args.rate, args.ttl),
+                partial(one_run, size, args.procs, args.rest, args.rate, args.ttl, args.window),
             )
             if result is not None:
                 runs.append(result)
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
               "procs": args.procs, "rest_s": args.rest,
               "rate_per_s": args.rate, "lease_ttl_s": args.ttl, "resync_s": 30,
+              "window_s": args.window,
               "seed": seed}  # fmt: skip
     write_result(NAME, TITLE, params, runs, summarize(runs, args.sizes),
                  merge_load([r["load"] for r in runs]), args.out,
@@ -280,6 +281,9 @@ def main() -> None:
     parser.add_argument("--rest", type=float, default=20.0, help="seconds at rest (default 20)")
     parser.add_argument("--rate", type=float, default=25.0, help="joins per second (default 25)")
     parser.add_argument("--ttl", type=int, default=10, help="lease TTL, s (default 10)")
+    parser.add_argument("--window", type=float, default=CONVERGE_AFTER,
+                        help="s after the last scheduled start before a run counts as not "
+                        f"converged (default {CONVERGE_AFTER:g})")  # fmt: skip
     args = parser.parse_args()
     check_host(("ip", "unshare", "etcd"))
     sys.exit(1 if trio.run(main_async, args) else 0)
