@@ -17,12 +17,7 @@ verbose log). A peer added moments ago that has sent packets but not
 completed a handshake is therefore re-added once, by the lower rank after
 ``NUDGE_AFTER`` and by the higher after twice that, which resets its
 handshake state; the other side's 5 s rate limit keeps the next attempt
-from crossing again. Peers with a handshake are never touched, and neither
-is a peer we received bytes from in the last ``RX_QUIET`` seconds: that is
-its initiation arriving, which we have answered, and a responder records
-the handshake only when the initiator's first data packet follows. Re-adding
-it then discarded the session being made (traced in a 32-pod bench run with
-wireguard-go's verbose log), and the pair waited for the 5 s retry.
+from crossing again. Peers with a handshake are never touched.
 
 Nothing is applied before the members have been listed once: an unlisted
 view is not an empty mesh, and a device adopted from a daemon that was
@@ -68,7 +63,6 @@ log = logging.getLogger("vnetd.reconcile")
 
 NUDGE_AFTER = 1.0  # seconds after a join with no handshake before re-adding the peer
 NUDGE_WINDOW = 10.0  # only peers younger than this are watched
-RX_QUIET = 0.5  # seconds without received bytes before a peer may be nudged
 
 
 @dataclass
@@ -116,7 +110,6 @@ class Reconciler:
         self._devices: dict[str, str] = {}  # public key -> device id when last written
         self._skipped_logged: set[tuple[int, str]] = set()
         self._young: dict[str, float] = {}  # public key -> when it was added
-        self._rx_seen: dict[str, tuple[int, float]] = {}  # key -> (rx bytes, since when)
         self._synced = trio.Event()
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
@@ -235,7 +228,6 @@ class Reconciler:
         """Re-add young peers stuck without a handshake (see the module doc)."""
         now = trio.current_time()
         self._young = {k: t for k, t in self._young.items() if now - t < NUDGE_WINDOW}
-        self._rx_seen = {k: v for k, v in self._rx_seen.items() if k in self._young}
         if not self._young:
             return
         device = await self.dataplane.peers()
@@ -246,12 +238,8 @@ class Reconciler:
             if peer is None or rank is None or peer.last_handshake:
                 self._young.pop(key, None)
                 continue
-            rx, since = self._rx_seen.get(key, (0, added))
-            if peer.rx_bytes != rx:  # the peer is talking to us: a handshake in progress
-                self._rx_seen[key] = (peer.rx_bytes, now)
-                continue
             wait = NUDGE_AFTER if self.self_rank < rank else 2 * NUDGE_AFTER
-            if now - added >= wait and now - since >= RX_QUIET and peer.tx_bytes:
+            if now - added >= wait and peer.tx_bytes:
                 stuck.append(Peer(key, peer.allowed_ips, peer.endpoint, rank))
                 self._young.pop(key, None)  # once per join
         if stuck:
