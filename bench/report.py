@@ -298,12 +298,12 @@ def _full_mesh_why(r: JSON) -> list[str]:
     return [
         "The slow runs end with a long tail: the last 1 % of the pairs came well after the "
         "rest (" + ", ".join(notes) + "). A pair that takes seconds is a WireGuard handshake "
-        "that failed and waited for WireGuard's retry (every 5 s). The cause traced in an "
-        "earlier run (wireguard-go's verbose log, 32 pods): a rank answered a new peer's "
-        "initiation and, before the peer's first data packet completed the handshake on its "
-        "side, its reconciler re-added that peer as 'stuck', discarding the session. The "
-        "reconciler now leaves a peer alone while bytes from it keep arriving; a tail that "
-        "remains here has a cause not traced yet (the CPU is saturated while 64 daemons start).",
+        "that failed and waited for WireGuard's retry (every 5 s). One cause was traced "
+        "(wireguard-go's verbose log, 32 pods): a rank answered a new peer's initiation and, "
+        "before the peer's first data packet completed the handshake on its side, its "
+        "reconciler's nudge re-added that peer as 'stuck', discarding the session. Others are "
+        "not traced; in a 64-pod trace the last pairs were a rank whose daemon took 4.5 s to "
+        "start on the loaded cores, plus one crossed handshake that the nudge resolved in 1 s.",
         "",
     ]
 
