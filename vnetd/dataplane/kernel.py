@@ -31,20 +31,16 @@ from typing import Any, Protocol, TypeVar
 import trio
 from pyroute2.netlink.exceptions import NetlinkError
 
-from vnetd.dataplane.base import DeviceConfig, LinkState, key_to_hex, route_changes
+from vnetd.dataplane.base import DeviceConfig, key_to_hex
 from vnetd.dataplane.link import (
     NETLINK_TIMEOUT,
-    change_routes,
+    LinkedDevice,
     configure_link,
     create_wireguard_link,
-    device_routes,
     kernel_wireguard_unavailable,
     link_kind,
-    prune_addresses,
-    read_link_state,
     remove_link,
     run_netlink,
-    sync_peer_routes,
 )
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
@@ -214,7 +210,7 @@ def parse_info(messages: Iterable[Any]) -> tuple[str | None, int | None, dict[st
 # --- the data plane ---------------------------------------------------------------------
 
 
-class KernelDataplane:
+class KernelDataplane(LinkedDevice):
     """An in-kernel WireGuard link. Create it with ``open_kernel_dataplane``."""
 
     def __init__(self, config: DeviceConfig, netns: str | None, wg_factory: WgFactory) -> None:
@@ -269,31 +265,7 @@ class KernelDataplane:
         keepalive = self.config.persistent_keepalive
         messages = peer_messages(plan, keepalive, self.config.preshared_key)
         messages += handshake_messages(plan.handshake, keepalive)
-        async with self._lock:
-            start = trio.current_time()
-            live = await run_netlink(lambda: self._send(messages))
-            gone, new = route_changes(plan, live)
-            if gone or new:
-                index = self.index
-                await run_netlink(lambda: change_routes(self.netns, index, gone, new))
-            elapsed = (trio.current_time() - start) * 1000
-        log.debug(
-            "%s: applied %s (routes -%d +%d) in %.1f ms",
-            self.config.interface,
-            plan.describe(limit=16),
-            len(gone),
-            len(new),
-            elapsed,
-        )
-
-    async def routes(self) -> set[str]:
-        async with self._lock:
-            index = self.index
-            return await run_netlink(lambda: device_routes(self.netns, index))
-
-    async def link_state(self) -> LinkState:
-        interface = self.config.interface
-        return await run_netlink(lambda: read_link_state(self.netns, interface))
+        await self._apply_then_route(plan, partial(run_netlink, lambda: self._send(messages)))
 
     async def open(self) -> bool:
         """Create (or adopt) the link, set key and port, configure the link.
@@ -321,7 +293,7 @@ class KernelDataplane:
         await run_netlink(lambda: self._call(lambda wg: wg.set(config.interface, **attrs)))
         self.index, self.noprefixroute = await run_netlink(lambda: configure_link(netns, config))
         if adopted is not None:
-            await self._repair_adopted(adopted)
+            await self._repair_adopted(adopted.values())
         return adopted is not None
 
     async def _check_ours(self) -> dict[str, DevicePeer]:
@@ -337,22 +309,6 @@ class KernelDataplane:
                 "another name with [mesh] interface"
             )
         return peers
-
-    async def _repair_adopted(self, peers: dict[str, DevicePeer]) -> None:
-        interface, index, netns = self.config.interface, self.index, self.netns
-        keep = [str(addr.ip) for addr in self.config.addresses]
-        stale = await run_netlink(lambda: prune_addresses(netns, index, keep))
-        if stale:
-            log.warning("%s: removed addresses of a previous run: %s", interface, ",".join(stale))
-        held = {str(ip_network(ip, strict=False)) for p in peers.values() for ip in p.allowed_ips}
-        gone, new = await run_netlink(lambda: sync_peer_routes(netns, index, held))
-        if gone or new:
-            log.info(
-                "%s: peer routes repaired (-%s +%s)",
-                interface,
-                ",".join(sorted(gone)) or "none",
-                ",".join(sorted(new)) or "none",
-            )
 
 
 @asynccontextmanager

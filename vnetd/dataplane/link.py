@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from functools import partial
 from ipaddress import IPv4Interface, IPv6Interface, ip_address, ip_network
 from typing import TypeVar
@@ -25,8 +25,9 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE
 
-from vnetd.dataplane.base import DeviceConfig, LinkState
+from vnetd.dataplane.base import DeviceConfig, LinkState, route_changes
 from vnetd.errors import DataplaneError
+from vnetd.model import DevicePeer, Plan
 
 log = logging.getLogger("vnetd.dataplane")
 
@@ -280,3 +281,63 @@ def auto_mtu(underlay: int, host: str) -> int:
     """The overlay MTU for an underlay MTU and our endpoint's family."""
     overhead = IPV4_OVERHEAD if ip_address(host).version == 4 else IPV6_OVERHEAD
     return underlay - overhead
+
+
+class LinkedDevice:
+    """What both real data planes do on the link side, whatever drives WireGuard.
+
+    Routes follow the peers' allowed IPs after every change, and a link
+    adopted from a previous run is repaired. A subclass sets ``config``,
+    ``netns``, ``index`` (once the link is configured) and ``_lock``.
+    """
+
+    config: DeviceConfig
+    netns: str | None
+    index: int
+    _lock: trio.Lock
+
+    async def _apply_then_route(self, plan: Plan, write: Callable[[], Awaitable[set[str]]]) -> None:
+        """Under the lock: ``write`` the plan to the device (it returns the allowed IPs
+        the device now holds), then add and delete routes to match (``route_changes``)."""
+        async with self._lock:
+            start = trio.current_time()
+            live = await write()
+            gone, new = route_changes(plan, live)
+            if gone or new:
+                netns, index = self.netns, self.index
+                await run_netlink(lambda: change_routes(netns, index, gone, new))
+            elapsed = (trio.current_time() - start) * 1000
+        log.debug(
+            "%s: applied %s (routes -%d +%d) in %.1f ms",
+            self.config.interface,
+            plan.describe(limit=16),
+            len(gone),
+            len(new),
+            elapsed,
+        )
+
+    async def routes(self) -> set[str]:
+        async with self._lock:
+            netns, index = self.netns, self.index
+            return await run_netlink(lambda: device_routes(netns, index))
+
+    async def link_state(self) -> LinkState:
+        netns, interface = self.netns, self.config.interface
+        return await run_netlink(lambda: read_link_state(netns, interface))
+
+    async def _repair_adopted(self, peers: Iterable[DevicePeer]) -> None:
+        """An adopted link: only our addresses, and a route per peer exactly."""
+        interface, index, netns = self.config.interface, self.index, self.netns
+        keep = [str(addr.ip) for addr in self.config.addresses]
+        stale = await run_netlink(lambda: prune_addresses(netns, index, keep))
+        if stale:
+            log.warning("%s: removed addresses of a previous run: %s", interface, ",".join(stale))
+        held = {str(ip_network(ip, strict=False)) for p in peers for ip in p.allowed_ips}
+        gone, new = await run_netlink(lambda: sync_peer_routes(netns, index, held))
+        if gone or new:
+            log.info(
+                "%s: peer routes repaired (-%s +%s)",
+                interface,
+                ",".join(sorted(gone)) or "none",
+                ",".join(sorted(new)) or "none",
+            )

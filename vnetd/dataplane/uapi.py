@@ -14,21 +14,17 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
-from ipaddress import ip_network
+from functools import partial
 
 import trio
 
-from vnetd.dataplane.base import DeviceConfig, LinkState, key_to_hex, route_changes
+from vnetd.dataplane.base import DeviceConfig, key_to_hex
 from vnetd.dataplane.link import (
-    change_routes,
+    LinkedDevice,
     configure_link,
-    device_routes,
     link_kind,
-    prune_addresses,
-    read_link_state,
     remove_link,
     run_netlink,
-    sync_peer_routes,
 )
 from vnetd.dataplane.supervise import (
     SOCKET_DIR,
@@ -68,7 +64,7 @@ CLEANUP_DEADLINE = STOP_GRACE + 5.0
 # --- the data plane ---------------------------------------------------------------------
 
 
-class UapiDataplane:
+class UapiDataplane(LinkedDevice):
     """A running wireguard-go device. Create it with ``open_uapi_dataplane``.
 
     ``process`` is the wireguard-go serving it, replaced when it dies and is
@@ -125,32 +121,11 @@ class UapiDataplane:
         keepalive = self.config.persistent_keepalive
         lines = plan_lines(plan, keepalive, self.config.preshared_key)
         lines += handshake_lines(plan.handshake, keepalive)
-        async with self._lock:
-            start = trio.current_time()
-            await self.uapi.set(lines)
-            live = {ip for p in parse_peers(await self.uapi.get()).values() for ip in p.allowed_ips}
-            gone, new = route_changes(plan, live)
-            if gone or new:
-                index = self.index
-                await run_netlink(lambda: change_routes(self.netns, index, gone, new))
-            elapsed = (trio.current_time() - start) * 1000
-        log.debug(
-            "%s: applied %s (routes -%d +%d) in %.1f ms",
-            self.config.interface,
-            plan.describe(limit=16),
-            len(gone),
-            len(new),
-            elapsed,
-        )
+        await self._apply_then_route(plan, partial(self._set, lines))
 
-    async def routes(self) -> set[str]:
-        async with self._lock:
-            index = self.index
-            return await run_netlink(lambda: device_routes(self.netns, index))
-
-    async def link_state(self) -> LinkState:
-        interface = self.config.interface
-        return await run_netlink(lambda: read_link_state(self.netns, interface))
+    async def _set(self, lines: list[tuple[str, str]]) -> set[str]:
+        await self.uapi.set(lines)
+        return {ip for p in parse_peers(await self.uapi.get()).values() for ip in p.allowed_ips}
 
     async def configure(self, device: list[tuple[str, str]] | None) -> None:
         """Key and port, then the link: address, MTU, up, the unreachable route.
@@ -175,24 +150,7 @@ class UapiDataplane:
             lambda: configure_link(self.netns, config)
         )
         if device is not None:
-            await self._repair_adopted(device)
-
-    async def _repair_adopted(self, device: list[tuple[str, str]]) -> None:
-        """An adopted link: only our address, and a route per peer exactly."""
-        interface, index = self.config.interface, self.index
-        keep = [str(addr.ip) for addr in self.config.addresses]
-        stale = await run_netlink(lambda: prune_addresses(self.netns, index, keep))
-        if stale:
-            log.warning("%s: removed addresses of a previous run: %s", interface, ",".join(stale))
-        held = {_cidr(ip) for p in parse_peers(device).values() for ip in p.allowed_ips}
-        gone, new = await run_netlink(lambda: sync_peer_routes(self.netns, index, held))
-        if gone or new:
-            log.info(
-                "%s: peer routes repaired (-%s +%s)",
-                interface,
-                ",".join(sorted(gone)) or "none",
-                ",".join(sorted(new)) or "none",
-            )
+            await self._repair_adopted(parse_peers(device).values())
 
     async def supervise(self, budget: RestartBudget) -> None:
         """Restart wireguard-go whenever it exits, within ``budget``.
@@ -256,10 +214,6 @@ class UapiDataplane:
             await self.process.stop()
             return f"restarted wireguard-go pid {self.process.pid} not configured: {exc}"
         return None
-
-
-def _cidr(ip: str) -> str:
-    return str(ip_network(ip, strict=False))
 
 
 def handshake_lines(keys: Sequence[str], persistent_keepalive: int) -> list[tuple[str, str]]:
