@@ -331,22 +331,6 @@ def proc_pss_kib(pid: int) -> int:
     return 0
 
 
-def child_pid(parent: int, comm: str) -> int | None:
-    """The pid of ``parent``'s child named ``comm``, if any."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == parent and name == comm:
-            return int(entry)
-    return None
-
-
 # --- the daemons' JSON logs -------------------------------------------------------------
 
 

@@ -37,7 +37,6 @@ from common import (
     attempt,
     base_parser,
     check_host,
-    child_pid,
     lab_netns,
     merge_load,
     peers_held,
@@ -53,6 +52,7 @@ from common import (
 
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab.netns import child_pid
 from vnetd.spec import load_spec
 
 NAME = "footprint"

@@ -61,7 +61,6 @@ from common import (
     attempt,
     base_parser,
     check_host,
-    child_pid,
     claim_time,
     lab_netns,
     latency,
@@ -79,6 +78,7 @@ from register import random_public_key
 
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab.netns import child_pid
 from vnetd.spec import load_spec
 
 SETTLE = 2.0

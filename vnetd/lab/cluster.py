@@ -11,7 +11,6 @@ shared by every process on the machine, so they compare with the test's.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 import trio
 
 from vnetd.lab.lab import Lab, LabError, LabProcess, Pod
+from vnetd.lab.netns import child_pid
 from vnetd.lab.probe import parse_events, probe_command
 from vnetd.membership import members_prefix, rank_of_key
 from vnetd.spec import MeshSpec, load_spec
@@ -219,18 +219,10 @@ class MeshLab:
             LabError: the daemon has no such child (now).
         """
         daemon = self.daemons[rank].pid
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-            if ppid == daemon and comm == "wireguard-go":
-                return int(entry)
-        raise LabError(f"rank {rank}'s daemon (pid {daemon}) has no wireguard-go child")
+        pid = child_pid(daemon, "wireguard-go")
+        if pid is None:
+            raise LabError(f"rank {rank}'s daemon (pid {daemon}) has no wireguard-go child")
+        return pid
 
     async def device_dump(self, rank: int) -> list[list[str]]:
         """``wg show <if> dump`` of ``rank``'s device, run beside its daemon: one row

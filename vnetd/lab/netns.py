@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import trio
 
@@ -117,6 +118,22 @@ def proc_start_time(pid: int) -> int | None:
     if not fields or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
+
+
+def child_pid(parent: int, comm: str) -> int | None:
+    """The pid of ``parent``'s child process named ``comm`` (from /proc), if any."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == parent and name == comm:
+            return int(entry)
+    return None
 
 
 def pid_alive(pid: int) -> bool:
