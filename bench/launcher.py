@@ -17,8 +17,8 @@ hello and waits for ``ok``. A worker that fails (rank 0 not listening yet)
 tries again 15 s later: the operator's loop (``bench/hello.py``).
 
 **vnetd**: when a pod is created, its ``vnetd up`` and its broker start
-together, as ``tests/e2e/test_flux_overlay.py`` does: ``bench/zmq_hello.py``
-(the bench's copy of ``tests/e2e/zmq_broker.py``) reads the bootstrap file
+together, as ``tests/e2e/test_flux_overlay.py`` does: the same broker,
+``tests/e2e/zmq_broker.py``, reads the bootstrap file
 rendered once by ``vnetd render flux`` before any pod exists, binds (rank 0)
 or connects (workers, ZeroMQ DEALER, which retries on its own every 100 ms)
 over the overlay, and sends hello to rank 0.
@@ -70,7 +70,7 @@ from vnetd.lab.lab import Lab, LabProcess, open_lab
 
 NAME = "launcher"
 TITLE = "The launcher of today, side by side"
-BROKER = BENCH / "zmq_hello.py"
+BROKER = BENCH.parent / "tests" / "e2e" / "zmq_broker.py"
 HELLO = BENCH / "hello.py"
 NETNS_ETC = Path("/etc/netns")
 HELLO_PORT = 8050
@@ -120,7 +120,8 @@ async def vnetd_side(lab: Lab, size: int, order: list[int], gaps: list[float]) -
 
     async def start(rank: int) -> None:
         await mesh.start_rank(rank)
-        argv = [sys.executable, str(BROKER), str(bootstrap), "--duration", "600"]
+        argv = [sys.executable, str(BROKER), str(bootstrap), "--duration", "600",
+                "--bind-wait", "120"]  # fmt: skip
         brokers[rank] = await lab.start(
             mesh.pod(rank), argv, private_mount=False, hostname=mesh.spec.host(rank)
         )

@@ -13,7 +13,12 @@ JSON line per message it receives (``{"event": "hello"|"beat", "rank": R,
 "boot": ID, "t": monotonic}``), so the test sees every rank arrive at the
 root. ``boot`` is random per process, so a restart is visible.
 
-Run: ``python zmq_broker.py BOOTSTRAP.toml [--duration S]``.
+A leaf polls its DEALER too (nothing arrives on it): pyzmq returns at once
+from a poll with no sockets registered, so a leaf would spin a CPU at 100 %,
+harmless for 8 pods but not for the 64 of the launcher benchmark
+(``bench/launcher.py`` runs this same file).
+
+Run: ``python zmq_broker.py BOOTSTRAP.toml [--duration S] [--bind-wait S]``.
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ import zmq
 
 BEAT_INTERVAL = 0.5
 BIND_WAIT = 30.0
-"""The overlay address appears when the node's vnetd has set up its device."""
+"""Default for ``--bind-wait``: the overlay address appears when the node's vnetd
+has set up its device."""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("bootstrap")
     parser.add_argument("--duration", type=float, default=600.0)
+    parser.add_argument("--bind-wait", type=float, default=BIND_WAIT)
     args = parser.parse_args()
     with open(args.bootstrap, "rb") as handle:
         bootstrap = tomllib.load(handle)["bootstrap"]
@@ -59,7 +66,7 @@ def main() -> int:
 
     context = zmq.Context()
     ipv6 = bool(bootstrap.get("enable_ipv6", False))
-    router = _router(context, uri(rank, "bind"), ipv6) if children else None
+    router = _router(context, uri(rank, "bind"), ipv6, args.bind_wait) if children else None
     dealer = None
     parent = parents[rank]
     if parent is not None:
@@ -83,11 +90,13 @@ def _parents(hosts: list[dict[str, Any]], names: list[str]) -> list[int | None]:
     return [names.index(e["parent"]) if "parent" in e else None for e in hosts]
 
 
-def _router(context: zmq.Context[zmq.Socket[bytes]], bind: str, ipv6: bool) -> zmq.Socket[bytes]:
+def _router(
+    context: zmq.Context[zmq.Socket[bytes]], bind: str, ipv6: bool, wait: float
+) -> zmq.Socket[bytes]:
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.IPV6, int(ipv6))
     router.setsockopt(zmq.LINGER, 0)
-    deadline = time.monotonic() + BIND_WAIT
+    deadline = time.monotonic() + wait
     while True:
         try:
             router.bind(bind)
@@ -107,8 +116,9 @@ def _serve(
     stop: dict[str, bool],
 ) -> None:
     poller = zmq.Poller()
-    if router is not None:
-        poller.register(router, zmq.POLLIN)
+    for sock in (router, dealer):  # a leaf's DEALER keeps the poll from spinning
+        if sock is not None:
+            poller.register(sock, zmq.POLLIN)
     mine = {"rank": rank, "boot": boot}
     if dealer is not None:
         dealer.send_multipart([b"hello", json.dumps(mine).encode()])
@@ -120,6 +130,9 @@ def _serve(
             _send(dealer, b"beat", json.dumps(mine).encode())
             next_beat = now + BEAT_INTERVAL
         for sock, _ in poller.poll(timeout=100):
+            if sock is not router:
+                sock.recv_multipart()  # nothing is sent downstream; drop it
+                continue
             _identity, kind, body = sock.recv_multipart()
             if dealer is not None:
                 _send(dealer, kind, body)
