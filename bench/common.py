@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,26 @@ async def attempt(
         print(f"  run failed: {text}", flush=True)
         failures.append({**what, "error": text})
         return None
+
+
+async def run_each_size(
+    label: str,
+    sizes: Sequence[int],
+    runs: dict[int, int] | int,
+    one: Callable[[int, int], Awaitable[JSON]],
+) -> tuple[list[JSON], list[JSON]]:
+    """``await one(size, i)`` for every size and run number ``i`` (from 0), with a
+    progress line each; returns the results and the failed runs (see ``attempt``)."""
+    results: list[JSON] = []
+    failures: list[JSON] = []
+    for size in sizes:
+        n = runs_for(runs, size)
+        for i in range(n):
+            print(f"{label}: size {size}, run {i + 1}/{n}", flush=True)
+            result = await attempt(failures, {"size": size, "run": i + 1}, partial(one, size, i))
+            if result is not None:
+                results.append(result)
+    return results, failures
 
 
 def read_result(name: str, out_dir: Path = RESULTS) -> JSON | None:

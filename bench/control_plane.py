@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from functools import partial
 from typing import Any
 
 import trio
@@ -40,11 +39,11 @@ from common import (
     BENCH,
     JSON,
     LoadSampler,
-    attempt,
     base_parser,
     check_host,
     lab_netns,
     merge_load,
+    run_each_size,
     runs_for,
     seeded,
     spread,
@@ -251,19 +250,10 @@ def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
     seed, _rng = seeded(args.seed)
-    runs: list[JSON] = []
-    failures: list[JSON] = []
-    for size in args.sizes:
-        n = runs_for(args.runs, size)
-        for i in range(n):
-            print(f"control plane: {size} ranks, run {i + 1}/{n}", flush=True)
-            result = await attempt(
-                failures,
-                {"size": size, "run": i + 1},
-                partial(one_run, size, args.procs, args.rest, args.rate, args.ttl, args.window),
-            )
-            if result is not None:
-                runs.append(result)
+    runs, failures = await run_each_size(
+        "control plane", args.sizes, args.runs,
+        lambda size, _i: one_run(size, args.procs, args.rest, args.rate, args.ttl, args.window),
+    )  # fmt: skip
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
               "procs": args.procs, "rest_s": args.rest,
               "rate_per_s": args.rate, "lease_ttl_s": args.ttl, "resync_s": 30,

@@ -48,7 +48,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from functools import partial
 from typing import Any
 
 import trio
@@ -58,7 +57,6 @@ from common import (
     ClockMap,
     JsonMesh,
     LoadSampler,
-    attempt,
     base_parser,
     check_host,
     claim_time,
@@ -68,6 +66,7 @@ from common import (
     peer_events,
     peers_held,
     proc_cpu_seconds,
+    run_each_size,
     runs_for,
     seeded,
     spread,
@@ -392,17 +391,9 @@ def summarize_full_mesh(runs: list[JSON], sizes: list[int]) -> JSON:
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
     seed, rng = seeded(args.seed)
-    runs: list[JSON] = []
-    failures: list[JSON] = []
-    for size in args.sizes:
-        n = runs_for(args.runs, size)
-        for i in range(n):
-            print(f"formation: size {size}, run {i + 1}/{n}", flush=True)
-            result = await attempt(
-                failures, {"size": size, "run": i + 1}, partial(one_run, size, rng, args)
-            )
-            if result is not None:
-                runs.append(result)
+    runs, failures = await run_each_size(
+        "formation", args.sizes, args.runs, lambda size, _i: one_run(size, rng, args)
+    )
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
               "seed": seed, "max_gap_s": args.max_gap,
               "probe_interval_s": args.interval, "joins": args.joins, "hold_s": HOLD,

@@ -41,7 +41,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +51,13 @@ from common import (
     ClockMap,
     JsonMesh,
     LoadSampler,
-    attempt,
     base_parser,
     check_host,
     claim_time,
     lab_netns,
     latency,
     merge_load,
+    run_each_size,
     runs_for,
     seeded,
     spread,
@@ -277,19 +276,10 @@ def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
     seed, rng = seeded(args.seed)
-    runs: list[JSON] = []
-    failures: list[JSON] = []
-    for size in args.sizes:
-        n = runs_for(args.runs, size)
-        for i in range(n):
-            print(f"launcher: size {size}, run {i + 1}/{n}", flush=True)
-            result = await attempt(
-                failures,
-                {"size": size, "run": i + 1},
-                partial(one_run, size, rng, args.max_gap, launcher_first=i % 2 == 1),
-            )
-            if result is not None:
-                runs.append(result)
+    runs, failures = await run_each_size(
+        "launcher", args.sizes, args.runs,
+        lambda size, i: one_run(size, rng, args.max_gap, launcher_first=i % 2 == 1),
+    )  # fmt: skip
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
               "seed": seed, "max_gap_s": args.max_gap,
               "retry_s": RETRY, "lease_ttl_s": 5}  # fmt: skip
