@@ -147,23 +147,36 @@ async def attempt(
         return None
 
 
+async def run_repeated(
+    label: str, n: int, one: Callable[[int], Awaitable[JSON]], what: JSON | None = None
+) -> tuple[list[JSON], list[JSON]]:
+    """``await one(i)`` for run number ``i`` = 0..n-1, with a progress line each;
+    returns the results and the failed runs (``what`` plus the run; see ``attempt``)."""
+    results: list[JSON] = []
+    failures: list[JSON] = []
+    for i in range(n):
+        print(f"{label}: run {i + 1}/{n}", flush=True)
+        result = await attempt(failures, {**(what or {}), "run": i + 1}, partial(one, i))
+        if result is not None:
+            results.append(result)
+    return results, failures
+
+
 async def run_each_size(
     label: str,
     sizes: Sequence[int],
     runs: dict[int, int] | int,
     one: Callable[[int, int], Awaitable[JSON]],
 ) -> tuple[list[JSON], list[JSON]]:
-    """``await one(size, i)`` for every size and run number ``i`` (from 0), with a
-    progress line each; returns the results and the failed runs (see ``attempt``)."""
+    """``run_repeated`` for every size: ``await one(size, i)``."""
     results: list[JSON] = []
     failures: list[JSON] = []
     for size in sizes:
-        n = runs_for(runs, size)
-        for i in range(n):
-            print(f"{label}: size {size}, run {i + 1}/{n}", flush=True)
-            result = await attempt(failures, {"size": size, "run": i + 1}, partial(one, size, i))
-            if result is not None:
-                results.append(result)
+        done, failed = await run_repeated(
+            f"{label}: size {size}", runs_for(runs, size), partial(one, size), {"size": size}
+        )
+        results += done
+        failures += failed
     return results, failures
 
 

@@ -35,7 +35,6 @@ import os
 import subprocess
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +44,12 @@ from common import (
     JSON,
     JsonMesh,
     LoadSampler,
-    attempt,
     base_parser,
     check_host,
     lab_netns,
     merge_load,
     peers_held,
+    run_repeated,
     runs_for,
     spread,
     wait_for,
@@ -236,16 +235,10 @@ def summarize(runs: list[JSON]) -> JSON:
 
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
-    runs: list[JSON] = []
-    failures: list[JSON] = []
     n = runs_for(args.runs)
-    for i in range(n):
-        print(f"data plane: run {i + 1}/{n}", flush=True)
-        result = await attempt(
-            failures, {"run": i + 1}, partial(one_run, args.rounds, args.seconds, args.changes)
-        )
-        if result is not None:
-            runs.append(result)
+    runs, failures = await run_repeated(
+        "data plane", n, lambda _i: one_run(args.rounds, args.seconds, args.changes)
+    )
     params = {"runs": n, "rounds": args.rounds, "seconds": args.seconds,
               "changes": args.changes, "peers_for_change": SIZE - 1, "mtu": 1420}  # fmt: skip
     write_result(NAME, TITLE, params, runs, summarize(runs),

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import sys
 import time
-from functools import partial
 from typing import Any
 
 import trio
@@ -34,7 +33,6 @@ from common import (
     JSON,
     JsonMesh,
     LoadSampler,
-    attempt,
     base_parser,
     check_host,
     lab_netns,
@@ -44,6 +42,7 @@ from common import (
     proc_cpu_seconds,
     proc_pss_kib,
     proc_rss_kib,
+    run_repeated,
     runs_for,
     spread,
     wait_for,
@@ -161,14 +160,8 @@ def summarize(runs: list[JSON]) -> JSON:
 
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
-    runs: list[JSON] = []
-    failures: list[JSON] = []
     n = runs_for(args.runs)
-    for i in range(n):
-        print(f"footprint: run {i + 1}/{n}", flush=True)
-        result = await attempt(failures, {"run": i + 1}, partial(one_run, args.idle))
-        if result is not None:
-            runs.append(result)
+    runs, failures = await run_repeated("footprint", n, lambda _i: one_run(args.idle))
     params = {"runs": n, "idle_s": args.idle, "steps": list(STEPS), "mesh_size": SIZE,
               "lease_ttl_s": 10, "resync_s": 30}  # fmt: skip
     write_result(NAME, TITLE, params, runs, summarize(runs),
