@@ -109,7 +109,7 @@ class MeshSpec:
     @property
     def min_mtu(self) -> int:
         """The smallest MTU the overlay may have: IPv6 needs 1280, IPv4 576."""
-        return 1280 if 6 in self.versions else 576
+        return _min_mtu(self.networks)
 
     def address(self, rank: int) -> IPAddress:
         """The fixed overlay address of ``rank`` in the primary ``network``."""
@@ -149,18 +149,16 @@ class MeshSpec:
         """Dual stack: the rank's address in ``network6`` with its prefix length, else None."""
         if self.network6 is None:
             return None
-        self.check_rank(rank)
-        addr = self.network6.network_address + self.offset + rank
-        return IPv6Interface(f"{addr}/{self.network6.prefixlen}")
+        address6 = self.interface_addresses(rank)[1]
+        assert isinstance(address6, IPv6Interface)  # network6 is IPv6 (parse_spec)
+        return address6
 
     def allowed_ips(self, rank: int) -> tuple[str, ...]:
         """The allowed IPs a peer of ``rank`` gets: each address as a host route (/32,
         /128), sorted as the data planes report them."""
         routes = self._routes.get(rank)
         if routes is None:
-            self.check_rank(rank)
-            addresses = (net.network_address + self.offset + rank for net in self.networks)
-            routes = tuple(sorted(f"{addr}/{addr.max_prefixlen}" for addr in addresses))
+            routes = tuple(sorted(f"{a}/{a.max_prefixlen}" for a in self.addresses(rank)))
             self._routes[rank] = routes
         return routes
 
@@ -304,8 +302,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
             f"mesh.interface: {interface!r} is not a valid interface name "
             "(1-15 characters of letters, digits, '_', '.', '-')"
         )
-    min_mtu = 1280 if network.version == 6 or network6 is not None else 576
-    mtu = _mtu(mtu_value, min_mtu)
+    mtu = _mtu(mtu_value, _min_mtu((network,) if network6 is None else (network, network6)))
     hostname = _hostname(str(mesh.get("hostname", "{name}-{rank}")))
     keepalive = _int_in("mesh.persistent_keepalive", mesh.get("persistent_keepalive", 0), 0, 65535)
 
@@ -326,6 +323,11 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         ),
         local=_dataplane_spec(_table(data, "wireguard")),
     )
+
+
+def _min_mtu(networks: Sequence[IPNetwork]) -> int:
+    """IPv6 needs an MTU of at least 1280; IPv4 576."""
+    return 1280 if any(net.version == 6 for net in networks) else 576
 
 
 def _mtu(value: object, low: int) -> int | str:
