@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from vnetd import __version__
-from vnetd.membership import encode_member, member_key
+from vnetd.control.membership import encode_member, member_key
 from vnetd.model import Member
 from vnetd.ranks import parse_ranks
 from vnetd.spec import load_spec

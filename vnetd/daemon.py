@@ -23,7 +23,9 @@ from typing import Protocol, runtime_checkable
 import trio
 
 from vnetd import __version__
-from vnetd.claim import ClaimHolder
+from vnetd.control.claim import ClaimHolder
+from vnetd.control.membership import ensure_spec, spec_key
+from vnetd.control.watcher import MemberView, sync_members
 from vnetd.dataplane.base import Dataplane, DeviceConfig
 from vnetd.errors import RegistryUnavailable, VnetdError, plain_errors
 from vnetd.identity import (
@@ -34,7 +36,6 @@ from vnetd.identity import (
     resolve_rank,
 )
 from vnetd.logs import set_rank
-from vnetd.membership import ensure_spec, spec_key
 from vnetd.model import Member
 from vnetd.observe.endpoints import DaemonEndpoints
 from vnetd.observe.metrics import DaemonMetrics
@@ -43,7 +44,6 @@ from vnetd.registry.access import EtcdAccess, with_etcd_access
 from vnetd.registry.base import Registry
 from vnetd.retry import Backoff, RegistryHealth
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints, with_http_listen
-from vnetd.watcher import MemberView, sync_members
 
 log = logging.getLogger("vnetd.daemon")
 
@@ -284,7 +284,7 @@ async def _auto_rank(
     opts: UpOptions, env: Mapping[str, str], open_registry: RegistryFactory
 ) -> int:
     """This node's sticky rank from the registry, waiting for etcd as long as it takes."""
-    from vnetd.assign import assign_rank
+    from vnetd.control.assign import assign_rank
 
     spec = load_up_spec(opts, env)
     node = resolve_instance(opts.instance, env)

@@ -21,8 +21,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from vnetd.control.membership import check_endpoint
 from vnetd.errors import IdentityError
-from vnetd.membership import check_endpoint
 from vnetd.spec import MeshSpec
 
 KEY_FILE = "private.key"

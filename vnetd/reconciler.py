@@ -51,13 +51,13 @@ from dataclasses import dataclass, field
 
 import trio
 
+from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
 from vnetd.mesh import Skipped, desired_peers, devices_after, diff, written_after
 from vnetd.model import Peer, Plan
 from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
-from vnetd.watcher import MemberView
 
 log = logging.getLogger("vnetd.reconcile")
 

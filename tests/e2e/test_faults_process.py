@@ -23,10 +23,10 @@ import time
 
 import trio
 
+from vnetd.control.membership import member_key
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import Lab, LabProcess, open_lab
 from vnetd.lab.probe import parse_events, probe_command
-from vnetd.membership import member_key
 
 LOST_AFTER = 0.3
 WG_ENV = {"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1", "LOG_LEVEL": "error"}

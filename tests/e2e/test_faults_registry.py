@@ -18,10 +18,10 @@ import time
 
 import trio
 
+from vnetd.control.membership import member_key, spec_key
 from vnetd.lab.cluster import MeshLab, write_spec
 from vnetd.lab.lab import Lab, LabError, open_lab
 from vnetd.lab.netns import signal_pid
-from vnetd.membership import member_key, spec_key
 
 TTL = 5
 OUTAGE = 30.0  # the figure for scenario 1

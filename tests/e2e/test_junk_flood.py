@@ -9,9 +9,9 @@ from pathlib import Path
 
 import trio
 
+from vnetd.control.membership import members_prefix
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import open_lab
-from vnetd.membership import members_prefix
 
 JUNK = 100_000
 RSS_GROWTH_LIMIT_KB = 10 * 1024  # measured +0.4 MB; +21 MB when every bad key was kept

@@ -13,7 +13,7 @@ import sys
 
 import trio
 
-from vnetd.assign import assign_prefix
+from vnetd.control.assign import assign_prefix
 from vnetd.lab.cluster import MeshLab, write_spec
 from vnetd.lab.lab import LabProcess, open_lab
 from vnetd.spec import load_spec

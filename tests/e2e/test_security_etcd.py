@@ -15,10 +15,10 @@ from pathlib import Path
 import trio
 from tlscerts import TestCA
 
+from vnetd.control.membership import members_prefix
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.etcd import EtcdTls
 from vnetd.lab.lab import ETCD_IP, Lab, open_lab
-from vnetd.membership import members_prefix
 
 JOIN_TIMEOUT = 60.0  # two daemons joining takes ~2-5 s here
 

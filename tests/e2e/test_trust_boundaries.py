@@ -14,9 +14,9 @@ import json
 
 import trio
 
+from vnetd.control.membership import encode_member, member_key
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import Lab
-from vnetd.membership import encode_member, member_key
 from vnetd.model import Member
 
 FORGED_KEY = base64.b64encode(bytes(range(40, 72))).decode()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from vnetd.assign import MeshFull, assign_key, assign_rank, assigned_rank_key
+from vnetd.control.assign import MeshFull, assign_key, assign_rank, assigned_rank_key
 from vnetd.daemon import UpOptions, run_daemon, wants_auto_rank
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane

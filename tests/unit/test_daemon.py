@@ -11,11 +11,11 @@ import pytest
 import trio
 import trio.testing
 
+from vnetd.control.membership import encode_member, member_key
 from vnetd.daemon import Running, UpOptions, run_daemon
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import SpecMismatch
-from vnetd.membership import encode_member, member_key
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry

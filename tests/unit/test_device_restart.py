@@ -24,6 +24,8 @@ import pytest
 import trio
 import trio.testing
 
+from vnetd.control.membership import BadEntry, decode_member, encode_member, member_key
+from vnetd.control.watcher import MemberView
 from vnetd.daemon import Running, UpOptions, run_daemon
 from vnetd.dataplane import supervise
 from vnetd.dataplane.base import DeviceConfig
@@ -31,14 +33,12 @@ from vnetd.dataplane.fake import FakeDataplane
 from vnetd.dataplane.uapi import handshake_lines
 from vnetd.dataplane.uapi_protocol import plan_lines
 from vnetd.errors import DataplaneError
-from vnetd.membership import BadEntry, decode_member, encode_member, member_key
 from vnetd.mesh import diff
 from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, parse_spec
-from vnetd.watcher import MemberView
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 

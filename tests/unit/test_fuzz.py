@@ -18,8 +18,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from vnetd.control.membership import check_endpoint, decode_member, member_key
 from vnetd.errors import VnetdError
-from vnetd.membership import check_endpoint, decode_member, member_key
 from vnetd.ranks import parse_ranks
 from vnetd.spec import check_etcd_url, check_listen, load_spec, parse_spec
 

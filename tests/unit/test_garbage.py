@@ -17,16 +17,22 @@ import pytest
 import trio
 import trio.testing
 
+from vnetd.control.membership import (
+    BadEntry,
+    check_endpoint,
+    decode_member,
+    encode_member,
+    member_key,
+)
+from vnetd.control.watcher import MemberView, sync_members
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.membership import BadEntry, check_endpoint, decode_member, encode_member, member_key
 from vnetd.model import Member
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
-from vnetd.watcher import MemberView, sync_members
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 10, "network": "10.250.0.0/16"}})
 PREFIX = "/vnetd/m/members/"

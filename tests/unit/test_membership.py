@@ -5,7 +5,13 @@ import json
 
 import pytest
 
-from vnetd.membership import BadEntry, check_endpoint, decode_member, encode_member, member_key
+from vnetd.control.membership import (
+    BadEntry,
+    check_endpoint,
+    decode_member,
+    encode_member,
+    member_key,
+)
 from vnetd.model import Member
 from vnetd.spec import parse_spec
 

@@ -10,12 +10,12 @@ import pytest
 import trio
 import trio.testing
 
+from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Member
 from vnetd.reconciler import NUDGE_AFTER, Reconciler
 from vnetd.spec import parse_spec
-from vnetd.watcher import MemberView
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 

@@ -16,12 +16,12 @@ from dataclasses import replace
 
 import pytest
 
-from vnetd.membership import encode_member, member_key
+from vnetd.control.membership import encode_member, member_key
+from vnetd.control.watcher import MemberView
 from vnetd.mesh import desired_peers
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.spec import parse_spec
-from vnetd.watcher import MemberView
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 KEY1 = member_key(SPEC, 1)

@@ -20,17 +20,17 @@ import pytest
 import trio
 import trio.testing
 
+from vnetd.control.membership import encode_member, member_key
+from vnetd.control.watcher import MemberView
 from vnetd.daemon import Running, UpOptions, run_daemon
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
-from vnetd.membership import encode_member, member_key
 from vnetd.model import DevicePeer, Member, Plan
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, parse_spec
-from vnetd.watcher import MemberView
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 CONFIG = DeviceConfig(

@@ -20,9 +20,10 @@ import trio
 import trio.testing
 from test_daemon import Cluster
 
+from vnetd.control.membership import encode_member, member_key
+from vnetd.control.watcher import MemberView, sync_members
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.membership import encode_member, member_key
 from vnetd.mesh import Skipped, desired_peers
 from vnetd.model import Member
 from vnetd.observe.endpoints import DaemonEndpoints
@@ -32,7 +33,6 @@ from vnetd.registry.base import KeyValue
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
-from vnetd.watcher import MemberView, sync_members
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 8, "network": "10.250.0.0/16"}})
 

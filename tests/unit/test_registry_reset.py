@@ -17,13 +17,13 @@ import trio.testing
 from resettable import wipe
 from test_daemon import Cluster
 
-from vnetd.claim import ClaimHolder
-from vnetd.membership import encode_member, member_key, members_prefix, spec_key
+from vnetd.control.claim import ClaimHolder
+from vnetd.control.membership import encode_member, member_key, members_prefix, spec_key
+from vnetd.control.watcher import MemberView
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
-from vnetd.watcher import MemberView
 
 TTL = 6  # test_daemon's spec
 NAMES = ["pod0", "pod1", "pod2"]

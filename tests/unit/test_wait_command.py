@@ -13,8 +13,8 @@ import trio
 import trio.testing
 
 from vnetd.cli import main
+from vnetd.control.membership import encode_member, member_key
 from vnetd.errors import DataplaneError, IdentityError, SpecError
-from vnetd.membership import encode_member, member_key
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
@@ -585,11 +585,11 @@ def test_cli_usage_errors(config, capsys, args, message):
 
 
 async def test_a_member_held_after_a_registry_reset_does_not_count():
+    from vnetd.control.watcher import MemberView
     from vnetd.registry.base import KeyValue
     from vnetd.retry import RegistryHealth
     from vnetd.spec import parse_spec
     from vnetd.wait.run import _Waiter
-    from vnetd.watcher import MemberView
 
     spec = parse_spec({"mesh": {"name": "m", "size": 2, "network": "10.0.0.0/24"}})
     key = base64.b64encode(bytes(range(32))).decode()

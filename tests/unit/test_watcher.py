@@ -11,13 +11,13 @@ import trio
 import trio.testing
 from resettable import wipe
 
+from vnetd.control.membership import encode_member, member_key
+from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import WatchCompacted
-from vnetd.membership import encode_member, member_key
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
-from vnetd.watcher import MemberView, sync_members
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 

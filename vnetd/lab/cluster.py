@@ -20,10 +20,10 @@ from typing import Any
 
 import trio
 
+from vnetd.control.membership import members_prefix, rank_of_key
 from vnetd.lab.lab import Lab, LabError, LabProcess, Pod
 from vnetd.lab.netns import child_pid
 from vnetd.lab.probe import parse_events, probe_command
-from vnetd.membership import members_prefix, rank_of_key
 from vnetd.spec import MeshSpec, load_spec
 
 OVERLAY = "10.250.0.0/16"

@@ -3,7 +3,7 @@
 Both implementations (``etcd.EtcdRegistry`` over the v3 JSON gateway and
 ``memory.MemoryRegistry`` for unit tests) pass the same contract suite in
 ``tests/contract/test_registry.py``. Membership logic (claims, records)
-lives above this seam in ``vnetd.membership`` and never sees the backend.
+lives above this seam in ``vnetd.control.membership`` and never sees the backend.
 
 Semantics, as in etcd v3:
 

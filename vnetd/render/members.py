@@ -7,8 +7,8 @@ from contextlib import AbstractAsyncContextManager
 
 import trio
 
+from vnetd.control.membership import read_members
 from vnetd.errors import RegistryUnavailable
-from vnetd.membership import read_members
 from vnetd.model import Member
 from vnetd.registry.access import security_of
 from vnetd.registry.base import Registry

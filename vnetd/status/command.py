@@ -31,8 +31,8 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from vnetd.control.membership import read_members
 from vnetd.errors import DataplaneError, RegistryError, RegistryUnavailable, SpecError
-from vnetd.membership import read_members
 from vnetd.model import DevicePeer, Member
 from vnetd.registry.access import (
     NO_ACCESS_FLAGS,
@@ -47,7 +47,7 @@ from vnetd.status.table import plain_console, print_plain, status_renderable
 from vnetd.status.view import as_json, rank_rows, utc_text
 
 if TYPE_CHECKING:  # the reader imports pyroute2: only when a device is read
-    from vnetd.local_device import LocalDevice
+    from vnetd.dataplane.local import LocalDevice
 
 DEFAULT_WIREGUARD_DIR = Path("/var/run/wireguard")
 DEFAULT_INTERVAL = 2.0
@@ -375,6 +375,6 @@ def _stdout_console() -> Console:
 
 
 async def _read_uapi_device(path: Path) -> LocalDevice:
-    from vnetd.local_device import read_local_device
+    from vnetd.dataplane.local import read_local_device
 
     return await read_local_device(path, DEVICE_TIMEOUT)

@@ -218,7 +218,7 @@ async def run_wait(
 
 def uapi_handshakes(path: Path) -> HandshakeReader:
     """Read the keys with a handshake from wireguard-go's UAPI socket at ``path``."""
-    from vnetd.local_device import read_local_device
+    from vnetd.dataplane.local import read_local_device
 
     async def read() -> Collection[str]:
         device = await read_local_device(path, UAPI_TIMEOUT)

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import trio
 
+from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import DataplaneError
 from vnetd.registry.base import Registry
 from vnetd.retry import RegistryHealth
 from vnetd.spec import MeshSpec
 from vnetd.wait.gate import Gate, Status, evaluate, progress_line
-from vnetd.watcher import MemberView, sync_members
 
 HandshakeReader = Callable[[], Awaitable[Collection[str]]]
 """Returns the public keys of the local device's peers that have completed a

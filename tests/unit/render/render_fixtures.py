@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
+from vnetd.control.membership import encode_member, member_key
 from vnetd.identity import KeyPair, public_key_of
-from vnetd.membership import encode_member, member_key
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry

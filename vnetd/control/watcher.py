@@ -41,8 +41,8 @@ import time
 
 import trio
 
+from vnetd.control.membership import BadEntry, decode_member, members_prefix, rank_of_key
 from vnetd.errors import RegistryUnavailable, WatchCompacted
-from vnetd.membership import BadEntry, decode_member, members_prefix, rank_of_key
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry, WatchEvent
 from vnetd.retry import Backoff, RegistryHealth

@@ -19,8 +19,8 @@ import json
 import logging
 import re
 
+from vnetd.control.membership import mesh_prefix
 from vnetd.errors import RegistryError, SpecError
-from vnetd.membership import mesh_prefix
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
 

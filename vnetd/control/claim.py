@@ -24,13 +24,13 @@ from dataclasses import replace
 
 import trio
 
+from vnetd.control.membership import Claimed, Held, ensure_spec, spec_key, try_claim
+from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
-from vnetd.membership import Claimed, Held, ensure_spec, spec_key, try_claim
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.retry import Backoff, RegistryHealth
 from vnetd.spec import MeshSpec
-from vnetd.watcher import MemberView
 
 log = logging.getLogger("vnetd.claim")
 

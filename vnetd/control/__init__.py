@@ -1,0 +1,1 @@
+"""The control plane: registry layout, claim and lease, member watch, rank assignment."""
