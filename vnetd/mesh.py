@@ -1,7 +1,7 @@
 """The mesh as a pure function: which peers a rank wants, and how to get there.
 
 ``desired_peers`` turns registry members into WireGuard peers whose allowed
-IPs come from each rank through the *local* spec (DESIGN invariant 1): a
+IPs come from each rank through the *local* spec (invariant 1): a
 registry entry can move an endpoint, never an address. ``diff`` compares
 that with the device and yields the smallest ``Plan``.
 """
@@ -88,7 +88,7 @@ def diff(
             to the device. An endpoint is written only when the registry's
             value changes, never because the device differs from it: the
             device may have roamed to the peer's real source address behind
-            a NAT (DESIGN invariant 4).
+            a NAT (invariant 4).
         devices: for each peer, the device id it had when it was last
             written (``devices_after``). A peer on the device whose device id
             has changed since (its wireguard-go was started fresh with the

@@ -1,45 +1,10 @@
 """The one task that changes the device: coalesce, compute, diff, apply.
 
-Each pass reads the member view as it is now (events that arrived while
-the previous pass ran are coalesced into one), computes the desired peers
-with the pure ``mesh`` functions, diffs them against the device, and
-applies the plan only when it is not empty. A pass also runs every
-``resync_interval`` with no event, which heals a device changed behind our
-back. A failed apply is retried with backoff; the last written endpoints
-are only recorded after a successful one.
-
-Crossed handshakes. When two ranks learn of each other within a few
-milliseconds and both have traffic queued, both WireGuard devices send a
-handshake initiation at once; each answers the other's, which discards its
-own pending handshake, so neither response is accepted and the pair stays
-silent until WireGuard's 5 s retry (seen in the lab with wireguard-go's
-verbose log). A peer added moments ago that has sent packets but not
-completed a handshake is therefore re-added once, by the lower rank after
-``NUDGE_AFTER`` and by the higher after twice that, which resets its
-handshake state; the other side's 5 s rate limit keeps the next attempt
-from crossing again. Peers with a handshake are never touched.
-
-Nothing is applied before the members have been listed once: an unlisted
-view is not an empty mesh, and a device adopted from a daemon that was
-killed keeps its peers while the registry is slow or down.
-
-Restarted peers. A member record names its WireGuard device instance
-(``device_id``: new when wireguard-go is started fresh, kept when a running
-one is adopted). When a peer keeps its public key but its device id changes,
-its old device and every session with it are gone, yet our device still holds
-session keys for it and keeps sending with them, unreadable to the new device,
-until WireGuard, having heard nothing back for 15 s, starts a new handshake.
-That peer alone is removed and added again in one transaction, and a
-handshake started with it at once (``mesh.diff``), so traffic in either
-direction flows again within a round trip. It is logged as one "restarted
-its device" line, not as a leave and a join.
-
-Resync requests. When the device is rebuilt behind the reconciler's back
-(wireguard-go died and was restarted empty), ``request_resync`` runs a full
-pass at once and logs one summary line instead of a "joined" line per peer.
-The written endpoints are kept: the rebuilt device has no peers, so every
-peer is an add that carries its endpoint anyway, while a device that kept
-its peers must not have roamed endpoints rewritten (invariant 4).
+Each pass reads the member view as it is now, computes the desired peers
+with ``mesh``, diffs them against the device and applies only a non-empty
+plan; a pass also runs every ``resync_interval``. The rules it keeps (the
+nudge for crossed handshakes, restarted peers, resync requests) are in
+docs/architecture.md, "Reconciler".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The conventions of STYLE.md that tools can check: ruff (lint and format) and mypy strict."""
+"""The code conventions that tools can check: ruff (lint and format) and mypy strict."""
 
 from __future__ import annotations
 

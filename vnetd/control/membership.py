@@ -1,6 +1,6 @@
 """Member records in the registry: the key layout, the codec and the claim.
 
-Layout (DESIGN "Registry layout")::
+Layout (docs/architecture.md, "Registry layout")::
 
     <prefix>/<mesh>/spec            the [mesh] table as canonical JSON, create-if-absent
     <prefix>/<mesh>/members/<rank>  a member record, bound to its daemon's lease
@@ -32,8 +32,8 @@ class BadEntry(VnetdError):
 
 ADDRESS_FIELDS = ("address", "addresses", "allowed_ips")
 """Record fields that would name overlay addresses. vnetd never writes them: a
-member's addresses come from its rank through the local spec (DESIGN invariant
-1), so an entry carrying one was not written by vnetd and is refused whole
+member's addresses come from its rank through the local spec (invariant 1),
+so an entry carrying one was not written by vnetd and is refused whole
 rather than half-honoured. Other unknown fields are ignored, so that a newer
 vnetd can add fields without older daemons dropping its members."""
 

@@ -1,36 +1,10 @@
 """Keep a local view of the members: list, then watch from that revision.
 
-On compaction or any watch error the members are listed again and the view
-replaced, so a missed event heals on its own. The watch is also restarted
-every ``resync_interval`` to bound how long a silently dead stream can go
-unnoticed; that restart resumes from the last revision seen, which replays
-every change since, so it needs no list. A list costs O(N) on etcd and on
-every daemon (decode every member, then a reconcile pass over all of them):
-listing every minute was 17 lists a second for a mesh of 1024 ranks, and
-most of an idle daemon's CPU. A store that lost its data cannot hide behind
-a resumed watch: losing it takes an etcd restart, which breaks the stream,
-and the list that follows sees the revision go back (below). While the
-registry is unreachable the view is kept exactly as it is (static
-stability): nobody is removed because etcd is down.
-
-Nor because etcd lost its data. etcd's revision never goes back, so a list
-whose revision is below the highest one seen means the store was reset (a
-new data dir, a restore from an older backup). The members missing from
-that list are *held*: kept in the view for ``reset_grace`` (two lease TTLs
-by default) while their daemons notice and claim their ranks again, and
-dropped if they have not come back by then. Limit: a reset is only seen as
-one while the new store's revision is still below the old one; a store that
-has already been written past it by the time we list is indistinguishable
-from ordinary deletions, and the missing members are dropped at once.
-
-The claim rules are enforced by the reader too: an entry that keeps its
-create revision (it was not deleted in between) may change only if its
-``instance`` stays the same (a takeover by the same pod, a key rotation, a
-new endpoint). A rewrite by another instance, or into something that does
-not decode, is someone with write access ignoring the claim: it is refused
-(logged once per entry, counted in ``refused_total``) and the member kept.
-An entry that was deleted and created again (a new create revision, also
-when only a re-list sees it) is a new claim and taken as it is.
+A compaction or a watch error lists again and replaces the view; the watch
+is resumed from the last revision every ``resync_interval``; a store reset
+holds the missing members for a grace period; readers refuse rewrites that
+break the claim rules. The why of each is in docs/architecture.md, "Watch",
+"Store resets" and "Readers enforce the claim rules".
 """
 
 from __future__ import annotations
