@@ -563,7 +563,7 @@ def check_host(tools: Sequence[str] = ("ip", "unshare", "nsenter", "etcd", "wire
         sys.exit("bench: needs root (network namespaces)")
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
-        sys.exit(f"bench: missing {', '.join(missing)}; run scripts/setup first")
+        sys.exit(f"bench: missing {', '.join(missing)}; run bench/setup first")
 
 
 def lab_netns(lab: Lab) -> set[str]:
