@@ -35,7 +35,8 @@ import trio
 from register import random_public_key
 
 from vnetd.dataplane.base import key_to_hex
-from vnetd.dataplane.uapi_protocol import UapiClient, parse_peers
+from vnetd.dataplane.uapi_client import UapiClient
+from vnetd.dataplane.uapi_protocol import parse_peers
 
 
 def peer_lines(key: str, endpoint: str | None, ips: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ import time
 
 import trio
 
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR
 from vnetd.errors import VnetdError
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import open_lab
@@ -122,7 +123,7 @@ async def _print_status(mesh: MeshLab) -> None:
     argv = [
         sys.executable, "-m", "vnetd", "status",
         "--config", str(mesh.spec_path),
-        "--wireguard-dir", "/run/wireguard",
+        "--wireguard-dir", SOCKET_DIR,
     ]  # fmt: skip
     print(f"$ vnetd status --config {mesh.spec_path.name}   (in {mesh.pod(0).name}, beside rank 0)")
     try:

@@ -44,6 +44,7 @@ from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
 from vnetd.dataplane.kernel import KernelDataplane, kernel_unavailable, open_kernel_dataplane
 from vnetd.dataplane.link import change_routes, configure_link, prune_addresses, run_netlink
+from vnetd.dataplane.local import read_device
 from vnetd.dataplane.supervise import (
     WireguardGo,
     output_path,
@@ -59,6 +60,7 @@ from vnetd.dataplane.uapi import (
     plan_lines,
 )
 from vnetd.errors import DataplaneError
+from vnetd.identity import public_key_of
 from vnetd.model import Peer, PeerUpdate, Plan
 
 NETWORK = "10.250.0.0/16"
@@ -375,6 +377,29 @@ async def test_plan_is_applied_as_one_transaction(
 async def test_bad_public_key_is_refused(device: Device) -> None:
     with trio.fail_after(10), pytest.raises(DataplaneError, match="public_key"):
         await device.dp.apply(Plan(add=(Peer("not-a-key", (A_IP,)),)))
+
+
+@pytest.fixture(params=[pytest.param("uapi", marks=needs_lab), "kernel"])
+def real_kind(request: pytest.FixtureRequest) -> str:
+    """The data planes with a device that ``read_device`` can read (not the fake)."""
+    if request.param == "kernel":
+        skip_without_kernel_wireguard()
+    return request.param  # type: ignore[no-any-return]
+
+
+async def test_read_device_reports_what_the_data_plane_holds(real_kind: str, netns: str) -> None:
+    """``vnetd status`` and ``wait --reachable`` read through ``read_device``: the same
+    records as the data plane's own ``peers()``, from the UAPI socket or from netlink."""
+    config = device_config(next(_names))
+    a, b = two_peers()
+    with trio.fail_after(30):
+        async with open_device(real_kind, config, netns) as dp:
+            await dp.apply(Plan(add=(a, b)))
+            read = await read_device(config.interface, netns=netns)
+            assert read.peers == await dp.peers()
+    assert set(read.peers) == {a.public_key, b.public_key}
+    assert read.public_key == public_key_of(config.private_key)
+    assert read.listen_port == config.listen_port
 
 
 A6_IP, B6_IP = "fd00:250::2/128", "fd00:250::3/128"

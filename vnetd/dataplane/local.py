@@ -1,27 +1,41 @@
-"""Read this host's WireGuard device over wireguard-go's UAPI socket (read-only).
+"""Read this host's WireGuard device, userspace or kernel, read-only: ``read_device``.
 
 Used by ``vnetd status`` (the device columns) and ``vnetd wait --reachable``
-(the handshakes). One ``get`` on ``<wireguard-dir>/<interface>.sock``; the
-socket is wireguard-go's, shared with the container that runs ``vnetd up``.
+(the handshakes). Where wireguard-go answers on ``<socket dir>/<interface>.sock``
+(shared with the container that runs ``vnetd up``), one ``get`` on it;
+otherwise the kernel's WireGuard device of that name, through generic netlink
+(pyroute2, imported only then). Both give the same ``LocalDevice``, read by
+the data planes' own parsers (``uapi_protocol.parse_device``,
+``kernel.parse_info``). The daemon's ``/status`` reads its open ``Dataplane``
+instead. See docs/architecture.md (data plane).
 
-The answer to ``get`` carries the device's private key. It is turned into
-the public key at once and dropped: no record here holds it, so nothing that
-prints one of them can leak it (DESIGN invariant 7).
+Either answer carries the device's private key. It is turned into the public
+key at once and dropped: no record here holds it, so nothing that prints one
+of them can leak it (invariant 7).
 """
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vnetd.dataplane.base import key_from_hex
-from vnetd.dataplane.uapi import UapiClient, parse_peers
+from vnetd.dataplane.uapi_client import UapiClient
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR, DeviceState, parse_device
 from vnetd.errors import DataplaneError
 from vnetd.identity import public_key_of
 from vnetd.model import DevicePeer
 
+if TYPE_CHECKING:  # kernel imports pyroute2: only when there is no socket to read
+    from vnetd.dataplane.kernel import WgFactory
+
 READ_TIMEOUT = 2.0
-"""One UAPI request/response, seconds."""
+"""One UAPI request/response, or one netlink read, seconds."""
+
+_NO_KERNEL_DEVICE = (errno.ENODEV, errno.ENOENT, errno.EOPNOTSUPP)
+"""The link went away between its lookup and the read (or the module did)."""
+_DENIED = (errno.EPERM, errno.EACCES)
 
 
 @dataclass(frozen=True)
@@ -35,49 +49,107 @@ class LocalDevice:
     """The peers, keyed by base64 public key, with handshake time and counters."""
 
 
-async def read_local_device(
-    path: Path,
+async def read_device(
+    interface: str,
+    socket_dir: Path = Path(SOCKET_DIR),
+    *,
     timeout: float = READ_TIMEOUT,  # noqa: ASYNC109 (a per-request bound, as UapiClient's)
+    netns: str | None = None,
+    wg_factory: WgFactory | None = None,
 ) -> LocalDevice:
-    """One ``get`` on the UAPI socket at ``path``.
+    """The WireGuard device ``interface``: wireguard-go's when its socket in
+    ``socket_dir`` answers, else the kernel's.
+
+    Args:
+        netns: read a kernel device in this network namespace (tests; the
+            commands run in the pod's own).
+        wg_factory: opens pyroute2's ``WireGuard`` socket (default
+            ``kernel.open_wireguard``; a fake in tests).
 
     Raises:
-        DataplaneError: no socket there (the message says what to check),
+        DataplaneError: neither is there (the message says what to check),
             no answer within ``timeout`` s, or the device refused.
     """
-    client = UapiClient(str(path), timeout=timeout)
+    path = socket_dir / f"{interface}.sock"
+    state = await _read_uapi(path, timeout)
+    if state is None:
+        state = await _read_kernel(interface, path, timeout, netns, wg_factory)
+    private_key, listen_port, peers = state
+    return LocalDevice(_public_key(private_key), listen_port, peers)
+
+
+async def read_local_device(
+    path: Path,
+    timeout: float = READ_TIMEOUT,  # noqa: ASYNC109 (as read_device's)
+) -> LocalDevice:
+    """``read_device`` for the interface whose socket would be ``path``
+    (``<wireguard-dir>/<interface>.sock``, as ``status`` and ``wait`` name it)."""
+    return await read_device(path.name.removesuffix(".sock"), path.parent, timeout=timeout)
+
+
+def _no_device(path: Path) -> DataplaneError:
+    return DataplaneError(
+        f"no WireGuard device at {path} (is vnetd up running, and is "
+        "--wireguard-dir the directory it shares?)"
+    )
+
+
+async def _read_uapi(path: Path, timeout: float) -> DeviceState | None:  # noqa: ASYNC109
+    """One ``get`` on the socket; None when no wireguard-go serves it."""
     try:
-        pairs = await client.get()
+        return parse_device(await UapiClient(str(path), timeout=timeout).get())
     except DataplaneError as exc:
         if isinstance(exc.__cause__, FileNotFoundError | ConnectionRefusedError):
-            raise DataplaneError(
-                f"no WireGuard device at {path} (is vnetd up running, and is "
-                "--wireguard-dir the directory it shares?)"
-            ) from None
+            return None
         raise
-    return LocalDevice(_public_key(pairs), _listen_port(pairs), parse_peers(pairs))
 
 
-def _device_lines(pairs: list[tuple[str, str]]) -> dict[str, str]:
-    """The device-level ``key=value`` lines: those before the first peer."""
-    lines: dict[str, str] = {}
-    for key, value in pairs:
-        if key == "public_key":
-            break
-        lines[key] = value
-    return lines
+async def _read_kernel(
+    interface: str,
+    path: Path,
+    timeout: float,  # noqa: ASYNC109
+    netns: str | None,
+    wg_factory: WgFactory | None,
+) -> DeviceState:
+    """One ``info`` on the kernel's device, in a worker thread.
+
+    The link's kind is looked up first: without a ``wireguard`` link there is
+    nothing to ask the WireGuard family (which may not exist at all).
+    """
+    from vnetd.dataplane import kernel, link
+
+    open_wireguard = wg_factory or kernel.open_wireguard
+
+    def info() -> DeviceState | None:
+        if link.link_kind(netns, interface) != "wireguard":
+            return None
+        wg = open_wireguard(netns)
+        try:
+            return kernel.parse_info(wg.info(interface))
+        finally:
+            wg.close()
+
+    try:
+        state = await link.run_netlink(info, timeout)
+    except DataplaneError as exc:
+        code = getattr(exc.__cause__, "code", None)
+        if code in _DENIED:
+            raise DataplaneError(
+                f"kernel WireGuard device {interface}: reading it needs CAP_NET_ADMIN "
+                "(run as root, beside vnetd up)"
+            ) from None
+        if code not in _NO_KERNEL_DEVICE:
+            raise
+        state = None
+    if state is None:
+        raise _no_device(path)
+    return state
 
 
-def _public_key(pairs: list[tuple[str, str]]) -> str | None:
-    private_hex = _device_lines(pairs).get("private_key", "")
-    if not private_hex or set(private_hex) == {"0"}:
+def _public_key(private_key: str | None) -> str | None:
+    if private_key is None:
         return None
     try:
-        return public_key_of(key_from_hex(private_hex))
+        return public_key_of(private_key)
     except ValueError:
         return None
-
-
-def _listen_port(pairs: list[tuple[str, str]]) -> int | None:
-    port = _device_lines(pairs).get("listen_port", "")
-    return int(port) if port.isdigit() else None

@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 
 import trio
 
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR
 from vnetd.errors import DataplaneError
 
 log = logging.getLogger("vnetd.dataplane")
 
-SOCKET_DIR = "/run/wireguard"
 START_TIMEOUT = 5.0  # wireguard-go start until its socket answers
 PROBE_TIMEOUT = 1.0  # connecting to an existing socket
 STOP_GRACE = 5.0  # SIGTERM until SIGKILL

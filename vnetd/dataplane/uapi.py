@@ -27,7 +27,6 @@ from vnetd.dataplane.link import (
     run_netlink,
 )
 from vnetd.dataplane.supervise import (
-    SOCKET_DIR,
     STOP_GRACE,
     RestartBudget,
     SocketProbe,
@@ -41,7 +40,8 @@ from vnetd.dataplane.supervise import (
     start_wireguard_go,
     write_device_id,
 )
-from vnetd.dataplane.uapi_protocol import UAPI_TIMEOUT, UapiClient, parse_peers, plan_lines
+from vnetd.dataplane.uapi_client import UAPI_TIMEOUT, UapiClient
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR, parse_peers, plan_lines
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 

@@ -1,83 +1,64 @@
-"""wireguard-go's UAPI: the client, and the lines of ``get`` and ``set``.
+"""wireguard-go's UAPI as text: the requests, the answers, and the lines of ``get`` and ``set``.
 
-wireguard-go listens on ``/run/wireguard/<ifname>.sock`` and speaks the
-cross-platform configuration protocol: ``get=1`` or ``set=1`` followed by
-``key=value`` lines and a blank line; the answer ends with ``errno=N`` and a
-blank line; keys are hex on the wire. The client here is hand-written:
-there is no maintained Python client for this protocol, and it is a tiny
-line protocol that fits in a few dozen lines (pyroute2's ``WireGuard`` only
-speaks the kernel's generic netlink family, which this device does not have).
+Pure: no trio, no sockets (``uapi_client`` sends these bytes). wireguard-go
+listens on ``SOCKET_DIR/<ifname>.sock`` and speaks the cross-platform
+configuration protocol: ``get=1`` or ``set=1`` followed by ``key=value``
+lines and a blank line; the answer ends with ``errno=N`` and a blank line;
+keys are hex on the wire. See docs/architecture.md (data plane).
 """
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Iterable, Sequence
 from typing import Any
-
-import trio
 
 from vnetd.dataplane.base import key_from_hex, key_to_hex
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
-UAPI_TIMEOUT = 5.0  # one request/response on the socket
-_MAX_RESPONSE = 64 * 1024 * 1024
+SOCKET_DIR = "/run/wireguard"
+"""Where wireguard-go serves ``<interface>.sock`` (vnetd keeps its ``.log`` and ``.id`` there)."""
+
+UPSTREAM_SOCKET_DIR = "/var" + SOCKET_DIR
+"""The same directory as wireguard-go and ``wg`` spell it (``/var/run`` is a link to
+``/run``): the ``--wireguard-dir`` default that ``vnetd status`` and ``vnetd wait`` show."""
+
+GET_REQUEST = b"get=1\n\n"
+
+Lines = list[tuple[str, str]]
+"""``key=value`` lines as ``(key, value)`` pairs, in wire order."""
+
+DeviceState = tuple[str | None, int | None, dict[str, DevicePeer]]
+"""A device as read: private key (base64, None when unset), listen port, peers by public key."""
 
 
-class UapiClient:
-    """One wireguard-go UAPI socket. Each call opens its own connection.
+def set_request(lines: Sequence[tuple[str, str]]) -> bytes:
+    """One ``set`` transaction. Values are never echoed in errors.
 
-    Every call is bounded by ``timeout`` seconds and raises ``DataplaneError``
-    on timeout, connection failure or a non-zero ``errno``.
+    Raises:
+        DataplaneError: a key or value holds a line or ``=`` separator.
     """
-
-    def __init__(self, path: str, timeout: float = UAPI_TIMEOUT) -> None:
-        self.path = path
-        self.timeout = timeout
-
-    async def get(self) -> list[tuple[str, str]]:
-        """The device's state as ``(key, value)`` lines, in wire order."""
-        return await self._request(b"get=1\n\n")
-
-    async def set(self, lines: Sequence[tuple[str, str]]) -> None:
-        """Send one ``set`` transaction. Values are never echoed in errors."""
-        body = ["set=1\n"]
-        for key, value in lines:
-            if "\n" in key or "=" in key or "\n" in value:
-                raise DataplaneError(f"UAPI line {key!r}: key or value contains a separator")
-            body.append(f"{key}={value}\n")
-        body.append("\n")
-        await self._request("".join(body).encode())
-
-    async def _request(self, request: bytes) -> list[tuple[str, str]]:
-        try:
-            with trio.fail_after(self.timeout):
-                stream = await trio.open_unix_socket(self.path)
-                async with stream:
-                    await stream.send_all(request)
-                    data = await _receive_response(stream)
-        except trio.TooSlowError:
-            raise DataplaneError(f"UAPI {self.path}: no answer within {self.timeout:g} s") from None
-        except OSError as exc:
-            raise DataplaneError(f"UAPI {self.path}: {exc.strerror or exc}") from exc
-        return _parse_response(self.path, data)
+    body = ["set=1\n"]
+    for key, value in lines:
+        if "\n" in key or "=" in key or "\n" in value:
+            raise DataplaneError(f"UAPI line {key!r}: key or value contains a separator")
+        body.append(f"{key}={value}\n")
+    body.append("\n")
+    return "".join(body).encode()
 
 
-async def _receive_response(stream: trio.SocketStream) -> bytes:
-    data = bytearray()
-    while not (data.endswith(b"\n\n") or data == b"\n"):
-        chunk = await stream.receive_some(65536)
-        if not chunk:
-            raise OSError(errno.ECONNRESET, "connection closed before errno line")
-        data += chunk
-        if len(data) > _MAX_RESPONSE:
-            raise OSError(errno.EMSGSIZE, "response too large")
-    return bytes(data)
+def response_complete(data: bytes | bytearray) -> bool:
+    """Whether ``data`` holds a whole answer (it ends with a blank line)."""
+    return data.endswith(b"\n\n") or data == b"\n"
 
 
-def _parse_response(path: str, data: bytes) -> list[tuple[str, str]]:
-    pairs: list[tuple[str, str]] = []
+def parse_response(path: str, data: bytes) -> Lines:
+    """A whole answer to its lines, without the final ``errno`` line.
+
+    Raises:
+        DataplaneError: no ``errno`` line, or a non-zero one (``path`` names the socket).
+    """
+    pairs: Lines = []
     for line in data.decode("utf-8", "replace").splitlines():
         if line:
             key, _, value = line.partition("=")
@@ -120,16 +101,37 @@ def parse_peers(pairs: Iterable[tuple[str, str]]) -> dict[str, DevicePeer]:
     return peers
 
 
+def parse_device(pairs: Sequence[tuple[str, str]]) -> DeviceState:
+    """``get`` lines to (private key, listen port, peers), as ``kernel.parse_info`` reads a dump.
+
+    The private key is base64, None when the device has none (all zeros).
+    """
+    device: dict[str, str] = {}
+    for key, value in pairs:
+        if key == "public_key":
+            break
+        device[key] = value
+    private_hex = device.get("private_key", "")
+    private_key = None
+    if private_hex and set(private_hex) != {"0"}:
+        try:
+            private_key = key_from_hex(private_hex)
+        except ValueError:
+            private_key = None
+    port = device.get("listen_port", "")
+    return private_key, int(port) if port.isdigit() else None, parse_peers(pairs)
+
+
 def plan_lines(
     plan: Plan, persistent_keepalive: int = 0, preshared_key: str | None = None
-) -> list[tuple[str, str]]:
+) -> Lines:
     """One ``set`` transaction for ``plan``: removes, then updates, then adds.
 
     Never ``replace_peers``: only the named peers are touched. Adds also send
     ``replace_allowed_ips`` so re-adding an existing peer is exact, not a union,
     and the mesh's pre-shared key (base64) when there is one.
     """
-    lines: list[tuple[str, str]] = []
+    lines: Lines = []
     for peer in plan.remove:
         lines += [("public_key", key_to_hex(peer.public_key)), ("remove", "true")]
     for upd in plan.update:

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from vnetd import __version__
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR
 from vnetd.errors import SpecError
 from vnetd.render.flux import DEFAULT_CURVE_CERT, render_flux
 from vnetd.spec import MeshSpec, parse_spec
@@ -52,7 +53,6 @@ BOOTSTRAP_KEY = "bootstrap.toml"
 CONFIG_DIR = "/etc/vnetd"
 FLUX_CONFIG_DIR = "/etc/flux/config"
 STATE_DIR = "/var/lib/vnetd"
-SOCKET_DIR = "/run/wireguard"
 TUN_DEVICE = "/dev/net/tun"
 MESH_LABEL = "vnetd/mesh"
 SPEC_HASH_ANNOTATION = "vnetd/spec-sha256"

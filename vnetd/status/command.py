@@ -32,6 +32,7 @@ from rich.live import Live
 from rich.text import Text
 
 from vnetd.control.membership import read_members
+from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import DataplaneError, RegistryError, RegistryUnavailable, SpecError
 from vnetd.model import DevicePeer, Member
 from vnetd.registry.access import (
@@ -49,7 +50,7 @@ from vnetd.status.view import as_json, rank_rows, utc_text
 if TYPE_CHECKING:  # the reader imports pyroute2: only when a device is read
     from vnetd.dataplane.local import LocalDevice
 
-DEFAULT_WIREGUARD_DIR = Path("/var/run/wireguard")
+DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 DEFAULT_INTERVAL = 2.0
 MIN_INTERVAL = 0.2
 MAX_INTERVAL = 3600.0

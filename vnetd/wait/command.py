@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import IdentityError, SpecError, plain_errors
 from vnetd.identity import resolve_rank
 from vnetd.ranks import parse_ranks
@@ -34,7 +35,7 @@ from vnetd.wait.gate import Gate, ready_line, timeout_line
 from vnetd.wait.run import HandshakeReader, wait_for_gate
 
 DEFAULT_TIMEOUT = 300.0
-DEFAULT_WIREGUARD_DIR = Path("/var/run/wireguard")
+DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 UAPI_TIMEOUT = 2.0
 EXIT_READY = 0
 EXIT_TIMED_OUT = 1

@@ -4,7 +4,8 @@ The members come from ``sync_members``, the daemon's own list-then-watch
 loop, so etcd is never polled; while it is unreachable the last list is
 kept and the wait goes on until the deadline. With ``--reachable`` the
 local WireGuard device is read every ``poll_interval`` seconds through a
-``HandshakeReader`` (the UAPI socket in production, a fake in tests).
+``HandshakeReader`` (in production ``dataplane.local.read_device``: the UAPI
+socket, or the kernel device by netlink; a fake in tests).
 Every time is trio's clock, so tests with ``autojump_clock`` are exact.
 """
 
