@@ -27,7 +27,7 @@ from vnetd.control.claim import ClaimHolder
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.dataplane.base import Dataplane, DeviceConfig
-from vnetd.errors import RegistryUnavailable, VnetdError, plain_errors
+from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import (
     load_or_create_key,
     load_preshared_key,
@@ -42,7 +42,7 @@ from vnetd.observe.metrics import DaemonMetrics
 from vnetd.reconciler import Reconciler
 from vnetd.registry.access import EtcdAccess, with_etcd_access
 from vnetd.registry.base import Registry
-from vnetd.retry import Backoff, RegistryHealth
+from vnetd.retry import RegistryHealth, retry_registry
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints, with_http_listen
 
 log = logging.getLogger("vnetd.daemon")
@@ -288,19 +288,11 @@ async def _auto_rank(
 
     spec = load_up_spec(opts, env)
     node = resolve_instance(opts.instance, env)
-    health = RegistryHealth()
-    backoff = Backoff()
     with plain_errors():
         async with open_registry(spec) as registry:
-            while True:
-                try:
-                    rank = await assign_rank(registry, spec, node)
-                except RegistryUnavailable as exc:
-                    health.failed("rank assignment", exc)
-                    await trio.sleep(backoff.next_delay())
-                    continue
-                health.ok()
-                return rank
+            return await retry_registry(
+                "rank assignment", lambda: assign_rank(registry, spec, node), RegistryHealth()
+            )
 
 
 async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:
@@ -366,17 +358,8 @@ async def _serve(
 
 
 async def _check_spec(registry: Registry, spec: MeshSpec, health: RegistryHealth) -> None:
-    backoff = Backoff()
-    while True:
-        try:
-            stored = await ensure_spec(registry, spec)
-        except RegistryUnavailable as exc:
-            health.failed("spec check", exc)
-            await trio.sleep(backoff.next_delay())
-            continue
-        health.ok()
-        log.info("spec %s at %s", "stored" if stored else "matches the one", spec_key(spec))
-        return
+    stored = await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)
+    log.info("spec %s at %s", "stored" if stored else "matches the one", spec_key(spec))
 
 
 async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:
