@@ -40,15 +40,15 @@ from vnetd.model import Member
 from vnetd.observe.endpoints import DaemonEndpoints
 from vnetd.observe.metrics import DaemonMetrics
 from vnetd.reconciler import Reconciler
+from vnetd.registry import Registry, RegistryOpener
+from vnetd.registry import open_registry as open_settings_registry
 from vnetd.registry.access import EtcdAccess, with_etcd_access
-from vnetd.registry.base import Registry
 from vnetd.retry import RegistryHealth, retry_registry
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints, with_http_listen
 
 log = logging.getLogger("vnetd.daemon")
 
 DataplaneFactory = Callable[[DeviceConfig], AbstractAsyncContextManager[Dataplane]]
-RegistryFactory = Callable[[MeshSpec], AbstractAsyncContextManager[Registry]]
 
 
 @runtime_checkable
@@ -203,7 +203,7 @@ async def run_daemon(
     env: Mapping[str, str],
     *,
     open_dataplane: DataplaneFactory | None = None,
-    open_registry: RegistryFactory | None = None,
+    open_registry: RegistryOpener = open_settings_registry,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until cancelled. Signals are the caller's: see ``run_until_signal``.
@@ -212,7 +212,6 @@ async def run_daemon(
         VnetdError: bad input, a spec that differs from the registry's, or a
             data plane that cannot be set up.
     """
-    open_registry = open_registry or _etcd_registry
     if wants_auto_rank(opts.rank, env):
         rank = await _auto_rank(opts, env, open_registry)
         opts = replace(opts, rank=str(rank))
@@ -234,7 +233,10 @@ async def run_daemon(
         async with trio.open_nursery() as nursery:
             if spec.http.listen:
                 await nursery.start(_serve_http, spec.http.listen, endpoints)
-            async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
+            async with (
+                open_registry(spec.registry) as registry,
+                open_dataplane(config) as dataplane,
+            ):
                 endpoints.attach_dataplane(dataplane)
                 me = replace(me, device_id=device_id_of(dataplane))
                 started = _Started(task_status, endpoints)
@@ -280,16 +282,14 @@ def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
     return value is not None and value.strip().lower() == "auto"
 
 
-async def _auto_rank(
-    opts: UpOptions, env: Mapping[str, str], open_registry: RegistryFactory
-) -> int:
+async def _auto_rank(opts: UpOptions, env: Mapping[str, str], open_registry: RegistryOpener) -> int:
     """This node's sticky rank from the registry, waiting for etcd as long as it takes."""
     from vnetd.control.assign import assign_rank
 
     spec = load_up_spec(opts, env)
     node = resolve_instance(opts.instance, env)
     with plain_errors():
-        async with open_registry(spec) as registry:
+        async with open_registry(spec.registry) as registry:
             return await retry_registry(
                 "rank assignment", lambda: assign_rank(registry, spec, node), RegistryHealth()
             )
@@ -431,9 +431,3 @@ def _dataplane_factory(kind: str) -> DataplaneFactory:
 
         return open_fake_dataplane
     raise VnetdError(f"--dataplane: {kind!r} is not one of auto, kernel, userspace, fake")
-
-
-def _etcd_registry(spec: MeshSpec) -> AbstractAsyncContextManager[Registry]:
-    from vnetd.registry.access import open_registry_for
-
-    return open_registry_for(spec)
