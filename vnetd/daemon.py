@@ -13,12 +13,9 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
-from ipaddress import ip_address
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import trio
 
@@ -26,8 +23,16 @@ from vnetd import __version__
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.watcher import MemberView, sync_members
-from vnetd.dataplane.base import Dataplane, DeviceConfig
-from vnetd.errors import RegistryUnavailable, VnetdError, plain_errors
+from vnetd.dataplane import (
+    Dataplane,
+    DataplaneFactory,
+    DeviceConfig,
+    RestartingDataplane,
+    choose_dataplane,
+    device_id_of,
+)
+from vnetd.dataplane.link import default_route_address, resolve_mtu
+from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import (
     load_or_create_key,
     load_preshared_key,
@@ -40,26 +45,14 @@ from vnetd.model import Member
 from vnetd.observe.endpoints import DaemonEndpoints
 from vnetd.observe.metrics import DaemonMetrics
 from vnetd.reconciler import Reconciler
+from vnetd.registry import Registry, RegistryOpener
+from vnetd.registry import open_registry as open_settings_registry
 from vnetd.registry.access import EtcdAccess, with_etcd_access
-from vnetd.registry.base import Registry
-from vnetd.retry import Backoff, RegistryHealth
+from vnetd.retry import RegistryHealth, retry_registry
+from vnetd.running import Running
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints, with_http_listen
 
 log = logging.getLogger("vnetd.daemon")
-
-DataplaneFactory = Callable[[DeviceConfig], AbstractAsyncContextManager[Dataplane]]
-RegistryFactory = Callable[[MeshSpec], AbstractAsyncContextManager[Registry]]
-
-
-@runtime_checkable
-class RestartingDataplane(Protocol):
-    """A data plane whose device can be rebuilt empty (wireguard-go restarted).
-
-    It calls ``on_restart(reason)`` afterwards; the daemon points that at the
-    reconciler, which re-applies the whole state at once.
-    """
-
-    on_restart: Callable[[str], None] | None
 
 
 @dataclass
@@ -80,19 +73,6 @@ class UpOptions:
 
 PEERS_BEFORE_CLAIM = 5.0
 """How long the claim waits for the known peers to be on the device (etcd may be down)."""
-
-
-@dataclass
-class Running:
-    """What a started daemon exposes (to tests, status and health endpoints)."""
-
-    spec: MeshSpec
-    me: Member
-    view: MemberView
-    claim: ClaimHolder
-    reconciler: Reconciler
-    dataplane: Dataplane
-    health: RegistryHealth
 
 
 def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
@@ -148,54 +128,9 @@ def load_up_spec(opts: UpOptions, env: Mapping[str, str]) -> MeshSpec:
     return with_etcd_access(spec, opts.etcd_access, env)
 
 
-def resolve_mtu(spec: MeshSpec, endpoint: str, netns: str | None = None) -> int:
-    """The spec's MTU; for ``auto`` the underlay's MTU minus WireGuard's overhead
-    for our endpoint's family (sync: netlink)."""
-    if isinstance(spec.mtu, int):
-        return spec.mtu
-    from vnetd.dataplane.link import auto_mtu, underlay_mtu
-
-    host = endpoint.rpartition(":")[0].strip("[]")
-    try:
-        ifname, underlay = underlay_mtu(netns, host)
-    except OSError as exc:
-        raise VnetdError(f"mesh.mtu: auto: cannot read the underlay's MTU: {exc}") from None
-    mtu = auto_mtu(underlay, host)
-    low = spec.min_mtu
-    if mtu < low:
-        raise VnetdError(
-            f"mesh.mtu: auto gives {mtu} (underlay {ifname} mtu {underlay}), below the "
-            f"minimum {low}; set mesh.mtu to a number"
-        )
-    log.info(
-        "mtu auto: %d (underlay %s mtu %d minus %d for an IPv%d endpoint)",
-        mtu,
-        ifname,
-        underlay,
-        underlay - mtu,
-        ip_address(host).version,
-    )
-    return mtu
-
-
 def _port_of(endpoint: str, default: int) -> int:
     port = endpoint.rpartition(":")[2]
     return int(port) if port.isdigit() else default
-
-
-def default_route_address() -> str | None:
-    """The first address of the interface that holds the IPv4 (else IPv6) default route."""
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        for family in (socket.AF_INET, socket.AF_INET6):
-            for route in ipr.get_default_routes(family=family):
-                oif = route.get("RTA_OIF")
-                for addr in ipr.get_addr(family=family, index=oif):
-                    value = addr.get("IFA_ADDRESS")
-                    if value:
-                        return str(value)
-    return None
 
 
 async def run_daemon(
@@ -203,7 +138,7 @@ async def run_daemon(
     env: Mapping[str, str],
     *,
     open_dataplane: DataplaneFactory | None = None,
-    open_registry: RegistryFactory | None = None,
+    open_registry: RegistryOpener = open_settings_registry,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until cancelled. Signals are the caller's: see ``run_until_signal``.
@@ -212,7 +147,6 @@ async def run_daemon(
         VnetdError: bad input, a spec that differs from the registry's, or a
             data plane that cannot be set up.
     """
-    open_registry = open_registry or _etcd_registry
     if wants_auto_rank(opts.rank, env):
         rank = await _auto_rank(opts, env, open_registry)
         opts = replace(opts, rank=str(rank))
@@ -234,7 +168,10 @@ async def run_daemon(
         async with trio.open_nursery() as nursery:
             if spec.http.listen:
                 await nursery.start(_serve_http, spec.http.listen, endpoints)
-            async with open_registry(spec) as registry, open_dataplane(config) as dataplane:
+            async with (
+                open_registry(spec.registry) as registry,
+                open_dataplane(config) as dataplane,
+            ):
                 endpoints.attach_dataplane(dataplane)
                 me = replace(me, device_id=device_id_of(dataplane))
                 started = _Started(task_status, endpoints)
@@ -280,27 +217,17 @@ def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
     return value is not None and value.strip().lower() == "auto"
 
 
-async def _auto_rank(
-    opts: UpOptions, env: Mapping[str, str], open_registry: RegistryFactory
-) -> int:
+async def _auto_rank(opts: UpOptions, env: Mapping[str, str], open_registry: RegistryOpener) -> int:
     """This node's sticky rank from the registry, waiting for etcd as long as it takes."""
     from vnetd.control.assign import assign_rank
 
     spec = load_up_spec(opts, env)
     node = resolve_instance(opts.instance, env)
-    health = RegistryHealth()
-    backoff = Backoff()
     with plain_errors():
-        async with open_registry(spec) as registry:
-            while True:
-                try:
-                    rank = await assign_rank(registry, spec, node)
-                except RegistryUnavailable as exc:
-                    health.failed("rank assignment", exc)
-                    await trio.sleep(backoff.next_delay())
-                    continue
-                health.ok()
-                return rank
+        async with open_registry(spec.registry) as registry:
+            return await retry_registry(
+                "rank assignment", lambda: assign_rank(registry, spec, node), RegistryHealth()
+            )
 
 
 async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:
@@ -366,17 +293,8 @@ async def _serve(
 
 
 async def _check_spec(registry: Registry, spec: MeshSpec, health: RegistryHealth) -> None:
-    backoff = Backoff()
-    while True:
-        try:
-            stored = await ensure_spec(registry, spec)
-        except RegistryUnavailable as exc:
-            health.failed("spec check", exc)
-            await trio.sleep(backoff.next_delay())
-            continue
-        health.ok()
-        log.info("spec %s at %s", "stored" if stored else "matches the one", spec_key(spec))
-        return
+    stored = await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)
+    log.info("spec %s at %s", "stored" if stored else "matches the one", spec_key(spec))
 
 
 async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:
@@ -384,73 +302,3 @@ async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope
         log.info("received %s; shutting down", signal.Signals(signum).name)
         scope.cancel()
         return
-
-
-def device_id_of(dataplane: Dataplane) -> str:
-    """The id of the data plane's device instance: a new one whenever wireguard-go is
-    started fresh, the same when it is adopted ("" for a data plane without one).
-    It goes into our record, so peers can tell a restarted device from an adopted one."""
-    value = getattr(dataplane, "device_id", "")
-    return value if isinstance(value, str) else ""
-
-
-async def choose_dataplane(
-    flag: str | None, spec: MeshSpec, interface: str, netns: str | None = None
-) -> DataplaneFactory:
-    """The data plane to run: ``--dataplane``, else the spec's ``[wireguard] dataplane``.
-
-    ``auto`` keeps the kind of a link this interface already has (a device
-    left by a killed daemon, to adopt), else uses the kernel's WireGuard when
-    a probe link can be created, else wireguard-go; it logs which and why.
-
-    Raises:
-        VnetdError: ``kernel`` was asked for and the kernel has no WireGuard.
-    """
-    from vnetd.dataplane.kernel import kernel_unavailable
-    from vnetd.dataplane.link import link_kind, run_netlink
-
-    kind = flag or spec.local.dataplane
-    source = "--dataplane" if flag else "[wireguard] dataplane"
-    if kind == "auto":
-        existing = await run_netlink(lambda: link_kind(netns, interface))
-        if existing in ("wireguard", "tun"):
-            kind = "kernel" if existing == "wireguard" else "userspace"
-            log.info("data plane: %s (auto: %s already has a %s link)", kind, interface, existing)
-            return _dataplane_factory(kind)
-        reason = await kernel_unavailable(netns)
-        if reason is None:
-            log.info("data plane: kernel WireGuard (auto: a wireguard link can be created)")
-            return _dataplane_factory("kernel")
-        log.info("data plane: kernel WireGuard unavailable (%s); using wireguard-go", reason)
-        return _dataplane_factory("userspace")
-    if kind == "kernel":
-        reason = await kernel_unavailable(netns)
-        if reason is not None:
-            raise VnetdError(
-                f"{source}: kernel WireGuard unavailable ({reason}); "
-                "use auto or userspace (wireguard-go)"
-            )
-    log.info("data plane: %s (%s %s)", kind, source, kind)
-    return _dataplane_factory(kind)
-
-
-def _dataplane_factory(kind: str) -> DataplaneFactory:
-    if kind == "userspace":
-        from vnetd.dataplane.uapi import open_uapi_dataplane
-
-        return open_uapi_dataplane
-    if kind == "kernel":
-        from vnetd.dataplane.kernel import open_kernel_dataplane
-
-        return open_kernel_dataplane
-    if kind == "fake":
-        from vnetd.dataplane.fake import open_fake_dataplane
-
-        return open_fake_dataplane
-    raise VnetdError(f"--dataplane: {kind!r} is not one of auto, kernel, userspace, fake")
-
-
-def _etcd_registry(spec: MeshSpec) -> AbstractAsyncContextManager[Registry]:
-    from vnetd.registry.access import open_registry_for
-
-    return open_registry_for(spec)

@@ -1,12 +1,29 @@
-"""Backoff for registry calls, and logging a registry outage once per change."""
+"""Retrying registry calls: backoff, logging an outage once per change, and the one
+retry loop every registry task uses (static stability, docs/architecture.md).
+
+The loop is written here rather than taken from ``stamina`` (on PyPI, trio
+supported): stamina's jitter is added to the delay while ours scales it by
+0.75–1.0, its default hooks log every retry and register Prometheus counters in
+the process-wide registry, and two callers need the backoff shared beyond one
+retried call (the member watch resets it after a good list, the claim backs
+off with it on a refused claim too). None of that is stamina's model.
+"""
 
 from __future__ import annotations
 
 import logging
 import random
 from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import trio
+
+from vnetd.errors import RegistryUnavailable
 
 log = logging.getLogger("vnetd.registry")
+
+T = TypeVar("T")
 
 
 class Backoff:
@@ -49,3 +66,29 @@ class RegistryHealth:
                 exc,
             )
         self.reachable = False
+
+
+async def retry_registry(
+    operation: str,
+    call: Callable[[], Awaitable[T]],
+    health: RegistryHealth,
+    backoff: Backoff | None = None,
+) -> T:
+    """``await call()`` until it does not raise ``RegistryUnavailable``; its result.
+
+    Each failure is reported to ``health`` under ``operation`` and followed by
+    ``backoff``'s next delay; a success marks the registry reachable. Other
+    errors propagate at once.
+
+    Cancellation: safe; nothing is retried after it.
+    """
+    backoff = backoff or Backoff()
+    while True:
+        try:
+            result = await call()
+        except RegistryUnavailable as exc:
+            health.failed(operation, exc)
+            await trio.sleep(backoff.next_delay())
+            continue
+        health.ok()
+        return result

@@ -26,8 +26,7 @@ from pyroute2.netlink.generic.wireguard import (
     wgmsg,
 )
 
-from vnetd import daemon
-from vnetd.dataplane import kernel
+from vnetd.dataplane import choose_dataplane, kernel
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.kernel import (
     KernelDataplane,
@@ -390,7 +389,7 @@ async def test_choice(
 ) -> None:
     caplog.set_level(logging.INFO, logger="vnetd.daemon")
     probe_says(monkeypatch, link, reason)
-    factory = await daemon.choose_dataplane(flag, spec(configured), "vnet0")
+    factory = await choose_dataplane(flag, spec(configured), "vnet0")
     assert factory_name(factory) == chosen
     assert f"data plane: {logged}" in caplog.messages
 
@@ -400,7 +399,7 @@ async def test_kernel_asked_for_but_unavailable_is_one_clear_error(
 ) -> None:
     probe_says(monkeypatch, None, NO_MODULE)
     with pytest.raises(VnetdError) as err:
-        await daemon.choose_dataplane(None, spec("kernel"), "vnet0")
+        await choose_dataplane(None, spec("kernel"), "vnet0")
     assert str(err.value) == (
         f"[wireguard] dataplane: kernel WireGuard unavailable ({NO_MODULE}); "
         "use auto or userspace (wireguard-go)"

@@ -29,7 +29,7 @@ from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
 from vnetd.model import Member
 from vnetd.registry.base import Registry
-from vnetd.retry import Backoff, RegistryHealth
+from vnetd.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.claim")
@@ -101,16 +101,7 @@ class ClaimHolder:
         waiting_on: str | None = None
         while True:
             try:
-                await self._fresh_lease()
-                if self.claims:
-                    await self._store_spec_again()
-                me = self.me
-                result = await try_claim(self.registry, self.spec, me, self.lease)
-                self.health.ok()
-            except RegistryUnavailable as exc:
-                self.health.failed("claim", exc)
-                await trio.sleep(backoff.next_delay())
-                continue
+                me, result = await retry_registry("claim", self._try_claim, self.health, backoff)
             except RegistryError as exc:  # e.g. the lease vanished between calls
                 log.warning("claim of rank %d refused: %s; retrying", self.me.rank, exc)
                 self.lease = 0
@@ -138,6 +129,14 @@ class ClaimHolder:
                 )
                 waiting_on = holder
             await trio.sleep(min(1.0, self.ttl / 3))
+
+    async def _try_claim(self) -> tuple[Member, Claimed | Held]:
+        """One claim attempt with a live lease; the record it wrote and the outcome."""
+        await self._fresh_lease()
+        if self.claims:
+            await self._store_spec_again()
+        me = self.me
+        return me, await try_claim(self.registry, self.spec, me, self.lease)
 
     async def _fresh_lease(self) -> None:
         """Make sure ``self.lease`` is alive: a wait on a holder can outlast it."""

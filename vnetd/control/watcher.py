@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import NoReturn
 
 import trio
 
 from vnetd.control.membership import BadEntry, decode_member, members_prefix, rank_of_key
-from vnetd.errors import RegistryUnavailable, WatchCompacted
+from vnetd.errors import WatchCompacted
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry, WatchEvent
-from vnetd.retry import Backoff, RegistryHealth
+from vnetd.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.watch")
@@ -245,36 +246,38 @@ async def sync_members(
     grace = RESET_GRACE_TTLS * spec.registry.lease_ttl if reset_grace is None else reset_grace
     backoff = Backoff()
     task_status.started()
-    listed = False
-    while True:
-        try:
-            if not listed:
-                kvs, revision = await registry.list_prefix(prefix)
-                health.ok()
-                backoff.reset()
-                _take_list(spec, view, kvs, revision, grace)
-                listed = True
-            # The watch also ends when a held member's grace does: the list
-            # that follows drops it if it has not registered again.
-            held_until = view.held_until()
-            resync_at = trio.current_time() + resync_interval
-            with trio.move_on_at(min(resync_at, held_until)) as timer:
-                async with registry.watch(prefix, view.revision + 1) as events:
+
+    async def follow() -> NoReturn:
+        """List, then watch; list again after a compaction, a reset's grace or a
+        stream that ended. Raises ``RegistryUnavailable``; a retry lists first."""
+        listed = False
+        while True:
+            try:
+                if not listed:
+                    kvs, revision = await registry.list_prefix(prefix)
                     health.ok()
-                    async for event in events:
-                        view.apply(spec, event)
-                log.info("member watch ended; listing members again")
+                    backoff.reset()
+                    _take_list(spec, view, kvs, revision, grace)
+                    listed = True
+                # The watch also ends when a held member's grace does: the list
+                # that follows drops it if it has not registered again.
+                held_until = view.held_until()
+                resync_at = trio.current_time() + resync_interval
+                with trio.move_on_at(min(resync_at, held_until)) as timer:
+                    async with registry.watch(prefix, view.revision + 1) as events:
+                        health.ok()
+                        async for event in events:
+                            view.apply(spec, event)
+                    log.info("member watch ended; listing members again")
+                    listed = False
+                    await trio.sleep(backoff.next_delay())
+                if timer.cancelled_caught and held_until <= resync_at:
+                    listed = False
+            except WatchCompacted as exc:
+                log.info("%s; listing members again", exc)
                 listed = False
-                await trio.sleep(backoff.next_delay())
-            if timer.cancelled_caught and held_until <= resync_at:
-                listed = False
-        except WatchCompacted as exc:
-            log.info("%s; listing members again", exc)
-            listed = False
-        except RegistryUnavailable as exc:
-            health.failed("watch", exc)
-            listed = False
-            await trio.sleep(backoff.next_delay())
+
+    await retry_registry("watch", follow, health, backoff)
 
 
 def _take_list(

@@ -1,8 +1,12 @@
-"""The ``Dataplane`` protocol: one WireGuard device and its routes.
+"""The ``Dataplane`` protocol: one WireGuard device and its routes; and the optional
+capabilities a data plane may have (``RestartingDataplane``, ``IdentifiedDataplane``,
+``RestartCountingDataplane``).
 
 Implementations: ``uapi.UapiDataplane`` (wireguard-go, configured over its
-UAPI socket, link through pyroute2) and ``fake.FakeDataplane`` (in memory).
-Both pass ``tests/contract/test_dataplane.py``.
+UAPI socket, link through pyroute2), ``kernel.KernelDataplane`` (in-kernel
+WireGuard over generic netlink) and ``fake.FakeDataplane`` (in memory). All
+pass ``tests/contract/test_dataplane.py`` (the kernel one where the kernel has
+WireGuard).
 
 Routing (DESIGN invariant 9): the device holds the rank's own address with
 no prefix route (in a dual-stack mesh one per family), each overlay
@@ -16,9 +20,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network, ip_network
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
@@ -95,6 +100,48 @@ class Dataplane(Protocol):
     async def link_state(self) -> LinkState:
         """Whether the link exists, is up, and which addresses it holds."""
         ...
+
+
+# Optional capabilities: a data plane has them or not; callers check with isinstance.
+
+
+@runtime_checkable
+class RestartingDataplane(Protocol):
+    """A data plane whose device can be rebuilt empty (wireguard-go restarted).
+
+    It calls ``on_restart(reason)`` afterwards; the daemon points that at the
+    reconciler, which re-applies the whole state at once.
+    """
+
+    on_restart: Callable[[str], None] | None
+
+
+@runtime_checkable
+class IdentifiedDataplane(Protocol):
+    """A data plane whose device instance has an id (16 hex digits)."""
+
+    @property
+    def device_id(self) -> str:
+        """New whenever the device is started fresh, the same when it is adopted."""
+        ...
+
+
+@runtime_checkable
+class RestartCountingDataplane(Protocol):
+    """A data plane that counts the times its device died and was started again."""
+
+    restarts: int
+
+
+def device_id_of(dataplane: Dataplane) -> str:
+    """The id of the data plane's device instance ("" for a data plane without one).
+    It goes into our record, so peers can tell a restarted device from an adopted one."""
+    return dataplane.device_id if isinstance(dataplane, IdentifiedDataplane) else ""
+
+
+def restarts_of(dataplane: Dataplane) -> int:
+    """How often the data plane's device was started again (0 for one that is never)."""
+    return dataplane.restarts if isinstance(dataplane, RestartCountingDataplane) else 0
 
 
 # Rules both data planes share (the fake must behave exactly like the device).

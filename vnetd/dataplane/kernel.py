@@ -33,7 +33,6 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from vnetd.dataplane.base import DeviceConfig, key_to_hex
 from vnetd.dataplane.link import (
-    NETLINK_TIMEOUT,
     LinkedDevice,
     configure_link,
     create_wireguard_link,
@@ -44,6 +43,21 @@ from vnetd.dataplane.link import (
 )
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
+
+__all__ = [
+    "KernelDataplane",
+    "PeerMessage",
+    "WgClient",
+    "WgFactory",
+    "device_attrs",
+    "handshake_messages",
+    "kernel_unavailable",
+    "open_kernel_dataplane",
+    "open_wireguard",
+    "parse_info",
+    "peer_messages",
+    "split_endpoint",
+]
 
 log = logging.getLogger("vnetd.dataplane")
 
@@ -357,18 +371,6 @@ async def open_kernel_dataplane(
                     await run_netlink(partial(remove_link, netns, config), CLEANUP_DEADLINE)
                 except DataplaneError as exc:
                     log.error("%s: could not remove link or routes: %s", config.interface, exc)
-
-
-__all__ = [
-    "NETLINK_TIMEOUT",
-    "KernelDataplane",
-    "WgClient",
-    "device_attrs",
-    "handshake_messages",
-    "open_kernel_dataplane",
-    "parse_info",
-    "peer_messages",
-]
 
 
 async def kernel_unavailable(netns: str | None = None) -> str | None:

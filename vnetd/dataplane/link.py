@@ -1,4 +1,5 @@
-"""The device's link, addresses and routes, through pyroute2.
+"""The device's link, addresses and routes, and what the host tells about its
+underlay (MTU, the default route's address), through pyroute2.
 
 The rank's address (in a dual-stack mesh, each of its two) is added with
 the network's prefix length and ``IFA_F_NOPREFIXROUTE`` so the kernel adds
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from functools import partial
 from ipaddress import IPv4Interface, IPv6Interface, ip_address, ip_network
@@ -26,10 +28,13 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE
 
 from vnetd.dataplane.base import DeviceConfig, LinkState, route_changes
-from vnetd.errors import DataplaneError
+from vnetd.errors import DataplaneError, VnetdError
 from vnetd.model import DevicePeer, Plan
+from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.dataplane")
+daemon_log = logging.getLogger("vnetd.daemon")
+"""The logger of the host probes' lines, as when the daemon made them (JSON logs name it)."""
 
 NETLINK_TIMEOUT = 5.0  # one batch of netlink calls
 _RT_TABLE_MAIN = 254
@@ -281,6 +286,47 @@ def auto_mtu(underlay: int, host: str) -> int:
     """The overlay MTU for an underlay MTU and our endpoint's family."""
     overhead = IPV4_OVERHEAD if ip_address(host).version == 4 else IPV6_OVERHEAD
     return underlay - overhead
+
+
+def resolve_mtu(spec: MeshSpec, endpoint: str, netns: str | None = None) -> int:
+    """The spec's MTU; for ``auto`` the underlay's MTU minus WireGuard's overhead
+    for our endpoint's family (sync: netlink)."""
+    if isinstance(spec.mtu, int):
+        return spec.mtu
+    host = endpoint.rpartition(":")[0].strip("[]")
+    try:
+        ifname, underlay = underlay_mtu(netns, host)
+    except OSError as exc:
+        raise VnetdError(f"mesh.mtu: auto: cannot read the underlay's MTU: {exc}") from None
+    mtu = auto_mtu(underlay, host)
+    low = spec.min_mtu
+    if mtu < low:
+        raise VnetdError(
+            f"mesh.mtu: auto gives {mtu} (underlay {ifname} mtu {underlay}), below the "
+            f"minimum {low}; set mesh.mtu to a number"
+        )
+    daemon_log.info(
+        "mtu auto: %d (underlay %s mtu %d minus %d for an IPv%d endpoint)",
+        mtu,
+        ifname,
+        underlay,
+        underlay - mtu,
+        ip_address(host).version,
+    )
+    return mtu
+
+
+def default_route_address() -> str | None:
+    """The first address of the interface that holds the IPv4 (else IPv6) default route."""
+    with IPRoute() as ipr:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for route in ipr.get_default_routes(family=family):
+                oif = route.get("RTA_OIF")
+                for addr in ipr.get_addr(family=family, index=oif):
+                    value = addr.get("IFA_ADDRESS")
+                    if value:
+                        return str(value)
+    return None
 
 
 class LinkedDevice:

@@ -9,21 +9,19 @@ daemon's components are attached once they exist.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
+from vnetd.dataplane import Dataplane, restarts_of
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Member
 from vnetd.observe.http import Check
 from vnetd.observe.metrics import DaemonMetrics, Snapshot
 from vnetd.observe.readiness import readiness
+from vnetd.running import Running
 from vnetd.spec import MeshSpec
 from vnetd.status.view import as_json
-
-if TYPE_CHECKING:
-    from vnetd.daemon import Running
-    from vnetd.dataplane.base import Dataplane
 
 DEVICE_READ_TIMEOUT = 2.0
 
@@ -124,6 +122,6 @@ class DaemonEndpoints:
             watch_restarts=max(0, r.view.lists - 1),
             claims=r.claim.claims,
             registry_errors=dict(r.health.errors_by_operation),
-            wireguard_restarts=getattr(r.dataplane, "restarts", 0),
+            wireguard_restarts=restarts_of(r.dataplane),
             now=time.time(),
         )

@@ -1,27 +1,21 @@
 """How every command reaches etcd: URLs, TLS files and a user, from flags, env or spec.
 
-One place for the flags (``add_etcd_arguments``), their precedence (flag,
-then environment, then the spec's ``[registry]`` table) and the opener that
-builds the client (``open_registry_for``), so ``vnetd up``, ``wait``,
-``status`` and ``render wg-quick`` accept the same options. Secrets come from
-files (or ``VNETD_ETCD_PASSWORD``), never from a flag's value.
+One place for the flags (``add_etcd_arguments``) and their precedence (flag,
+then environment, then the spec's ``[registry]`` table), so ``vnetd up``,
+``wait``, ``status`` and ``render wg-quick`` accept the same options
+(``vnetd.registry.open_registry`` opens the settings resolved here). Secrets
+come from files (or ``VNETD_ETCD_PASSWORD``), never from a flag's value.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from vnetd.errors import SpecError
 from vnetd.spec import MeshSpec, RegistrySpec
-
-if TYPE_CHECKING:  # the CLI builds its parsers without importing httpx
-    from vnetd.registry.base import Registry
-    from vnetd.registry.etcd import EtcdRegistry, EtcdSecurity
 
 ENV_PASSWORD = "VNETD_ETCD_PASSWORD"
 
@@ -156,37 +150,3 @@ def _check_combination(registry: RegistrySpec, password: str | None) -> None:
             f"{_where('ca_file' if registry.ca_file else 'cert_file')}: TLS files are given "
             f"but the etcd URL {plain[0]} is http://; use https:// URLs"
         )
-
-
-def security_of(registry: RegistrySpec) -> EtcdSecurity:
-    """The client's TLS files and credentials from resolved ``[registry]`` settings."""
-    from vnetd.registry.etcd import EtcdSecurity
-
-    return EtcdSecurity(
-        ca_file=Path(registry.ca_file) if registry.ca_file else None,
-        cert_file=Path(registry.cert_file) if registry.cert_file else None,
-        key_file=Path(registry.key_file) if registry.key_file else None,
-        username=registry.username,
-        password=registry.password,
-    )
-
-
-def open_registry_for(spec: MeshSpec) -> AbstractAsyncContextManager[EtcdRegistry]:
-    """An etcd client for ``spec``'s registry settings (after ``with_etcd_access``)."""
-    from vnetd.registry.etcd import open_etcd_registry
-
-    return open_etcd_registry(spec.registry.endpoints, security_of(spec.registry))
-
-
-def secured_opener(
-    spec: MeshSpec,
-) -> Callable[[Sequence[str]], AbstractAsyncContextManager[Registry]]:
-    """An opener of etcd at given endpoints with ``spec``'s TLS and auth settings."""
-    from vnetd.registry.etcd import open_etcd_registry
-
-    security = security_of(spec.registry)
-
-    def open_registry(endpoints: Sequence[str]) -> AbstractAsyncContextManager[Registry]:
-        return open_etcd_registry(endpoints, security)
-
-    return open_registry

@@ -2,240 +2,50 @@
 
 Hand-written on purpose: python-etcd3 no longer imports with current
 protobuf releases, and the gateway (``POST /v3/...`` with JSON bodies) needs
-nothing but httpx. Gateway conventions handled here: keys and values are
-base64, int64 fields are strings, and false/zero fields are omitted.
+nothing but httpx. The gateway's encoding is ``etcd_gateway``'s; TLS, the
+credentials and their errors are ``etcd_security``'s.
 
-Behaviour verified against etcd 3.4:
-
-* ``/v3/lease/keepalive`` on an expired or unknown lease answers 200 with a
-  result that has no ``TTL`` (i.e. 0).
-* ``/v3/lease/revoke`` on an unknown lease answers 404, gRPC code 5.
-* A watch stream first sends ``{"result": {"created": true}}``; a watch from
-  a compacted revision then sends ``{"canceled": true, "compact_revision": N}``.
-
-Security (``EtcdSecurity``): TLS with a CA file and a client certificate,
-and etcd's username/password auth: ``POST /v3/auth/authenticate`` gives a
-token that goes in the ``Authorization`` header of every call; when etcd
-answers that the token is invalid (it expired, or another member issued
-it: etcd's simple tokens are per member) the client authenticates again
-and retries once. Credential problems (a certificate that does not verify,
-a wrong password, a permission denied) raise ``RegistryAccessError``, one
-line that names the flag to fix. It is a ``RegistryUnavailable``: the
-daemon keeps its data plane and retries (a certificate may be renewed, a
-role granted), the CLI prints the line and exits 2.
+Auth: ``POST /v3/auth/authenticate`` gives a token that goes in the
+``Authorization`` header of every call; when etcd answers that the token is
+invalid (it expired, or another member issued it: etcd's simple tokens are
+per member) the client authenticates again and retries once.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
 import httpx
 import trio
 
-from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
+from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.registry.base import KeyValue, WatchEvent
+from vnetd.registry.etcd_gateway import (
+    INVALID_ARGUMENT,
+    JSON,
+    NOT_FOUND,
+    PERMISSION_DENIED,
+    UNAUTHENTICATED,
+    Refused,
+    b64,
+    check_response,
+    key_of,
+    key_value,
+    next_message,
+    prefix_end,
+    raise_for_watch,
+    watch_events,
+)
+from vnetd.registry.etcd_security import (
+    EtcdSecurity,
+    RegistryAccessError,
+    closed_hint,
+    tls_problem,
+)
 
-JSON = dict[str, Any]
-
-# gRPC status codes the gateway reports in error bodies.
-_NOT_FOUND = 5
-_INVALID_ARGUMENT = 3
-_PERMISSION_DENIED = 7
-_UNAUTHENTICATED = 16
-_UNAVAILABLE_CODES = frozenset({4, 14})  # DEADLINE_EXCEEDED, UNAVAILABLE
-
-
-def _b64(data: str | bytes) -> str:
-    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-    return base64.b64encode(raw).decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text)
-
-
-def prefix_end(prefix: str) -> bytes:
-    """The smallest key greater than every key starting with ``prefix`` (etcd's range_end)."""
-    raw = bytearray(prefix.encode("utf-8", "surrogateescape"))
-    while raw and raw[-1] == 0xFF:
-        raw.pop()
-    if not raw:
-        return b"\0"  # every key
-    raw[-1] += 1
-    return bytes(raw)
-
-
-def _key_value(raw: JSON) -> KeyValue:
-    return KeyValue(
-        key=_unb64(raw["key"]).decode("utf-8", "surrogateescape"),
-        value=_unb64(raw.get("value", "")),
-        create_revision=int(raw.get("create_revision", 0)),
-        mod_revision=int(raw.get("mod_revision", 0)),
-        lease=int(raw.get("lease", 0)),
-    )
-
-
-def _error_message(data: object) -> tuple[str, int | None] | None:
-    """(message, gRPC code) of a gateway error body, or None if it is not one."""
-    if not isinstance(data, dict) or not data.get("error"):
-        return None
-    error = data["error"]
-    if isinstance(error, dict):  # streaming endpoints: {"error": {"grpc_code", "message"}}
-        return str(error.get("message", error)), error.get("grpc_code")
-    return str(data.get("message") or error), data.get("code")
-
-
-def _check(response: httpx.Response, where: str) -> JSON:
-    """The decoded body, or the matching ``RegistryError``."""
-    try:
-        data = response.json()
-    except ValueError:
-        data = None
-    error = _error_message(data)
-    status = response.status_code
-    if error is not None or status >= 400:
-        message, code = error or (response.text[:200] or response.reason_phrase, None)
-        text = f"etcd {where}: {message} (HTTP {status}, code {code})"
-        if status >= 500 or code in _UNAVAILABLE_CODES:
-            raise RegistryUnavailable(text)
-        raise _Refused(text, code)
-    if not isinstance(data, dict):
-        raise RegistryError(f"etcd {where}: unusable response {response.text[:200]!r}")
-    return data
-
-
-class _Refused(RegistryError):
-    def __init__(self, message: str, code: int | None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class RegistryAccessError(RegistryUnavailable):
-    """etcd refused our credentials: TLS verification, authentication or a permission."""
-
-
-@dataclass(frozen=True)
-class EtcdSecurity:
-    """How to reach a secured etcd: TLS files and a user. The password is never shown."""
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-
-    def ssl_context(self) -> ssl.SSLContext:
-        """The client's TLS context: the CA (else the system's) and our certificate.
-
-        Raises:
-            RegistryError: a file cannot be read or is not PEM of the right kind.
-        """
-        try:
-            context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
-        except (OSError, ssl.SSLError) as exc:
-            raise RegistryError(
-                f"--etcd-ca (registry.ca_file) {self.ca_file}: not a readable PEM CA "
-                f"certificate: {_reason(exc)}"
-            ) from None
-        if self.cert_file or self.key_file:
-            if not (self.cert_file and self.key_file):
-                raise RegistryError(
-                    "--etcd-cert and --etcd-key (registry.cert_file, registry.key_file): "
-                    "give both or neither"
-                )
-            _check_not_expired(self.cert_file)
-            try:
-                context.load_cert_chain(str(self.cert_file), str(self.key_file))
-            except (OSError, ssl.SSLError) as exc:
-                raise RegistryError(
-                    f"--etcd-cert {self.cert_file} / --etcd-key {self.key_file}: cannot load "
-                    f"the client certificate and key: {_reason(exc)}"
-                ) from None
-        return context
-
-
-def _check_not_expired(cert_file: Path) -> None:
-    """Refuse a client certificate that is expired or not yet valid: etcd would only
-    close the connection (TLS 1.3 reports it after the handshake), with no reason."""
-    from cryptography import x509
-
-    try:
-        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
-    except (OSError, ValueError):
-        return  # load_cert_chain names the problem
-    now = datetime.now(UTC)
-    if now > cert.not_valid_after_utc:
-        raise RegistryAccessError(
-            f"--etcd-cert (registry.cert_file) {cert_file}: the client certificate expired "
-            f"on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; renew it"
-        )
-    if now < cert.not_valid_before_utc:
-        raise RegistryAccessError(
-            f"--etcd-cert (registry.cert_file) {cert_file}: the client certificate is not "
-            f"valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; check the clock"
-        )
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return str(exc.verify_message or exc.reason)
-    if isinstance(exc, ssl.SSLError):
-        return str(exc.reason or exc)
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc)
-
-
-def tls_problem(exc: BaseException, endpoint: str) -> RegistryAccessError | None:
-    """A one-line ``RegistryAccessError`` if ``exc`` (or its cause) is a TLS failure."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            why = str(seen.verify_message or seen.reason)
-            fix = (
-                "renew etcd's server certificate"
-                if "expired" in why
-                else "check --etcd-ca (registry.ca_file): it must be the CA that signed "
-                "etcd's certificate, for this host name"
-            )
-            return RegistryAccessError(f"etcd {endpoint}: certificate verify failed ({why}); {fix}")
-        if isinstance(seen, ssl.SSLError):
-            why = str(seen.reason or seen)
-            if "EXPIRED" in why.upper():
-                fix = "renew the client certificate (--etcd-cert, registry.cert_file)"
-            else:
-                fix = "check --etcd-cert/--etcd-key and that etcd trusts their CA"
-            return RegistryAccessError(f"etcd {endpoint}: TLS handshake refused ({why}); {fix}")
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _closed_hint(exc: BaseException, endpoint: str) -> str:
-    """What a bare closed connection on https most likely means (etcd does not say)."""
-    if endpoint.startswith("https://") and isinstance(exc, httpx.ReadError) and not str(exc):
-        return (
-            " (connection closed after the TLS handshake: etcd may have refused the client "
-            "certificate; check --etcd-cert/--etcd-key and that etcd trusts their CA)"
-        )
-    return ""
-
-
-def _key_of(body: JSON) -> str:
-    raw = body.get("key")
-    if not isinstance(raw, str):
-        return "?"
-    try:
-        return _unb64(raw).decode("utf-8", "replace")
-    except ValueError:
-        return "?"
+__all__ = ["EtcdRegistry", "EtcdSecurity", "RegistryAccessError", "open_etcd_registry"]
 
 
 class EtcdRegistry:
@@ -283,7 +93,7 @@ class EtcdRegistry:
                     problem = tls_problem(exc, endpoint)
                     if problem is not None:
                         raise problem from None
-                    failures.append(f"{endpoint}: {exc!r}{_closed_hint(exc, endpoint)}")
+                    failures.append(f"{endpoint}: {exc!r}{closed_hint(exc, endpoint)}")
                     continue
                 self._current = self._endpoints.index(endpoint)
                 return data
@@ -298,8 +108,8 @@ class EtcdRegistry:
             headers = await self._auth_headers(endpoint)
             response = await self._client.post(where, json=body, headers=headers)
             try:
-                return _check(response, where)
-            except _Refused as exc:
+                return check_response(response, where)
+            except Refused as exc:
                 if attempt == 0 and self._token_rejected(endpoint, exc):
                     continue
                 raise self._access_error(exc, endpoint, body) from None
@@ -320,9 +130,9 @@ class EtcdRegistry:
         credentials = {"name": user, "password": self._security.password or ""}
         response = await self._client.post(where, json=credentials)
         try:
-            data = _check(response, where)
-        except _Refused as exc:
-            if exc.code == _INVALID_ARGUMENT or "authentication failed" in str(exc):
+            data = check_response(response, where)
+        except Refused as exc:
+            if exc.code == INVALID_ARGUMENT or "authentication failed" in str(exc):
                 raise RegistryAccessError(
                     f"etcd {endpoint}: authentication failed for user {user!r}; check "
                     "--etcd-user and the password (--etcd-password-file, VNETD_ETCD_PASSWORD)"
@@ -338,25 +148,25 @@ class EtcdRegistry:
             raise RegistryError(f"etcd {where}: no token in the answer")
         return token
 
-    def _token_rejected(self, endpoint: str, exc: _Refused) -> bool:
+    def _token_rejected(self, endpoint: str, exc: Refused) -> bool:
         """Forget a token etcd no longer accepts; True if authenticating again may help."""
         text = str(exc)
         if self._security.username is None:
             return False
-        if exc.code == _UNAUTHENTICATED or "invalid auth token" in text:
+        if exc.code == UNAUTHENTICATED or "invalid auth token" in text:
             self._tokens.pop(endpoint, None)
             return True
         return False
 
-    def _access_error(self, exc: _Refused, endpoint: str, body: JSON) -> RegistryError:
+    def _access_error(self, exc: Refused, endpoint: str, body: JSON) -> RegistryError:
         text = str(exc)
-        if exc.code == _PERMISSION_DENIED or "permission denied" in text:
+        if exc.code == PERMISSION_DENIED or "permission denied" in text:
             user = self._security.username or "(none)"
             return RegistryAccessError(
-                f"etcd {endpoint}: permission denied for user {user} on key {_key_of(body)!r}; "
+                f"etcd {endpoint}: permission denied for user {user} on key {key_of(body)!r}; "
                 "grant the user's role readwrite on the mesh prefix (docs/security.md)"
             )
-        if "user name is empty" in text or exc.code == _UNAUTHENTICATED:
+        if "user name is empty" in text or exc.code == UNAUTHENTICATED:
             return RegistryAccessError(
                 f"etcd {endpoint}: etcd requires authentication; give --etcd-user and "
                 "--etcd-password-file (or VNETD_ETCD_USER, VNETD_ETCD_PASSWORD)"
@@ -368,30 +178,30 @@ class EtcdRegistry:
         return [self._endpoints[(self._current + i) % n] for i in range(n)]
 
     async def get(self, key: str) -> KeyValue | None:
-        data = await self._post("/v3/kv/range", {"key": _b64(key)})
+        data = await self._post("/v3/kv/range", {"key": b64(key)})
         kvs = data.get("kvs", [])
-        return _key_value(kvs[0]) if kvs else None
+        return key_value(kvs[0]) if kvs else None
 
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+        body = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
         data = await self._post("/v3/kv/range", body)
-        kvs = sorted(_key_value(raw) for raw in data.get("kvs", []))
+        kvs = sorted(key_value(raw) for raw in data.get("kvs", []))
         return kvs, int(data["header"]["revision"])
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
-        compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+        compare = {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
         data = await self._txn(compare, key, value, lease)
         if data.get("succeeded", False):
             return None
         for response in data.get("responses", []):
             kvs = response.get("response_range", {}).get("kvs", [])
             if kvs:
-                return _key_value(kvs[0])
+                return key_value(kvs[0])
         raise RegistryError(f"etcd create {key!r}: key exists but could not be read")
 
     async def replace(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
         compare = {
-            "key": _b64(key),
+            "key": b64(key),
             "target": "MOD",
             "result": "EQUAL",
             "mod_revision": str(mod_revision),
@@ -404,27 +214,27 @@ class EtcdRegistry:
             return True
         body = {
             "compare": [
-                {"key": _b64(k), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+                {"key": b64(k), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
                 for k in items
             ],
             "success": [
-                {"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in items.items()
+                {"request_put": {"key": b64(k), "value": b64(v)}} for k, v in items.items()
             ],
         }
         data = await self._post("/v3/kv/txn", body)
         return bool(data.get("succeeded", False))
 
     async def _txn(self, compare: JSON, key: str, value: bytes, lease: int) -> JSON:
-        put = {"key": _b64(key), "value": _b64(value), "lease": str(lease)}
+        put = {"key": b64(key), "value": b64(value), "lease": str(lease)}
         body = {
             "compare": [compare],
             "success": [{"request_put": put}],
-            "failure": [{"request_range": {"key": _b64(key)}}],
+            "failure": [{"request_range": {"key": b64(key)}}],
         }
         return await self._post("/v3/kv/txn", body)
 
     async def delete(self, key: str) -> bool:
-        data = await self._post("/v3/kv/deleterange", {"key": _b64(key)})
+        data = await self._post("/v3/kv/deleterange", {"key": b64(key)})
         return int(data.get("deleted", 0)) > 0
 
     async def grant(self, ttl: int) -> int:
@@ -438,8 +248,8 @@ class EtcdRegistry:
     async def revoke(self, lease: int) -> None:
         try:
             await self._post("/v3/lease/revoke", {"ID": str(lease)})
-        except _Refused as exc:
-            if exc.code != _NOT_FOUND:
+        except Refused as exc:
+            if exc.code != NOT_FOUND:
                 raise
 
     def watch(
@@ -452,13 +262,13 @@ class EtcdRegistry:
         self, prefix: str, start_revision: int
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
         request = {
-            "key": _b64(prefix),
-            "range_end": _b64(prefix_end(prefix)),
+            "key": b64(prefix),
+            "range_end": b64(prefix_end(prefix)),
             "start_revision": str(start_revision),
         }
         async with AsyncExitStack() as stack:
             lines = await self._open_watch(stack, {"create_request": request})
-            events = _watch_events(lines)
+            events = watch_events(lines)
             stack.push_async_callback(events.aclose)
             yield events
 
@@ -479,13 +289,13 @@ class EtcdRegistry:
                     )
                     if response.status_code >= 400:
                         await response.aread()
-                        _check(response, where)
+                        check_response(response, where)
                     lines = response.aiter_lines()
-                    first = await _next_message(lines)
+                    first = await next_message(lines)
                 except RegistryAccessError:
                     await attempt.aclose()
                     raise
-                except _Refused as exc:
+                except Refused as exc:
                     await attempt.aclose()
                     self._token_rejected(endpoint, exc)
                     raise self._access_error(exc, endpoint, body) from None
@@ -504,7 +314,7 @@ class EtcdRegistry:
                 self._current = self._endpoints.index(endpoint)
                 stack.push_async_callback(attempt.aclose)
                 if not first.get("created", False):
-                    _raise_for_watch(first)
+                    raise_for_watch(first)
                 return lines
             await attempt.aclose()
             failures.append(f"{endpoint}: no watch confirmation within {self._timeout} s")
@@ -512,51 +322,6 @@ class EtcdRegistry:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-
-async def _next_message(lines: AsyncIterator[str]) -> JSON:
-    """The next watch ``result`` on the stream; errors and stream end raise."""
-    async for line in lines:
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except ValueError as exc:
-            raise RegistryError(f"etcd watch: unusable message {line[:200]!r}") from exc
-        error = _error_message(data)
-        if error is not None:
-            raise RegistryUnavailable(f"etcd watch: {error[0]} (code {error[1]})")
-        result = data.get("result") if isinstance(data, dict) else None
-        if not isinstance(result, dict):
-            raise RegistryError(f"etcd watch: unusable message {line[:200]!r}")
-        return result
-    raise RegistryUnavailable("etcd watch: stream ended")
-
-
-def _raise_for_watch(result: JSON) -> None:
-    if int(result.get("compact_revision", 0)) > 0:
-        raise WatchCompacted(int(result["compact_revision"]))
-    if result.get("canceled", False):
-        reason = result.get("cancel_reason", "no reason given")
-        raise RegistryUnavailable(f"etcd watch canceled: {reason}")
-
-
-async def _watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[WatchEvent, None]:
-    while True:
-        try:
-            result = await _next_message(lines)
-        except (httpx.TransportError, httpx.StreamError) as exc:
-            raise RegistryUnavailable(f"etcd watch: stream broke: {exc!r}") from exc
-        _raise_for_watch(result)
-        for event in result.get("events", []):
-            kv = event["kv"]
-            yield WatchEvent(
-                kind="delete" if event.get("type") == "DELETE" else "put",
-                key=_unb64(kv["key"]).decode("utf-8", "surrogateescape"),
-                value=_unb64(kv.get("value", "")),
-                mod_revision=int(kv.get("mod_revision", 0)),
-                create_revision=int(kv.get("create_revision", 0)),
-            )
 
 
 @asynccontextmanager

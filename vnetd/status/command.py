@@ -21,7 +21,6 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from vnetd.control.membership import read_members
 from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import DataplaneError, RegistryError, RegistryUnavailable, SpecError
 from vnetd.model import DevicePeer, Member
+from vnetd.registry import Registry, RegistryOpener
 from vnetd.registry.access import (
     NO_ACCESS_FLAGS,
     EtcdAccess,
@@ -42,7 +42,6 @@ from vnetd.registry.access import (
     etcd_access,
     with_etcd_access,
 )
-from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
 from vnetd.status.table import plain_console, print_plain, status_renderable
 from vnetd.status.view import as_json, rank_rows, utc_text
@@ -59,7 +58,6 @@ READ_TIMEOUT = 10.0
 DEVICE_TIMEOUT = 2.0
 """One read of the local device, seconds."""
 
-RegistryOpener = Callable[[Sequence[str]], AbstractAsyncContextManager[Registry]]
 DeviceReader = Callable[[Path], Awaitable["LocalDevice"]]
 Clock = Callable[[], float]
 
@@ -298,13 +296,13 @@ async def show_status(
     Cancellation: safe; the registry client is closed.
     """
     if open_registry is None:
-        from vnetd.registry.access import secured_opener
+        from vnetd.registry import open_registry as open_settings_registry
 
-        open_registry = secured_opener(plan.spec)
+        open_registry = open_settings_registry
     if read_device is None:
         read_device = _read_uapi_device
     console = console or _stdout_console()
-    async with open_registry(plan.spec.registry.endpoints) as registry:
+    async with open_registry(plan.spec.registry) as registry:
         observer = Observer(plan, registry, read_device, clock)
         if not plan.watch:
             _show(plan, console, await observer.snapshot(), first=True)

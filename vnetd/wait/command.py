@@ -16,8 +16,7 @@ import math
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,8 @@ from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import IdentityError, SpecError, plain_errors
 from vnetd.identity import resolve_rank
 from vnetd.ranks import parse_ranks
+from vnetd.registry import RegistryOpener
 from vnetd.registry.access import EtcdAccess, add_etcd_arguments, etcd_access, with_etcd_access
-from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
 from vnetd.wait.gate import Gate, ready_line, timeout_line
 from vnetd.wait.run import HandshakeReader, wait_for_gate
@@ -39,8 +38,6 @@ DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 UAPI_TIMEOUT = 2.0
 EXIT_READY = 0
 EXIT_TIMED_OUT = 1
-
-RegistryOpener = Callable[[MeshSpec], AbstractAsyncContextManager[Registry]]
 
 
 @dataclass(frozen=True)
@@ -196,12 +193,14 @@ async def run_wait(
     Raises:
         VnetdError: the registry refused a request.
     """
-    opener = open_registry or _open_etcd
+    from vnetd.registry import open_registry as open_settings_registry
+
+    opener = open_registry or open_settings_registry
     if plan.gate.reachable and read_handshakes is None:
         assert plan.device_socket is not None
         read_handshakes = uapi_handshakes(plan.device_socket)
     with plain_errors():
-        async with opener(plan.spec) as registry:
+        async with opener(plan.spec.registry) as registry:
             outcome = await wait_for_gate(
                 plan.gate,
                 plan.spec,
@@ -226,14 +225,6 @@ def uapi_handshakes(path: Path) -> HandshakeReader:
         return frozenset(key for key, peer in device.peers.items() if peer.last_handshake > 0)
 
     return read
-
-
-@asynccontextmanager
-async def _open_etcd(spec: MeshSpec) -> AsyncIterator[Registry]:
-    from vnetd.registry.access import open_registry_for
-
-    async with open_registry_for(spec) as registry:
-        yield registry
 
 
 def _to_stderr(line: str) -> None:

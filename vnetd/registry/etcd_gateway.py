@@ -1,0 +1,156 @@
+"""etcd's v3 JSON gateway, as ``EtcdRegistry`` speaks it: base64 keys and values,
+error bodies with gRPC codes, and the messages of a watch stream.
+
+Conventions handled here: keys and values are base64, int64 fields are
+strings, and false/zero fields are omitted. Verified against etcd 3.4:
+
+* ``/v3/lease/keepalive`` on an expired or unknown lease answers 200 with a
+  result that has no ``TTL`` (i.e. 0).
+* ``/v3/lease/revoke`` on an unknown lease answers 404, gRPC code 5.
+* A watch stream first sends ``{"result": {"created": true}}``; a watch from
+  a compacted revision then sends ``{"canceled": true, "compact_revision": N}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import httpx
+
+from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
+from vnetd.registry.base import KeyValue, WatchEvent
+
+JSON = dict[str, Any]
+
+# gRPC status codes the gateway reports in error bodies.
+NOT_FOUND = 5
+INVALID_ARGUMENT = 3
+PERMISSION_DENIED = 7
+UNAUTHENTICATED = 16
+UNAVAILABLE_CODES = frozenset({4, 14})  # DEADLINE_EXCEEDED, UNAVAILABLE
+
+
+def b64(data: str | bytes) -> str:
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    return base64.b64encode(raw).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def prefix_end(prefix: str) -> bytes:
+    """The smallest key greater than every key starting with ``prefix`` (etcd's range_end)."""
+    raw = bytearray(prefix.encode("utf-8", "surrogateescape"))
+    while raw and raw[-1] == 0xFF:
+        raw.pop()
+    if not raw:
+        return b"\0"  # every key
+    raw[-1] += 1
+    return bytes(raw)
+
+
+def key_value(raw: JSON) -> KeyValue:
+    return KeyValue(
+        key=unb64(raw["key"]).decode("utf-8", "surrogateescape"),
+        value=unb64(raw.get("value", "")),
+        create_revision=int(raw.get("create_revision", 0)),
+        mod_revision=int(raw.get("mod_revision", 0)),
+        lease=int(raw.get("lease", 0)),
+    )
+
+
+def error_message(data: object) -> tuple[str, int | None] | None:
+    """(message, gRPC code) of a gateway error body, or None if it is not one."""
+    if not isinstance(data, dict) or not data.get("error"):
+        return None
+    error = data["error"]
+    if isinstance(error, dict):  # streaming endpoints: {"error": {"grpc_code", "message"}}
+        return str(error.get("message", error)), error.get("grpc_code")
+    return str(data.get("message") or error), data.get("code")
+
+
+def check_response(response: httpx.Response, where: str) -> JSON:
+    """The decoded body, or the matching ``RegistryError``."""
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    error = error_message(data)
+    status = response.status_code
+    if error is not None or status >= 400:
+        message, code = error or (response.text[:200] or response.reason_phrase, None)
+        text = f"etcd {where}: {message} (HTTP {status}, code {code})"
+        if status >= 500 or code in UNAVAILABLE_CODES:
+            raise RegistryUnavailable(text)
+        raise Refused(text, code)
+    if not isinstance(data, dict):
+        raise RegistryError(f"etcd {where}: unusable response {response.text[:200]!r}")
+    return data
+
+
+class Refused(RegistryError):
+    """etcd refused the request (not an outage); ``code`` is its gRPC code."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def key_of(body: JSON) -> str:
+    """The key a request body names, for error messages ("?" if none)."""
+    raw = body.get("key")
+    if not isinstance(raw, str):
+        return "?"
+    try:
+        return unb64(raw).decode("utf-8", "replace")
+    except ValueError:
+        return "?"
+
+
+async def next_message(lines: AsyncIterator[str]) -> JSON:
+    """The next watch ``result`` on the stream; errors and stream end raise."""
+    async for line in lines:
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError as exc:
+            raise RegistryError(f"etcd watch: unusable message {line[:200]!r}") from exc
+        error = error_message(data)
+        if error is not None:
+            raise RegistryUnavailable(f"etcd watch: {error[0]} (code {error[1]})")
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, dict):
+            raise RegistryError(f"etcd watch: unusable message {line[:200]!r}")
+        return result
+    raise RegistryUnavailable("etcd watch: stream ended")
+
+
+def raise_for_watch(result: JSON) -> None:
+    if int(result.get("compact_revision", 0)) > 0:
+        raise WatchCompacted(int(result["compact_revision"]))
+    if result.get("canceled", False):
+        reason = result.get("cancel_reason", "no reason given")
+        raise RegistryUnavailable(f"etcd watch canceled: {reason}")
+
+
+async def watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[WatchEvent, None]:
+    while True:
+        try:
+            result = await next_message(lines)
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            raise RegistryUnavailable(f"etcd watch: stream broke: {exc!r}") from exc
+        raise_for_watch(result)
+        for event in result.get("events", []):
+            kv = event["kv"]
+            yield WatchEvent(
+                kind="delete" if event.get("type") == "DELETE" else "put",
+                key=unb64(kv["key"]).decode("utf-8", "surrogateescape"),
+                value=unb64(kv.get("value", "")),
+                mod_revision=int(kv.get("mod_revision", 0)),
+                create_revision=int(kv.get("create_revision", 0)),
+            )

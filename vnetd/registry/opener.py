@@ -1,0 +1,31 @@
+"""The registry port's one way in: ``open_registry(settings)`` opens the registry that
+resolved ``[registry]`` settings name (docs/architecture.md, "Modules").
+
+Only etcd exists today; another backend (a gRPC etcd client, say) is chosen
+here and nowhere else. The backend is imported when a registry is opened, so
+the CLI builds its parsers without importing httpx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+from vnetd.registry.base import Registry
+from vnetd.spec import RegistrySpec
+
+RegistryOpener = Callable[[RegistrySpec], AbstractAsyncContextManager[Registry]]
+"""What opens a registry from settings: ``open_registry``, or a test's memory registry."""
+
+
+def open_registry(settings: RegistrySpec) -> AbstractAsyncContextManager[Registry]:
+    """The registry ``settings`` name (TLS and auth already resolved), closed on exit.
+
+    Raises:
+        RegistryError: the settings cannot make a client (no endpoint, an
+            unreadable TLS file).
+    """
+    from vnetd.registry.etcd import open_etcd_registry
+    from vnetd.registry.etcd_security import security_of
+
+    return open_etcd_registry(settings.endpoints, security_of(settings))
