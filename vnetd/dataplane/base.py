@@ -8,7 +8,7 @@ WireGuard over generic netlink) and ``fake.FakeDataplane`` (in memory). All
 pass ``tests/contract/test_dataplane.py`` (the kernel one where the kernel has
 WireGuard).
 
-Routing (DESIGN invariant 9): the device holds the rank's own address with
+Routing (invariant 9): the device holds the rank's own address with
 no prefix route (in a dual-stack mesh one per family), each overlay
 network is routed ``unreachable``, and each
 present peer's allowed IPs get a route to the device, added with the peer

@@ -6,7 +6,7 @@ the network's prefix length and ``IFA_F_NOPREFIXROUTE`` so the kernel adds
 no route for the whole network; should the kernel refuse that flag, the
 address falls back to a /32 (/128), which routes the same. Each network
 itself is routed ``unreachable`` and each present peer's allowed IPs get a
-route to the device (DESIGN invariant 9).
+route to the device (invariant 9).
 
 pyroute2's calls here are sync; ``run_netlink`` runs a batch of them in a
 worker thread with a timeout, never on the event loop.

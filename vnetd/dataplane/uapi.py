@@ -1,8 +1,9 @@
 """The userspace data plane: wireguard-go, configured over its UAPI socket.
 
-The UAPI client and line formats are ``vnetd.dataplane.uapi_protocol``'s
-(re-exported here); starting, adopting and watching the wireguard-go process
-is ``vnetd.dataplane.supervise``'s; the link, its address and the routes are
+The UAPI client is ``vnetd.dataplane.uapi_client``'s and the line formats
+``vnetd.dataplane.uapi_protocol``'s (both re-exported here); starting,
+adopting and watching the wireguard-go process is
+``vnetd.dataplane.supervise``'s; the link, its address and the routes are
 ``vnetd.dataplane.link``'s. This module puts them together: it adopts or
 starts the device, applies plans, and restarts wireguard-go when it dies.
 """
