@@ -39,7 +39,8 @@ from pathlib import Path
 
 import trio
 
-from vnetd.daemon import Running, UpOptions, run_daemon
+from vnetd.config import Settings
+from vnetd.daemon import Running, run_daemon
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Plan
@@ -125,8 +126,8 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 async def _one(rank: int, args: argparse.Namespace, size: int, state: Counters) -> None:
-    opts = UpOptions(
-        config=args.config,
+    opts = Settings(
+        spec=load_spec(args.config),
         rank=str(rank),
         state_dir=args.state_root / f"rank{rank}",
         instance=f"sim-{rank}",

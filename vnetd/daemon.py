@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 import trio
 
 from vnetd import __version__
+from vnetd.config import Settings
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.watcher import MemberView, sync_members
@@ -40,10 +41,9 @@ from vnetd.model import Member
 from vnetd.observe.endpoints import DaemonEndpoints
 from vnetd.observe.metrics import DaemonMetrics
 from vnetd.reconciler import Reconciler
-from vnetd.registry.access import EtcdAccess, with_etcd_access
 from vnetd.registry.base import Registry
 from vnetd.retry import Backoff, RegistryHealth
-from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints, with_http_listen
+from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.daemon")
 
@@ -60,22 +60,6 @@ class RestartingDataplane(Protocol):
     """
 
     on_restart: Callable[[str], None] | None
-
-
-@dataclass
-class UpOptions:
-    config: Path
-    rank: str | None = None
-    etcd: list[str] = field(default_factory=list)
-    endpoint: str | None = None
-    state_dir: Path = Path("/var/lib/vnetd")
-    instance: str | None = None
-    dataplane: str | None = None
-    """auto, kernel, userspace or fake; None: the spec's [wireguard] dataplane (auto)."""
-    resync_interval: float = 30.0
-    http_listen: str | None = None
-    preshared_key_file: str | None = None
-    etcd_access: EtcdAccess = EtcdAccess()
 
 
 PEERS_BEFORE_CLAIM = 5.0
@@ -95,21 +79,21 @@ class Running:
     health: RegistryHealth
 
 
-def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
-    """Resolve spec, identity and device config; every failure is a ``VnetdError``."""
-    spec = with_http_listen(load_up_spec(opts, env), opts.http_listen)
-    rank = resolve_rank(spec, opts.rank, env, socket.gethostname())
+def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
+    """Resolve identity and device config; every failure is a ``VnetdError``."""
+    spec = settings.spec
+    rank = resolve_rank(spec, settings.rank, env, socket.gethostname())
     set_rank(rank)
-    keys = load_or_create_key(opts.state_dir)
-    needs_route = not opts.endpoint and not env.get("POD_IP")
+    keys = load_or_create_key(settings.state_dir)
+    needs_route = not settings.endpoint and not env.get("POD_IP")
     endpoint = resolve_endpoint(
-        spec, opts.endpoint, env, default_route_address() if needs_route else None
+        spec, settings.endpoint, env, default_route_address() if needs_route else None
     )
     me = Member(
         rank=rank,
         public_key=keys.public_key,
         endpoint=endpoint,
-        instance=resolve_instance(opts.instance, env),
+        instance=resolve_instance(settings.instance, env),
         started=time.time(),
         version=__version__,
     )
@@ -121,31 +105,25 @@ def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, 
         network=spec.network,
         mtu=resolve_mtu(spec, endpoint),
         persistent_keepalive=spec.persistent_keepalive,
-        preshared_key=_preshared_key(opts, spec, env),
+        preshared_key=_preshared_key(settings, env),
         address6=spec.interface_address6(rank),
         network6=spec.network6,
     )
     return spec, me, config
 
 
-def _preshared_key(opts: UpOptions, spec: MeshSpec, env: Mapping[str, str]) -> str | None:
+def _preshared_key(settings: Settings, env: Mapping[str, str]) -> str | None:
     """The mesh's pre-shared key: ``--preshared-key-file``, ``VNETD_PRESHARED_KEY_FILE``,
     then ``[wireguard] preshared_key_file``; None when none is given."""
     sources = [
-        ("--preshared-key-file", opts.preshared_key_file),
+        ("--preshared-key-file", settings.preshared_key_file),
         ("VNETD_PRESHARED_KEY_FILE", env.get("VNETD_PRESHARED_KEY_FILE")),
-        ("wireguard.preshared_key_file", spec.local.preshared_key_file),
+        ("wireguard.preshared_key_file", settings.spec.local.preshared_key_file),
     ]
     for source, value in sources:
         if value:
             return load_preshared_key(Path(value), source)
     return None
-
-
-def load_up_spec(opts: UpOptions, env: Mapping[str, str]) -> MeshSpec:
-    """The spec with the etcd flags and environment applied."""
-    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
-    return with_etcd_access(spec, opts.etcd_access, env)
 
 
 def resolve_mtu(spec: MeshSpec, endpoint: str, netns: str | None = None) -> int:
@@ -199,7 +177,7 @@ def default_route_address() -> str | None:
 
 
 async def run_daemon(
-    opts: UpOptions,
+    opts: Settings,
     env: Mapping[str, str],
     *,
     open_dataplane: DataplaneFactory | None = None,
@@ -281,13 +259,13 @@ def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
 
 
 async def _auto_rank(
-    opts: UpOptions, env: Mapping[str, str], open_registry: RegistryFactory
+    settings: Settings, env: Mapping[str, str], open_registry: RegistryFactory
 ) -> int:
     """This node's sticky rank from the registry, waiting for etcd as long as it takes."""
     from vnetd.control.assign import assign_rank
 
-    spec = load_up_spec(opts, env)
-    node = resolve_instance(opts.instance, env)
+    spec = settings.spec
+    node = resolve_instance(settings.instance, env)
     health = RegistryHealth()
     backoff = Backoff()
     with plain_errors():
@@ -303,7 +281,7 @@ async def _auto_rank(
                 return rank
 
 
-async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:
+async def run_until_signal(opts: Settings, env: Mapping[str, str]) -> None:
     """The process's entry point: run the daemon until SIGTERM or SIGINT.
 
     Signal handlers are process-wide, so they are installed here, once, and
@@ -322,7 +300,7 @@ async def _serve(
     me: Member,
     registry: Registry,
     dataplane: Dataplane,
-    opts: UpOptions,
+    opts: Settings,
     metrics: DaemonMetrics,
     task_status: _Started,
 ) -> None:

@@ -13,7 +13,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from ipaddress import (
     IPv4Address,
@@ -484,14 +484,6 @@ def check_etcd_url(url: str, key: str = "--etcd") -> str:
     return url
 
 
-def with_etcd_endpoints(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
-    """``spec`` with its etcd endpoints replaced by ``--etcd`` URLs (if any were given)."""
-    if not urls:
-        return spec
-    checked = tuple(check_etcd_url(url) for url in urls)
-    return replace(spec, registry=replace(spec.registry, endpoints=checked))
-
-
 def check_listen(value: str, key: str = "--http-listen") -> str:
     """Validate a ``host:port`` listen address (IPv6 hosts in brackets); returns it."""
     host, sep, port = value.rpartition(":")
@@ -506,10 +498,3 @@ def check_listen(value: str, key: str = "--http-listen") -> str:
             f"{key}: {value!r} is not an address and port like 0.0.0.0:9090 or [::]:9090"
         )
     return value
-
-
-def with_http_listen(spec: MeshSpec, listen: str | None) -> MeshSpec:
-    """``spec`` with the HTTP endpoint's listen address replaced by ``--http-listen``."""
-    if listen is None:
-        return spec
-    return replace(spec, http=HttpSpec(listen=check_listen(listen)))
