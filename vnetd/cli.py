@@ -4,12 +4,16 @@ Each command registers its own parser with a ``run`` default (its
 ``add_parser``) and imports its heavy parts only when it runs, so ``vnetd
 --help`` and ``vnetd plan`` import no trio, httpx or pyroute2. Errors a user
 can cause print one line (``vnetd: error: ...``) and exit 2; Ctrl-C exits
-130.
+130; a reader that closes the output early (``vnetd plan ... | head -3``)
+ends the command quietly with 141, as a Unix tool killed by SIGPIPE does.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -25,6 +29,7 @@ COMMANDS = (up, plan, render_command, status_command, wait_command, demo)
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,12 +56,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         status: int = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
     except VnetdError as exc:
         print(f"vnetd: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # Nothing more can be written: point stdout at /dev/null so the flush at exit
+        # has nowhere to fail (the recipe of the Python docs' note on SIGPIPE).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_OUTPUT_CLOSED
     return status
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe or socket whose reader is gone (poll reports an error),
+    as opposed to a broken pipe elsewhere, such as a device's socket."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)
+    return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
 
 
 if __name__ == "__main__":
