@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from vnetd.cli import main
+from vnetd.status.table import plain_console
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "mesh.toml"
@@ -62,6 +64,17 @@ def test_plan_into_head_3_ends_quietly(tmp_path: Path, unbuffered: bool) -> None
     assert head[1] == b"0\t10.0.0.1\tbig-0\n"
     assert err == b""
     assert code == 141
+
+
+def test_the_status_table_leaves_a_closed_pipe_to_the_entry_point() -> None:
+    """rich's console would exit 1 by itself (``vnetd wait``'s "timed out")."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as pipe:
+        with pytest.raises(BrokenPipeError):
+            plain_console(pipe).print("rank 0")
+        with contextlib.suppress(BrokenPipeError):
+            pipe.close()
 
 
 def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
