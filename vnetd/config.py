@@ -5,7 +5,8 @@ call from its parsed command line (``settings_from_args``): the spec file,
 then ``--etcd`` URLs, then the etcd TLS and auth settings (flag, then
 environment, then ``[registry]``; the password file is read), then
 ``--http-listen``. ``vnetd up`` runs from ``Settings``; see the module map
-in docs/architecture.md.
+in docs/architecture.md. Secrets come from files (or ``VNETD_ETCD_PASSWORD``),
+never from a flag's value.
 
 The etcd access flags are declared and resolved here, not in the registry
 package: they are flags and environment with the same precedence as every
