@@ -39,11 +39,13 @@ from pathlib import Path
 
 import trio
 
-from vnetd.daemon import Running, UpOptions, run_daemon
+from vnetd.config import Settings
+from vnetd.daemon import run_daemon
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Plan
 from vnetd.ranks import parse_ranks
+from vnetd.running import Running
 from vnetd.spec import load_spec
 
 
@@ -125,8 +127,8 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 async def _one(rank: int, args: argparse.Namespace, size: int, state: Counters) -> None:
-    opts = UpOptions(
-        config=args.config,
+    opts = Settings(
+        spec=load_spec(args.config),
         rank=str(rank),
         state_dir=args.state_root / f"rank{rank}",
         instance=f"sim-{rank}",

@@ -14,12 +14,13 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
 from vnetd import __version__
+from vnetd.config import Settings
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.watcher import MemberView, sync_members
@@ -47,49 +48,32 @@ from vnetd.observe.metrics import DaemonMetrics
 from vnetd.reconciler import Reconciler
 from vnetd.registry import Registry, RegistryOpener
 from vnetd.registry import open_registry as open_settings_registry
-from vnetd.registry.access import EtcdAccess, with_etcd_access
 from vnetd.retry import RegistryHealth, retry_registry
 from vnetd.running import Running
-from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints, with_http_listen
+from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.daemon")
-
-
-@dataclass
-class UpOptions:
-    config: Path
-    rank: str | None = None
-    etcd: list[str] = field(default_factory=list)
-    endpoint: str | None = None
-    state_dir: Path = Path("/var/lib/vnetd")
-    instance: str | None = None
-    dataplane: str | None = None
-    """auto, kernel, userspace or fake; None: the spec's [wireguard] dataplane (auto)."""
-    resync_interval: float = 30.0
-    http_listen: str | None = None
-    preshared_key_file: str | None = None
-    etcd_access: EtcdAccess = EtcdAccess()
 
 
 PEERS_BEFORE_CLAIM = 5.0
 """How long the claim waits for the known peers to be on the device (etcd may be down)."""
 
 
-def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
-    """Resolve spec, identity and device config; every failure is a ``VnetdError``."""
-    spec = with_http_listen(load_up_spec(opts, env), opts.http_listen)
-    rank = resolve_rank(spec, opts.rank, env, socket.gethostname())
+def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
+    """Resolve identity and device config; every failure is a ``VnetdError``."""
+    spec = settings.spec
+    rank = resolve_rank(spec, settings.rank, env, socket.gethostname())
     set_rank(rank)
-    keys = load_or_create_key(opts.state_dir)
-    needs_route = not opts.endpoint and not env.get("POD_IP")
+    keys = load_or_create_key(settings.state_dir)
+    needs_route = not settings.endpoint and not env.get("POD_IP")
     endpoint = resolve_endpoint(
-        spec, opts.endpoint, env, default_route_address() if needs_route else None
+        spec, settings.endpoint, env, default_route_address() if needs_route else None
     )
     me = Member(
         rank=rank,
         public_key=keys.public_key,
         endpoint=endpoint,
-        instance=resolve_instance(opts.instance, env),
+        instance=resolve_instance(settings.instance, env),
         started=time.time(),
         version=__version__,
     )
@@ -101,31 +85,25 @@ def prepare(opts: UpOptions, env: Mapping[str, str]) -> tuple[MeshSpec, Member, 
         network=spec.network,
         mtu=resolve_mtu(spec, endpoint),
         persistent_keepalive=spec.persistent_keepalive,
-        preshared_key=_preshared_key(opts, spec, env),
+        preshared_key=_preshared_key(settings, env),
         address6=spec.interface_address6(rank),
         network6=spec.network6,
     )
     return spec, me, config
 
 
-def _preshared_key(opts: UpOptions, spec: MeshSpec, env: Mapping[str, str]) -> str | None:
+def _preshared_key(settings: Settings, env: Mapping[str, str]) -> str | None:
     """The mesh's pre-shared key: ``--preshared-key-file``, ``VNETD_PRESHARED_KEY_FILE``,
     then ``[wireguard] preshared_key_file``; None when none is given."""
     sources = [
-        ("--preshared-key-file", opts.preshared_key_file),
+        ("--preshared-key-file", settings.preshared_key_file),
         ("VNETD_PRESHARED_KEY_FILE", env.get("VNETD_PRESHARED_KEY_FILE")),
-        ("wireguard.preshared_key_file", spec.local.preshared_key_file),
+        ("wireguard.preshared_key_file", settings.spec.local.preshared_key_file),
     ]
     for source, value in sources:
         if value:
             return load_preshared_key(Path(value), source)
     return None
-
-
-def load_up_spec(opts: UpOptions, env: Mapping[str, str]) -> MeshSpec:
-    """The spec with the etcd flags and environment applied."""
-    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
-    return with_etcd_access(spec, opts.etcd_access, env)
 
 
 def _port_of(endpoint: str, default: int) -> int:
@@ -134,7 +112,7 @@ def _port_of(endpoint: str, default: int) -> int:
 
 
 async def run_daemon(
-    opts: UpOptions,
+    settings: Settings,
     env: Mapping[str, str],
     *,
     open_dataplane: DataplaneFactory | None = None,
@@ -147,10 +125,10 @@ async def run_daemon(
         VnetdError: bad input, a spec that differs from the registry's, or a
             data plane that cannot be set up.
     """
-    if wants_auto_rank(opts.rank, env):
-        rank = await _auto_rank(opts, env, open_registry)
-        opts = replace(opts, rank=str(rank))
-    spec, me, config = await trio.to_thread.run_sync(prepare, opts, env)
+    if wants_auto_rank(settings.rank, env):
+        rank = await _auto_rank(settings, env, open_registry)
+        settings = replace(settings, rank=str(rank))
+    spec, me, config = await trio.to_thread.run_sync(prepare, settings, env)
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
         me.rank,
@@ -161,7 +139,7 @@ async def run_daemon(
         ",".join(spec.registry.endpoints),
     )
     if open_dataplane is None:
-        open_dataplane = await choose_dataplane(opts.dataplane, spec, config.interface)
+        open_dataplane = await choose_dataplane(settings.dataplane, spec, config.interface)
     metrics = DaemonMetrics()
     endpoints = DaemonEndpoints(spec, me, metrics)
     with plain_errors():
@@ -175,7 +153,7 @@ async def run_daemon(
                 endpoints.attach_dataplane(dataplane)
                 me = replace(me, device_id=device_id_of(dataplane))
                 started = _Started(task_status, endpoints)
-                await _serve(spec, me, registry, dataplane, opts, metrics, started)
+                await _serve(spec, me, registry, dataplane, settings, metrics, started)
             nursery.cancel_scope.cancel()
 
 
@@ -217,12 +195,14 @@ def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
     return value is not None and value.strip().lower() == "auto"
 
 
-async def _auto_rank(opts: UpOptions, env: Mapping[str, str], open_registry: RegistryOpener) -> int:
+async def _auto_rank(
+    settings: Settings, env: Mapping[str, str], open_registry: RegistryOpener
+) -> int:
     """This node's sticky rank from the registry, waiting for etcd as long as it takes."""
     from vnetd.control.assign import assign_rank
 
-    spec = load_up_spec(opts, env)
-    node = resolve_instance(opts.instance, env)
+    spec = settings.spec
+    node = resolve_instance(settings.instance, env)
     with plain_errors():
         async with open_registry(spec.registry) as registry:
             return await retry_registry(
@@ -230,7 +210,7 @@ async def _auto_rank(opts: UpOptions, env: Mapping[str, str], open_registry: Reg
             )
 
 
-async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:
+async def run_until_signal(settings: Settings, env: Mapping[str, str]) -> None:
     """The process's entry point: run the daemon until SIGTERM or SIGINT.
 
     Signal handlers are process-wide, so they are installed here, once, and
@@ -239,7 +219,7 @@ async def run_until_signal(opts: UpOptions, env: Mapping[str, str]) -> None:
     with plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as root:
             root.start_soon(_cancel_on_signal, signals, root.cancel_scope)
-            await run_daemon(opts, env)
+            await run_daemon(settings, env)
             root.cancel_scope.cancel()
     log.info("stopped")
 
@@ -249,7 +229,7 @@ async def _serve(
     me: Member,
     registry: Registry,
     dataplane: Dataplane,
-    opts: UpOptions,
+    settings: Settings,
     metrics: DaemonMetrics,
     task_status: _Started,
 ) -> None:
@@ -263,7 +243,7 @@ async def _serve(
         me.public_key,
         view,
         dataplane,
-        resync_interval=opts.resync_interval,
+        resync_interval=settings.resync_interval,
         on_pass=metrics.observe_pass,
     )
     if isinstance(dataplane, RestartingDataplane):

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 import trio
 
+from vnetd.config import Settings
 from vnetd.control.assign import MeshFull, assign_key, assign_rank, assigned_rank_key
-from vnetd.daemon import UpOptions, run_daemon, wants_auto_rank
+from vnetd.daemon import run_daemon, wants_auto_rank
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import RegistryError, SpecError
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.spec import MeshSpec, parse_spec
+from vnetd.spec import MeshSpec, load_spec, parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "nodes", "size": 4, "network": "10.250.0.0/16"}})
 
@@ -141,7 +142,9 @@ async def test_a_daemon_with_rank_auto_registers_under_its_assigned_rank(tmp_pat
     async def open_dataplane(device: DeviceConfig) -> AsyncIterator[FakeDataplane]:
         yield FakeDataplane(device)
 
-    opts = UpOptions(config=config, rank="auto", state_dir=tmp_path / "state", instance="node-x")
+    opts = Settings(
+        spec=load_spec(config), rank="auto", state_dir=tmp_path / "state", instance="node-x"
+    )
     for _ in range(2):  # a restart keeps the rank
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:

@@ -11,15 +11,17 @@ import pytest
 import trio
 import trio.testing
 
+from vnetd.config import Settings
 from vnetd.control.membership import encode_member, member_key
-from vnetd.daemon import Running, UpOptions, run_daemon
+from vnetd.daemon import run_daemon
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import SpecMismatch
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.spec import MeshSpec
+from vnetd.running import Running
+from vnetd.spec import MeshSpec, load_spec
 
 SPEC = """
 [mesh]
@@ -56,8 +58,8 @@ class Cluster:
 
     async def start(self, rank: int, instance: str | None = None) -> Running:
         name = instance or f"pod{rank}"
-        opts = UpOptions(
-            config=self.config,
+        opts = Settings(
+            spec=load_spec(self.config),
             rank=str(rank),
             state_dir=self.tmp / name,
             instance=name,

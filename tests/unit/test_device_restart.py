@@ -24,9 +24,10 @@ import pytest
 import trio
 import trio.testing
 
+from vnetd.config import Settings
 from vnetd.control.membership import BadEntry, decode_member, encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.daemon import Running, UpOptions, run_daemon
+from vnetd.daemon import run_daemon
 from vnetd.dataplane import supervise
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
@@ -38,7 +39,8 @@ from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.spec import MeshSpec, parse_spec
+from vnetd.running import Running
+from vnetd.spec import MeshSpec, load_spec, parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 
@@ -278,8 +280,8 @@ class Daemons:
         async def runner(task_status: trio.TaskStatus[Running]) -> None:
             with trio.CancelScope() as scope:
                 self.scopes[rank] = scope
-                opts = UpOptions(
-                    config=self.config, rank=str(rank), state_dir=self.tmp / f"p{rank}"
+                opts = Settings(
+                    spec=load_spec(self.config), rank=str(rank), state_dir=self.tmp / f"p{rank}"
                 )
                 env = {"POD_IP": f"198.18.1.{rank}", "POD_NAME": f"pod{rank}"}
                 await run_daemon(

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from vnetd.daemon import UpOptions, prepare
+from vnetd.config import Settings
+from vnetd.daemon import prepare
 from vnetd.dataplane.kernel import peer_messages
 from vnetd.dataplane.uapi_protocol import plan_lines
 from vnetd.errors import IdentityError
 from vnetd.identity import load_preshared_key
 from vnetd.model import Peer, Plan
+from vnetd.spec import load_spec
 
 PSK = base64.b64encode(bytes(range(100, 132))).decode()
 PEER = base64.b64encode(bytes(range(32))).decode()
@@ -93,8 +95,8 @@ def test_the_key_file_is_chosen_flag_env_spec(
         keys[name] = base64.b64encode(bytes([fill]) * 32).decode()
         psk_file(tmp_path, keys[name], name=name)
     extra = f'[wireguard]\npreshared_key_file = "{tmp_path / table}"\n' if table else ""
-    opts = UpOptions(
-        config=spec_file(tmp_path, extra),
+    opts = Settings(
+        spec=load_spec(spec_file(tmp_path, extra)),
         rank="0",
         state_dir=tmp_path / "state",
         preshared_key_file=str(tmp_path / flag) if flag else None,

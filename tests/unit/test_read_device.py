@@ -33,8 +33,9 @@ from vnetd.identity import public_key_of
 from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.spec import MeshSpec
-from vnetd.status.command import plan_status, show_status
+from vnetd.spec import MeshSpec, load_spec
+from vnetd.status.command import StatusPlan
+from vnetd.status.show import show_status
 from vnetd.status.table import plain_console
 from vnetd.wait.command import WaitOptions, plan_wait, run_wait
 
@@ -272,7 +273,7 @@ async def test_status_shows_a_kernel_device(tmp_path, config, kernel):
     kernel.add("vnet0", PEERS)
     out = io.StringIO()
     for as_json in (False, True):
-        plan = plan_status(config, json_output=as_json, wireguard_dir=tmp_path)
+        plan = StatusPlan(load_spec(config), json=as_json, wireguard_dir=tmp_path)
         registry = await registered(plan.spec, (0, 1, 2))
         with trio.fail_after(30):
             await show_status(
@@ -292,7 +293,9 @@ async def test_status_shows_a_kernel_device(tmp_path, config, kernel):
 
 async def test_wait_reachable_reads_a_kernel_device(tmp_path, config, kernel, capsys):
     kernel.add("vnet0", PEERS)
-    options = WaitOptions(config, ranks="0,1", reachable=True, rank="0", wireguard_dir=tmp_path)
+    options = WaitOptions(
+        load_spec(config), ranks="0,1", reachable=True, rank="0", wireguard_dir=tmp_path
+    )
     plan = plan_wait(options, {}, "unit-0")
     with trio.fail_after(30):
         assert await run_wait(plan, open_registry=opener(await registered(plan.spec, (0, 1)))) == 0
@@ -307,7 +310,7 @@ async def test_wait_reachable_on_a_kernel_device_waits_for_the_handshake(
 ):
     kernel.add("vnet0", PEERS)
     options = WaitOptions(
-        config, ranks="0,2", reachable=True, rank="0", wireguard_dir=tmp_path, timeout=1
+        load_spec(config), ranks="0,2", reachable=True, rank="0", wireguard_dir=tmp_path, timeout=1
     )
     plan = plan_wait(options, {}, "unit-0")
     with trio.fail_after(30):

@@ -20,9 +20,10 @@ import pytest
 import trio
 import trio.testing
 
+from vnetd.config import Settings
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.daemon import Running, UpOptions, run_daemon
+from vnetd.daemon import run_daemon
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
@@ -30,7 +31,8 @@ from vnetd.model import DevicePeer, Member, Plan
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.spec import MeshSpec, parse_spec
+from vnetd.running import Running
+from vnetd.spec import MeshSpec, load_spec, parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 CONFIG = DeviceConfig(
@@ -220,7 +222,7 @@ async def test_daemon_reapplies_the_peers_when_the_device_restarts(
         return dataplane  # type: ignore[return-value]
 
     async def daemon(rank: int, task_status: trio.TaskStatus[Running]) -> None:
-        opts = UpOptions(config=config, rank=str(rank), state_dir=tmp_path / f"pod{rank}")
+        opts = Settings(spec=load_spec(config), rank=str(rank), state_dir=tmp_path / f"pod{rank}")
         await run_daemon(
             opts,
             {"POD_IP": f"198.18.1.{rank}", "POD_NAME": f"pod{rank}"},

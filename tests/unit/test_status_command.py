@@ -23,8 +23,9 @@ from vnetd.identity import public_key_of
 from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.spec import MeshSpec
-from vnetd.status.command import StatusPlan, plan_status, show_status
+from vnetd.spec import MeshSpec, load_spec
+from vnetd.status.command import StatusPlan
+from vnetd.status.show import show_status
 from vnetd.status.table import plain_console
 
 SPEC_TEXT = """
@@ -126,7 +127,7 @@ async def status(plan: StatusPlan, registry: MemoryRegistry, screen: Screen, **k
 
 
 async def test_table_shows_missing_ranks_and_says_why_there_are_no_device_columns(config):
-    plan = plan_status(config, wireguard_dir=Path("/shared/wg"))
+    plan = StatusPlan(load_spec(config), wireguard_dir=Path("/shared/wg"))
     registry = MemoryRegistry()
     for rank in (0, 2):
         await register(registry, plan.spec, rank)
@@ -146,7 +147,7 @@ async def test_table_shows_missing_ranks_and_says_why_there_are_no_device_column
 
 
 async def test_table_with_device_columns(config):
-    plan = plan_status(config)
+    plan = StatusPlan(load_spec(config))
     registry = MemoryRegistry()
     await register(registry, plan.spec, 0, DEVICE_KEY)
     for rank in (1, 2):
@@ -173,7 +174,7 @@ async def test_table_with_device_columns(config):
 
 
 async def test_plain_output_has_no_escape_codes_and_a_terminal_gets_colours(config):
-    plan = plan_status(config)
+    plan = StatusPlan(load_spec(config))
     registry = MemoryRegistry()
     await register(registry, plan.spec, 0)
     plain, terminal = Screen(), Screen(terminal=True)
@@ -188,7 +189,7 @@ async def test_plain_output_has_no_escape_codes_and_a_terminal_gets_colours(conf
 
 
 async def test_json_matches_the_registry(config):
-    plan = plan_status(config, json_output=True)
+    plan = StatusPlan(load_spec(config), json=True)
     registry = MemoryRegistry()
     for rank in (3, 1):
         await register(registry, plan.spec, rank)
@@ -229,7 +230,7 @@ async def test_json_matches_the_registry(config):
 
 
 async def test_a_registry_that_cannot_be_read_is_one_clear_error(config):
-    plan = plan_status(config)
+    plan = StatusPlan(load_spec(config))
     registry = MemoryRegistry()
     registry.fail()
     with pytest.raises(RegistryUnavailable) as caught:
@@ -249,7 +250,7 @@ async def test_a_registry_that_does_not_answer_is_bounded(config, autojump_clock
     async def open_silent(endpoints):
         yield Silent()
 
-    plan = plan_status(config)
+    plan = StatusPlan(load_spec(config))
     start = trio.current_time()
     with trio.fail_after(60), pytest.raises(RegistryUnavailable, match="no answer within 10 s"):
         await show_status(plan, open_registry=open_silent, console=Screen().console)
@@ -293,7 +294,7 @@ def uapi_answer() -> bytes:
 async def test_the_private_key_never_appears(tmp_path, config):
     listener = await uapi_listener(tmp_path / "vnet0.sock")
     registry = MemoryRegistry()
-    spec = plan_status(config).spec
+    spec = load_spec(config)
     await register(registry, spec, 0, DEVICE_KEY)
     await register(registry, spec, 1)
     outputs = []
@@ -302,7 +303,7 @@ async def test_the_private_key_never_appears(tmp_path, config):
             nursery.start_soon(serve_uapi, listener, uapi_answer(), 3)
             device = await read_local_device(tmp_path / "vnet0.sock")
             for as_json in (False, True):
-                plan = plan_status(config, json_output=as_json, wireguard_dir=tmp_path)
+                plan = StatusPlan(load_spec(config), json=as_json, wireguard_dir=tmp_path)
                 screen = Screen()
                 await status(plan, registry, screen, read_device=read_local_device)
                 outputs.append(screen.text)
@@ -332,7 +333,7 @@ async def test_the_device_reader_says_where_the_device_is_missing(tmp_path):
 
 
 async def test_watch_redraws_as_ranks_arrive(config, autojump_clock):
-    plan = plan_status(config, watch=True, interval=2)
+    plan = StatusPlan(load_spec(config), watch=True, interval=2)
     registry = MemoryRegistry()
     screen = Screen()
     start = trio.current_time()
@@ -361,7 +362,7 @@ async def test_watch_redraws_as_ranks_arrive(config, autojump_clock):
 
 
 async def test_watch_on_a_terminal_redraws_in_place(config, autojump_clock):
-    plan = plan_status(config, watch=True, interval=2)
+    plan = StatusPlan(load_spec(config), watch=True, interval=2)
     registry = MemoryRegistry()
     screen = Screen(terminal=True)
 
@@ -391,7 +392,7 @@ def unstyled(text: str) -> str:
 
 
 async def test_watch_keeps_the_last_members_through_an_outage(config, autojump_clock, capsys):
-    plan = plan_status(config, watch=True, json_output=True, interval=5)
+    plan = StatusPlan(load_spec(config), watch=True, json=True, interval=5)
     registry = MemoryRegistry()
     registry.fail()
     screen = Screen()
@@ -471,7 +472,7 @@ def test_cli_ctrl_c_ends_watch_quietly(config, capsys, monkeypatch):
         plans.append(plan)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("vnetd.status.command.show_status", interrupted)
+    monkeypatch.setattr("vnetd.status.show.show_status", interrupted)
     args = ["status", "--config", str(config), "--watch", "--interval", "0.5"]
     assert main(args) == 0
     assert capsys.readouterr() == ("", "")

@@ -13,12 +13,13 @@ import trio
 import trio.testing
 
 from vnetd.cli import main
+from vnetd.config import resolve_spec
 from vnetd.control.membership import encode_member, member_key
 from vnetd.errors import DataplaneError, IdentityError, SpecError
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.spec import MeshSpec
+from vnetd.spec import MeshSpec, load_spec
 from vnetd.wait.command import WaitOptions, WaitPlan, plan_wait, run_wait, uapi_handshakes
 from vnetd.wait.gate import Gate, evaluate
 
@@ -170,28 +171,29 @@ def test_gate_never_opens_before_the_first_list():
 
 
 def test_plan_resolves_this_rank_only_when_it_can(config):
-    assert plan_wait(WaitOptions(config, min_peers=1), {}, "login1").gate.self_rank is None
-    assert plan_wait(WaitOptions(config, min_peers=1), {}, "unit-2").gate.self_rank == 2
+    assert (
+        plan_wait(WaitOptions(load_spec(config), min_peers=1), {}, "login1").gate.self_rank is None
+    )
+    assert plan_wait(WaitOptions(load_spec(config), min_peers=1), {}, "unit-2").gate.self_rank == 2
     assert (
         plan_wait(
-            WaitOptions(config, min_peers=1), {"JOB_COMPLETION_INDEX": "3"}, "x"
+            WaitOptions(load_spec(config), min_peers=1), {"JOB_COMPLETION_INDEX": "3"}, "x"
         ).gate.self_rank
         == 3
     )
     with pytest.raises(IdentityError, match="VNETD_RANK: 'x' is not a rank"):
-        plan_wait(WaitOptions(config, min_peers=1), {"VNETD_RANK": "x"}, "unit-2")
+        plan_wait(WaitOptions(load_spec(config), min_peers=1), {"VNETD_RANK": "x"}, "unit-2")
     with pytest.raises(IdentityError, match="no rank: give --rank"):
-        plan_wait(WaitOptions(config, ranks="all", reachable=True), {}, "login1")
+        plan_wait(WaitOptions(load_spec(config), ranks="all", reachable=True), {}, "login1")
 
 
 def test_plan_device_socket_and_etcd_override(config):
     plan = plan_wait(
         WaitOptions(
-            config,
+            resolve_spec(config, {}, etcd=["http://127.0.0.1:2"]),
             ranks="all",
             reachable=True,
             rank="1",
-            etcd=["http://127.0.0.1:2"],
             wireguard_dir=Path("/shared/wg"),
         ),
         {},
@@ -224,14 +226,14 @@ def test_plan_device_socket_and_etcd_override(config):
 )
 def test_plan_refuses(config, opts, message):
     with pytest.raises(SpecError, match=message):
-        plan_wait(WaitOptions(config, **opts), {}, "x")
+        plan_wait(WaitOptions(load_spec(config), **opts), {}, "x")
 
 
 # --- the wait loop, in virtual time -----------------------------------------------------
 
 
 async def test_ranks_arriving_one_by_one(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, ranks="all", timeout=30), {}, "x")
+    plan = plan_wait(WaitOptions(load_spec(config), ranks="all", timeout=30), {}, "x")
     registry = MemoryRegistry()
     waiter = Background()
     with trio.fail_after(60):
@@ -252,7 +254,7 @@ async def test_ranks_arriving_one_by_one(config, autojump_clock, capsys):
 
 
 async def test_already_complete_prints_only_the_result(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, ranks="1,3"), {}, "x")
+    plan = plan_wait(WaitOptions(load_spec(config), ranks="1,3"), {}, "x")
     registry = MemoryRegistry()
     for rank in (1, 3):
         await register(registry, plan.spec, rank)
@@ -263,7 +265,7 @@ async def test_already_complete_prints_only_the_result(config, autojump_clock, c
 
 
 async def test_a_rank_that_leaves_is_waited_for_again(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, ranks="0-2", timeout=60), {}, "x")
+    plan = plan_wait(WaitOptions(load_spec(config), ranks="0-2", timeout=60), {}, "x")
     registry = MemoryRegistry()
     waiter = Background()
     with trio.fail_after(120):
@@ -290,7 +292,7 @@ async def test_a_rank_that_leaves_is_waited_for_again(config, autojump_clock, ca
 
 
 async def test_timeout_exits_1_naming_the_missing_ranks(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, ranks="all", timeout=12), {}, "x")
+    plan = plan_wait(WaitOptions(load_spec(config), ranks="all", timeout=12), {}, "x")
     registry = MemoryRegistry()
     await register(registry, plan.spec, 0)
     await register(registry, plan.spec, 2)
@@ -310,7 +312,9 @@ async def test_timeout_exits_1_naming_the_missing_ranks(config, autojump_clock, 
 
 
 async def test_min_peers_does_not_count_this_rank(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, min_peers=2, timeout=30), {"VNETD_RANK": "0"}, "x")
+    plan = plan_wait(
+        WaitOptions(load_spec(config), min_peers=2, timeout=30), {"VNETD_RANK": "0"}, "x"
+    )
     registry = MemoryRegistry()
     await register(registry, plan.spec, 0)
     await register(registry, plan.spec, 3)
@@ -331,7 +335,7 @@ async def test_min_peers_does_not_count_this_rank(config, autojump_clock, capsys
 
 
 async def test_min_peers_without_a_rank_counts_any_ranks(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, min_peers=2), {}, "login1")
+    plan = plan_wait(WaitOptions(load_spec(config), min_peers=2), {}, "login1")
     registry = MemoryRegistry()
     await register(registry, plan.spec, 0)
     await register(registry, plan.spec, 3)
@@ -357,7 +361,7 @@ class FakeDevice:
 
 async def test_reachable_waits_for_handshakes(config, autojump_clock, capsys):
     plan = plan_wait(
-        WaitOptions(config, ranks="0-2", reachable=True, rank="0", timeout=60), {}, "x"
+        WaitOptions(load_spec(config), ranks="0-2", reachable=True, rank="0", timeout=60), {}, "x"
     )
     registry = MemoryRegistry()
     device = FakeDevice()
@@ -391,7 +395,9 @@ async def test_reachable_waits_for_handshakes(config, autojump_clock, capsys):
 
 
 async def test_reachable_timeout_names_ranks_without_handshake(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, ranks="all", reachable=True, rank="1", timeout=3), {}, "x")
+    plan = plan_wait(
+        WaitOptions(load_spec(config), ranks="all", reachable=True, rank="1", timeout=3), {}, "x"
+    )
     registry = MemoryRegistry()
     for rank in (0, 1, 2):
         await register(registry, plan.spec, rank)
@@ -408,7 +414,7 @@ async def test_reachable_timeout_names_ranks_without_handshake(config, autojump_
 
 async def test_min_peers_reachable(config, autojump_clock, capsys):
     plan = plan_wait(
-        WaitOptions(config, min_peers=1, reachable=True, rank="2", timeout=30), {}, "x"
+        WaitOptions(load_spec(config), min_peers=1, reachable=True, rank="2", timeout=30), {}, "x"
     )
     registry = MemoryRegistry()
     for rank in (0, 2):
@@ -431,7 +437,7 @@ async def test_min_peers_reachable(config, autojump_clock, capsys):
 
 
 async def test_registry_outage_then_back(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, ranks="0,1", timeout=120), {}, "x")
+    plan = plan_wait(WaitOptions(load_spec(config), ranks="0,1", timeout=120), {}, "x")
     registry = MemoryRegistry()
     await register(registry, plan.spec, 0)
     registry.fail(True)
@@ -456,7 +462,7 @@ async def test_registry_outage_then_back(config, autojump_clock, capsys):
 
 
 async def test_registry_outage_until_timeout(config, autojump_clock, capsys):
-    plan = plan_wait(WaitOptions(config, ranks="0", timeout=8), {}, "x")
+    plan = plan_wait(WaitOptions(load_spec(config), ranks="0", timeout=8), {}, "x")
     registry = MemoryRegistry()
     registry.fail(True)
     with trio.fail_after(30):

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vnetd.config import add_etcd_arguments, spec_from_args
 from vnetd.errors import SpecError
-from vnetd.registry.access import add_etcd_arguments, etcd_access, with_etcd_access
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
 from vnetd.render.hostfile import FORMATS, NAME_KINDS, render_hostfile
 from vnetd.render.hosts import render_hosts_block
@@ -29,7 +29,7 @@ from vnetd.render.manifests import (
     render_manifests,
 )
 from vnetd.render.output import Rename, update_hosts_file, warn_on_stderr, write_file
-from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
+from vnetd.spec import MeshSpec, load_spec
 
 if TYPE_CHECKING:
     from vnetd.render.members import RegistryOpener
@@ -42,7 +42,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 WG_QUICK_MODE = 0o600
 
 
-def add_parsers(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type is private
+def add_parser(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type is private
     """Add ``render`` (with one subcommand per kind) and ``hosts`` to the CLI."""
     render = sub.add_parser("render", help="print a consumer config rendered from the spec")
     kinds = render.add_subparsers(dest="kind", required=True, metavar="KIND")
@@ -218,8 +218,7 @@ def run_wg_quick(args: argparse.Namespace, open_registry: RegistryOpener | None 
     from vnetd.render.members import read_members_now
     from vnetd.render.wgquick import registration_problem, render_wg_quick
 
-    spec = with_etcd_endpoints(load_spec(args.config), args.etcd)
-    spec = with_etcd_access(spec, etcd_access(args), os.environ)
+    spec = spec_from_args(args, os.environ)
     rank = _rank(spec, args.rank)
     key = load_private_key(args.private_key_file) if args.private_key_file else None
     members, bad = read_members_now(spec, open_registry)

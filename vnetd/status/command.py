@@ -4,74 +4,57 @@
     vnetd status --config mesh.toml --json
     vnetd status --config mesh.toml --watch --interval 5
 
-One list of the members per view (each bounded by ``READ_TIMEOUT``); where
-this host sees the mesh's WireGuard device (inside a pod, beside ``vnetd
-up``) also its handshakes and counters. Exit status: 0 shown (whatever the
-number of missing ranks), 2 bad input or the registry could not be read
-(one line on stderr). ``--watch`` redraws until Ctrl-C, which exits 0; a
-registry outage during ``--watch`` is a note in the view, not an exit.
+The parser and the settings; what a view shows is ``vnetd.status.show``,
+imported when the command runs. Exit status: 0 shown (whatever the number
+of missing ranks), 2 bad input or the registry could not be read (one line
+on stderr). ``--watch`` redraws until Ctrl-C, which exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import sys
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import trio
-from rich.console import Console, RenderableType
-from rich.live import Live
-from rich.text import Text
-
-from vnetd.control.membership import read_members
+from vnetd.config import add_etcd_arguments, settings_from_args
 from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
-from vnetd.errors import DataplaneError, RegistryError, RegistryUnavailable, SpecError
-from vnetd.model import DevicePeer, Member
-from vnetd.registry import Registry, RegistryOpener
-from vnetd.registry.access import (
-    NO_ACCESS_FLAGS,
-    EtcdAccess,
-    add_etcd_arguments,
-    etcd_access,
-    with_etcd_access,
-)
-from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
-from vnetd.status.table import plain_console, print_plain, status_renderable
-from vnetd.status.view import as_json, rank_rows, utc_text
-
-if TYPE_CHECKING:  # the reader imports pyroute2: only when a device is read
-    from vnetd.dataplane.local import LocalDevice
+from vnetd.errors import SpecError
+from vnetd.spec import MeshSpec
 
 DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 DEFAULT_INTERVAL = 2.0
 MIN_INTERVAL = 0.2
 MAX_INTERVAL = 3600.0
-READ_TIMEOUT = 10.0
-"""One read of the members, seconds (every endpoint tried within it)."""
-DEVICE_TIMEOUT = 2.0
-"""One read of the local device, seconds."""
-
-DeviceReader = Callable[[Path], Awaitable["LocalDevice"]]
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
 class StatusPlan:
-    """Validated options."""
+    """``vnetd status``'s settings: the resolved spec and the command's flags, checked.
+
+    Raises:
+        SpecError: ``--interval`` is out of range (the CLI exits 2).
+    """
 
     spec: MeshSpec
-    device_socket: Path
-    """wireguard-go's UAPI socket, read when it is there."""
     json: bool = False
     watch: bool = False
     interval: float = DEFAULT_INTERVAL
+    wireguard_dir: Path = DEFAULT_WIREGUARD_DIR
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.interval) and MIN_INTERVAL <= self.interval <= MAX_INTERVAL):
+            raise SpecError(
+                f"--interval: {self.interval:g} is out of range; give {MIN_INTERVAL:g} to "
+                f"{MAX_INTERVAL:g} seconds"
+            )
+
+    @property
+    def device_socket(self) -> Path:
+        """wireguard-go's UAPI socket, read when it is there."""
+        return self.wireguard_dir / f"{self.spec.interface}.sock"
 
 
 def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
@@ -105,7 +88,8 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         metavar="DIR",
         help=(
             "where wireguard-go's <interface>.sock lives, shared with vnetd up "
-            f"(default {DEFAULT_WIREGUARD_DIR}); without it the device columns are omitted"
+            f"(default {DEFAULT_WIREGUARD_DIR}); without it the kernel's WireGuard device is "
+            "read, and with neither the device columns are omitted"
         ),
     )
     parser.set_defaults(run=run)
@@ -113,267 +97,14 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
 
 def run(args: argparse.Namespace) -> int:
     """The CLI entry point; returns the exit status."""
-    plan = plan_status(
-        args.config,
-        etcd=args.etcd,
-        json_output=args.json,
-        watch=args.watch,
-        interval=args.interval,
-        wireguard_dir=args.wireguard_dir,
-        access=etcd_access(args),
-        env=os.environ,
-    )
+    import trio
+
+    from vnetd.status.show import show_status
+
+    plan = settings_from_args(StatusPlan, args, os.environ)
     try:
         return trio.run(show_status, plan)
     except KeyboardInterrupt:
         if plan.watch:
             return 0
         raise
-
-
-def plan_status(
-    config: Path,
-    *,
-    etcd: Sequence[str] = (),
-    json_output: bool = False,
-    watch: bool = False,
-    interval: float = DEFAULT_INTERVAL,
-    wireguard_dir: Path = DEFAULT_WIREGUARD_DIR,
-    access: EtcdAccess = NO_ACCESS_FLAGS,
-    env: Mapping[str, str] | None = None,
-) -> StatusPlan:
-    """Load the spec and check the options.
-
-    Raises:
-        VnetdError: naming the option and the fix (the CLI exits 2).
-    """
-    if not (math.isfinite(interval) and MIN_INTERVAL <= interval <= MAX_INTERVAL):
-        raise SpecError(
-            f"--interval: {interval:g} is out of range; give {MIN_INTERVAL:g} to "
-            f"{MAX_INTERVAL:g} seconds"
-        )
-    spec = with_etcd_endpoints(load_spec(config), etcd)
-    spec = with_etcd_access(spec, access, env or {})
-    socket_path = wireguard_dir / f"{spec.interface}.sock"
-    return StatusPlan(spec, socket_path, json_output, watch, interval)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What one look at the registry and the device found."""
-
-    now: float
-    members: Mapping[int, Member]
-    bad_entries: int
-    device: LocalDevice | None
-    notes: tuple[str, ...]
-
-    @property
-    def peers(self) -> dict[str, DevicePeer] | None:
-        return self.device.peers if self.device is not None else None
-
-    @property
-    def local_key(self) -> str | None:
-        return self.device.public_key if self.device is not None else None
-
-    def document(self, spec: MeshSpec) -> dict[str, Any]:
-        return as_json(
-            spec,
-            self.members,
-            self.peers,
-            self.now,
-            local_key=self.local_key,
-            bad_entries=self.bad_entries,
-            notes=self.notes,
-        )
-
-    def renderable(
-        self, spec: MeshSpec, *, plain: bool, summary_first: bool = False
-    ) -> RenderableType:
-        rows = rank_rows(spec, self.members, self.peers, self.now, local_key=self.local_key)
-        return status_renderable(
-            spec, rows, self.now, notes=self.notes, plain=plain, summary_first=summary_first
-        )
-
-
-class Observer:
-    """Takes snapshots; remembers the last member list for ``--watch``."""
-
-    def __init__(
-        self,
-        plan: StatusPlan,
-        registry: Registry,
-        read_device: DeviceReader,
-        clock: Clock,
-    ) -> None:
-        self.plan = plan
-        self.registry = registry
-        self.read_device = read_device
-        self.clock = clock
-        self.last: tuple[dict[int, Member], int, float] | None = None
-        """The last members read, the bad entries among them, and when."""
-
-    async def snapshot(self) -> Snapshot | str:
-        """A snapshot; with ``--watch``, the reason instead when there has never been one.
-
-        Raises:
-            RegistryUnavailable: the members could not be read (not with
-                ``--watch``: then the last list is kept and a note says so).
-        """
-        notes: list[str] = []
-        try:
-            members, bad = await self._read_members()
-            self.last = (members, bad, self.clock())
-        except RegistryError as exc:
-            if not self.plan.watch:
-                raise
-            if self.last is None:
-                return f"vnetd status: {exc}; retrying every {self.plan.interval:g} s"
-            members, bad, read_at = self.last
-            notes.append(f"registry unreachable; members as read at {utc_text(read_at)}: {exc}")
-        if bad:
-            notes.append(
-                f"skipped {bad} registry entries of mesh {self.plan.spec.name} that are not members"
-            )
-        device, problem = await self._read_device()
-        if problem is not None:
-            notes.append(f"no device columns: {problem}")
-        return Snapshot(self.clock(), members, bad, device, tuple(notes))
-
-    async def _read_members(self) -> tuple[dict[int, Member], int]:
-        spec = self.plan.spec
-        fix = f"check that etcd runs at {', '.join(spec.registry.endpoints)}, or pass --etcd URL"
-        try:
-            with trio.fail_after(READ_TIMEOUT):
-                return await read_members(self.registry, spec)
-        except trio.TooSlowError:
-            raise RegistryUnavailable(
-                f"reading the members of mesh {spec.name}: no answer within "
-                f"{READ_TIMEOUT:g} s; {fix}"
-            ) from None
-        except RegistryUnavailable as exc:
-            raise RegistryUnavailable(
-                f"reading the members of mesh {spec.name}: {exc}; {fix}"
-            ) from None
-
-    async def _read_device(self) -> tuple[LocalDevice | None, str | None]:
-        """The device, or why there is none (never an error)."""
-        try:
-            with trio.fail_after(DEVICE_TIMEOUT + 1):
-                return await self.read_device(self.plan.device_socket), None
-        except trio.TooSlowError:
-            return None, f"{self.plan.device_socket}: no answer within {DEVICE_TIMEOUT:g} s"
-        except DataplaneError as exc:
-            return None, str(exc)
-
-
-async def show_status(
-    plan: StatusPlan,
-    *,
-    open_registry: RegistryOpener | None = None,
-    read_device: DeviceReader | None = None,
-    console: Console | None = None,
-    clock: Clock = time.time,
-    iterations: int | None = None,
-) -> int:
-    """Show the status once, or with ``plan.watch`` every ``plan.interval`` s.
-
-    Args:
-        open_registry: opens the registry on the spec's endpoints (default etcd).
-        read_device: reads the local device at a socket path (default
-            wireguard-go's UAPI).
-        console: where to draw (default stdout: live on a terminal, plain text
-            otherwise).
-        clock: the wall clock, for "since" and handshake ages.
-        iterations: with ``plan.watch``, stop after this many views (tests).
-
-    Returns:
-        The exit status, 0.
-
-    Raises:
-        RegistryUnavailable: (without ``--watch``) the members could not be read.
-
-    Cancellation: safe; the registry client is closed.
-    """
-    if open_registry is None:
-        from vnetd.registry import open_registry as open_settings_registry
-
-        open_registry = open_settings_registry
-    if read_device is None:
-        read_device = _read_uapi_device
-    console = console or _stdout_console()
-    async with open_registry(plan.spec.registry) as registry:
-        observer = Observer(plan, registry, read_device, clock)
-        if not plan.watch:
-            _show(plan, console, await observer.snapshot(), first=True)
-            return 0
-        with _LiveView(console, enabled=console.is_terminal and not plan.json) as live:
-            shown = 0
-            while iterations is None or shown < iterations:
-                if shown:
-                    await trio.sleep(plan.interval)
-                snapshot = await observer.snapshot()
-                if live.enabled:
-                    live.update(_live_renderable(plan, snapshot))
-                else:
-                    _show(plan, console, snapshot, first=not shown)
-                shown += 1
-    return 0
-
-
-def _show(plan: StatusPlan, console: Console, snapshot: Snapshot | str, *, first: bool) -> None:
-    """One view as plain text or JSON (a JSON line per view with ``--watch``)."""
-    if isinstance(snapshot, str):
-        print(snapshot, file=sys.stderr, flush=True)
-        return
-    if plan.json:
-        document = snapshot.document(plan.spec)
-        text = json.dumps(document, indent=None if plan.watch else 2)
-        console.file.write(text + "\n")
-        console.file.flush()
-        return
-    if not first:
-        console.file.write("\n")
-    if console.is_terminal:
-        console.print(snapshot.renderable(plan.spec, plain=False))
-    else:
-        print_plain(console, snapshot.renderable(plan.spec, plain=True))
-
-
-def _live_renderable(plan: StatusPlan, snapshot: Snapshot | str) -> RenderableType:
-    if isinstance(snapshot, str):
-        return Text(snapshot, style="yellow")
-    return snapshot.renderable(plan.spec, plain=False, summary_first=True)
-
-
-class _LiveView:
-    """``rich.live.Live`` on a terminal; nothing otherwise (views are printed one by one)."""
-
-    def __init__(self, console: Console, *, enabled: bool) -> None:
-        self.enabled = enabled
-        self._live = Live(console=console, auto_refresh=False) if enabled else None
-
-    def __enter__(self) -> _LiveView:
-        if self._live is not None:
-            self._live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.stop()
-
-    def update(self, renderable: RenderableType) -> None:
-        assert self._live is not None
-        self._live.update(renderable, refresh=True)
-
-
-def _stdout_console() -> Console:
-    if sys.stdout.isatty():
-        return Console(highlight=False)
-    return plain_console(sys.stdout)
-
-
-async def _read_uapi_device(path: Path) -> LocalDevice:
-    from vnetd.dataplane.local import read_local_device
-
-    return await read_local_device(path, DEVICE_TIMEOUT)

@@ -7,6 +7,8 @@ plain text, no escape codes, no box characters, no trailing blanks.
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Sequence
 from typing import IO
 
@@ -113,9 +115,16 @@ def _device_cells(row: RankRow) -> list[str | Text]:
     return [handshake, format_bytes(columns.rx_bytes), format_bytes(columns.tx_bytes)]
 
 
+class _PlainConsole(Console):
+    def on_broken_pipe(self) -> None:
+        """Leave a closed output to the CLI's entry point, which ends every command the
+        same way (rich's own handling would exit 1, vnetd wait's "timed out")."""
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def plain_console(file: IO[str]) -> Console:
     """A console that writes no escape codes, whatever the environment says."""
-    return Console(
+    return _PlainConsole(
         file=file,
         width=PLAIN_WIDTH,
         color_system=None,

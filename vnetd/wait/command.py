@@ -16,22 +16,21 @@ import math
 import os
 import socket
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
-
+from vnetd.config import add_etcd_arguments, settings_from_args
 from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import IdentityError, SpecError, plain_errors
-from vnetd.identity import resolve_rank
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener
-from vnetd.registry.access import EtcdAccess, add_etcd_arguments, etcd_access, with_etcd_access
-from vnetd.spec import MeshSpec, load_spec, with_etcd_endpoints
+from vnetd.spec import MeshSpec
 from vnetd.wait.gate import Gate, ready_line, timeout_line
-from vnetd.wait.run import HandshakeReader, wait_for_gate
+
+if TYPE_CHECKING:  # the waiting itself imports trio: only when the command runs
+    from vnetd.wait.run import HandshakeReader
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
@@ -42,17 +41,15 @@ EXIT_TIMED_OUT = 1
 
 @dataclass(frozen=True)
 class WaitOptions:
-    """The command line of ``vnetd wait``, as given."""
+    """``vnetd wait``'s settings: the resolved spec and the command's flags, as given."""
 
-    config: Path
+    spec: MeshSpec
     ranks: str | None = None
     min_peers: int | None = None
     timeout: float = DEFAULT_TIMEOUT
     reachable: bool = False
     rank: str | None = None
-    etcd: Sequence[str] = ()
     wireguard_dir: Path = DEFAULT_WIREGUARD_DIR
-    etcd_access: EtcdAccess = EtcdAccess()
 
 
 @dataclass(frozen=True)
@@ -118,23 +115,15 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
 
 def run(args: argparse.Namespace) -> int:
     """The CLI entry point: validate, then wait; returns the exit status."""
-    opts = WaitOptions(
-        config=args.config,
-        ranks=args.ranks,
-        min_peers=args.min_peers,
-        timeout=args.timeout,
-        reachable=args.reachable,
-        rank=args.rank,
-        etcd=args.etcd,
-        wireguard_dir=args.wireguard_dir,
-        etcd_access=etcd_access(args),
-    )
+    import trio
+
+    opts = settings_from_args(WaitOptions, args, os.environ)
     plan = plan_wait(opts, os.environ, socket.gethostname())
     return trio.run(run_wait, plan)
 
 
 def plan_wait(opts: WaitOptions, env: Mapping[str, str], hostname: str) -> WaitPlan:
-    """Check every option against the spec.
+    """Check every option against the (resolved) spec.
 
     Raises:
         VnetdError: naming the option and the fix (the CLI exits 2).
@@ -143,8 +132,7 @@ def plan_wait(opts: WaitOptions, env: Mapping[str, str], hostname: str) -> WaitP
         raise SpecError(f"--timeout: {opts.timeout:g} is not a positive number of seconds")
     if (opts.ranks is None) == (opts.min_peers is None):
         raise SpecError("give exactly one of --ranks SPEC and --min-peers K")
-    spec = with_etcd_endpoints(load_spec(opts.config), opts.etcd)
-    spec = with_etcd_access(spec, opts.etcd_access, env)
+    spec = opts.spec
     self_rank = _self_rank(spec, opts, env, hostname)
     if opts.min_peers is not None:
         if not 0 <= opts.min_peers <= spec.size - 1:
@@ -168,6 +156,8 @@ def _self_rank(
     With ``--reachable`` it is required. Otherwise only a host that gives no
     rank at all is accepted (as None); a rank that is given but bad is an error.
     """
+    from vnetd.identity import resolve_rank  # cryptography: not for building the parser
+
     try:
         return resolve_rank(spec, opts.rank, env, hostname)
     except IdentityError:
@@ -188,12 +178,14 @@ async def run_wait(
     Args:
         open_registry: the registry for a spec (default: etcd at its endpoints).
         read_handshakes: the device reader (default: wireguard-go's UAPI socket
-            at ``plan.device_socket``); only used with ``--reachable``.
+            at ``plan.device_socket``, else the kernel's device of that
+            interface); only used with ``--reachable``.
 
     Raises:
         VnetdError: the registry refused a request.
     """
     from vnetd.registry import open_registry as open_settings_registry
+    from vnetd.wait.run import wait_for_gate
 
     opener = open_registry or open_settings_registry
     if plan.gate.reachable and read_handshakes is None:
@@ -217,7 +209,8 @@ async def run_wait(
 
 
 def uapi_handshakes(path: Path) -> HandshakeReader:
-    """Read the keys with a handshake from wireguard-go's UAPI socket at ``path``."""
+    """Read the keys with a handshake from the local device: wireguard-go's UAPI
+    socket at ``path``, else the kernel's WireGuard device (``read_device``)."""
     from vnetd.dataplane.local import read_local_device
 
     async def read() -> Collection[str]:

@@ -1,0 +1,33 @@
+"""The mesh spec: a small TOML file from which every address is derived.
+
+The address plan is a pure function of the spec: rank ``r`` owns host
+number ``offset + r`` of ``network`` and, in a dual-stack mesh, the same
+host number of ``network6``. Everything the consumers need (Flux
+bootstrap config, ``/etc/hosts``, MPI host files) can therefore be written
+before any pod exists. ``docs/spec.md`` documents every key.
+"""
+
+from vnetd.spec.parse import check_etcd_url, check_listen, load_spec, parse_spec
+from vnetd.spec.records import (
+    DATAPLANES,
+    DataplaneSpec,
+    HttpSpec,
+    IPAddress,
+    IPNetwork,
+    MeshSpec,
+    RegistrySpec,
+)
+
+__all__ = [
+    "DATAPLANES",
+    "DataplaneSpec",
+    "HttpSpec",
+    "IPAddress",
+    "IPNetwork",
+    "MeshSpec",
+    "RegistrySpec",
+    "check_etcd_url",
+    "check_listen",
+    "load_spec",
+    "parse_spec",
+]

@@ -1,0 +1,213 @@
+"""The spec's records: the validated mesh spec and its address plan.
+
+Rank ``r`` owns host ``offset + r`` of ``network`` (and of ``network6``);
+see docs/spec.md for every key and ``vnetd.spec.parse`` for the checks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from ipaddress import (
+    IPv4Address,
+    IPv4Interface,
+    IPv4Network,
+    IPv6Address,
+    IPv6Interface,
+    IPv6Network,
+)
+from typing import Any
+
+from vnetd.errors import SpecError
+
+IPAddress = IPv4Address | IPv6Address
+IPNetwork = IPv4Network | IPv6Network
+
+
+@dataclass(frozen=True)
+class RegistrySpec:
+    endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    prefix: str = "/vnetd"
+    lease_ttl: int = 10
+    ca_file: str | None = None
+    """PEM CA that signed etcd's server certificate (https endpoints); None: the system's."""
+    cert_file: str | None = None
+    """PEM client certificate for etcd's ``--client-cert-auth``, with ``key_file``."""
+    key_file: str | None = None
+    username: str | None = None
+    """etcd user (auth enabled); the password comes from ``password_file`` or the env."""
+    password_file: str | None = None
+    password: str | None = field(default=None, repr=False, compare=False)
+    """The password once read (``vnetd.config``); never from the TOML, never shown."""
+
+
+@dataclass(frozen=True)
+class HttpSpec:
+    listen: str | None = None
+    """``host:port`` of the health, readiness, metrics and status endpoint; None: off."""
+
+
+DATAPLANES = ("auto", "kernel", "userspace")
+
+
+@dataclass(frozen=True)
+class DataplaneSpec:
+    """``[wireguard] dataplane``: local to each node, not part of ``[mesh]``."""
+
+    dataplane: str = "auto"
+    """auto: the kernel's WireGuard when a link can be created, else wireguard-go."""
+    preshared_key_file: str | None = None
+    """A file holding the mesh-wide pre-shared key (base64), e.g. a mounted Secret."""
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """A validated spec. Build it with ``load_spec`` or ``parse_spec``."""
+
+    name: str
+    size: int
+    network: IPNetwork
+    """The primary network: IPv4, or IPv6 in an IPv6-only mesh."""
+    port: int = 51820
+    interface: str = "vnet0"
+    mtu: int | str = 1420
+    """An MTU, or "auto": each daemon's underlay MTU minus WireGuard's overhead."""
+    hostname: str = "{name}-{rank}"
+    offset: int = 1
+    persistent_keepalive: int = 0
+    registry: RegistrySpec = RegistrySpec()
+    http: HttpSpec = HttpSpec()
+    local: DataplaneSpec = DataplaneSpec()
+    network6: IPv6Network | None = None
+    """Dual stack: the IPv6 network beside an IPv4 ``network``; None: one family."""
+
+    @property
+    def networks(self) -> tuple[IPNetwork, ...]:
+        """The overlay networks, the primary first."""
+        return (self.network,) if self.network6 is None else (self.network, self.network6)
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The IP versions of the overlay, the primary first: (4,), (6,) or (4, 6)."""
+        return tuple(net.version for net in self.networks)
+
+    @property
+    def min_mtu(self) -> int:
+        """The smallest MTU the overlay may have: IPv6 needs 1280, IPv4 576."""
+        return min_mtu_of(self.networks)
+
+    def address(self, rank: int) -> IPAddress:
+        """The fixed overlay address of ``rank`` in the primary ``network``."""
+        return self.addresses(rank)[0]
+
+    def addresses(self, rank: int) -> tuple[IPAddress, ...]:
+        """The rank's fixed overlay addresses, one per network, the primary first."""
+        self.check_rank(rank)
+        return tuple(net.network_address + self.offset + rank for net in self.networks)
+
+    def address_in(self, rank: int, version: int) -> IPAddress:
+        """The rank's address of IP version ``version`` (4 or 6).
+
+        Raises:
+            ValueError: the mesh has no network of that version (see ``versions``).
+        """
+        for addr in self.addresses(rank):
+            if addr.version == version:
+                return addr
+        raise ValueError(f"mesh {self.name} has no IPv{version} network")
+
+    def interface_address(self, rank: int) -> IPv4Interface | IPv6Interface:
+        """The rank's primary address with the network's prefix length."""
+        return self.interface_addresses(rank)[0]
+
+    def interface_addresses(self, rank: int) -> tuple[IPv4Interface | IPv6Interface, ...]:
+        """The rank's addresses with their networks' prefix lengths, the primary first."""
+        found: list[IPv4Interface | IPv6Interface] = []
+        for addr, net in zip(self.addresses(rank), self.networks, strict=True):
+            if isinstance(addr, IPv4Address):
+                found.append(IPv4Interface(f"{addr}/{net.prefixlen}"))
+            else:
+                found.append(IPv6Interface(f"{addr}/{net.prefixlen}"))
+        return tuple(found)
+
+    def interface_address6(self, rank: int) -> IPv6Interface | None:
+        """Dual stack: the rank's address in ``network6`` with its prefix length, else None."""
+        if self.network6 is None:
+            return None
+        address6 = self.interface_addresses(rank)[1]
+        assert isinstance(address6, IPv6Interface)  # network6 is IPv6 (parse_spec)
+        return address6
+
+    def allowed_ips(self, rank: int) -> tuple[str, ...]:
+        """The allowed IPs a peer of ``rank`` gets: each address as a host route (/32,
+        /128), sorted as the data planes report them."""
+        routes = self._routes.get(rank)
+        if routes is None:
+            routes = tuple(sorted(f"{a}/{a.max_prefixlen}" for a in self.addresses(rank)))
+            self._routes[rank] = routes
+        return routes
+
+    @cached_property
+    def _routes(self) -> dict[int, tuple[str, ...]]:
+        # Every reconcile pass asks for every member's allowed IPs; building them with
+        # ipaddress was 75 % of a pass at 1024 ranks (profile of bench/control_plane.py).
+        # Filled on demand: at most one entry per rank that is asked for.
+        return {}
+
+    def host(self, rank: int) -> str:
+        """The hostname of ``rank`` from the spec's pattern."""
+        self.check_rank(rank)
+        return self.hostname.replace("{name}", self.name).replace("{rank}", str(rank))
+
+    def rank_of_host(self, hostname: str) -> int | None:
+        """The rank whose hostname is ``hostname`` (or its first label), else None."""
+        pattern = re.escape(self.hostname.replace("{name}", self.name))
+        pattern = pattern.replace(re.escape("{rank}"), r"(0|[1-9][0-9]*)")
+        for candidate in (hostname, hostname.split(".", 1)[0]):
+            match = re.fullmatch(pattern, candidate)
+            if match:
+                rank = int(match.group(1))
+                return rank if rank < self.size else None
+        return None
+
+    def check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.size:
+            raise SpecError(f"rank {rank} is out of range: the mesh has ranks 0..{self.size - 1}")
+
+    def mesh_table(self) -> dict[str, Any]:
+        """The ``[mesh]`` table with defaults filled in, as JSON-ready values."""
+        table = asdict(self)
+        del table["registry"]
+        del table["http"]
+        del table["local"]
+        table["network"] = str(self.network)
+        if self.network6 is None:
+            # Absent, not null: the stored spec of a mesh made before network6 existed
+            # compares equal to a spec without it.
+            del table["network6"]
+        else:
+            table["network6"] = str(self.network6)
+        return table
+
+    def canonical_json(self) -> bytes:
+        """The form stored in the registry: every daemon of a mesh must agree on it."""
+        return json.dumps(self.mesh_table(), sort_keys=True, separators=(",", ":")).encode()
+
+    def differing_keys(self, stored: bytes) -> list[str]:
+        """Keys of ``[mesh]`` whose stored value differs from ours (sorted)."""
+        try:
+            other = json.loads(stored)
+        except ValueError:
+            return ["<unparseable>"]
+        if not isinstance(other, dict):
+            return ["<unparseable>"]
+        mine = self.mesh_table()
+        return sorted(k for k in mine.keys() | other.keys() if mine.get(k) != other.get(k))
+
+
+def min_mtu_of(networks: Sequence[IPNetwork]) -> int:
+    """IPv6 needs an MTU of at least 1280; IPv4 576."""
+    return 1280 if any(net.version == 6 for net in networks) else 576

@@ -1,0 +1,85 @@
+"""``vnetd up``: run the daemon for one rank until SIGTERM or SIGINT.
+
+The parser and the one call into ``vnetd.config`` that turns the flags into
+``Settings``; the daemon itself (``vnetd.daemon``) is imported when the
+command runs, so building the CLI imports no trio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from vnetd.config import (
+    DEFAULT_RESYNC_INTERVAL,
+    DEFAULT_STATE_DIR,
+    Settings,
+    add_etcd_arguments,
+    settings_from_args,
+)
+
+
+def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
+    up = sub.add_parser("up", help="run the daemon for one rank")
+    up.add_argument("--config", required=True, type=Path, help="the mesh spec (TOML)")
+    up.add_argument(
+        "--rank",
+        help="this daemon's rank, or auto: a sticky rank per node from the registry "
+        "(else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)",
+    )
+    add_etcd_arguments(up)
+    up.add_argument(
+        "--endpoint",
+        metavar="HOST:PORT",
+        help="underlay endpoint peers send to (else POD_IP:port, else default-route address)",
+    )
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help=f"where the private key is kept (default {DEFAULT_STATE_DIR})",
+    )
+    up.add_argument(
+        "--preshared-key-file",
+        metavar="FILE",
+        help="a mesh-wide WireGuard pre-shared key (wg genpsk), mode 0600, e.g. a mounted "
+        "Secret (else VNETD_PRESHARED_KEY_FILE, else [wireguard] preshared_key_file)",
+    )
+    up.add_argument(
+        "--instance", help="the name that owns the claim (else POD_NAME, else hostname)"
+    )
+    up.add_argument(
+        "--dataplane",
+        default=None,
+        choices=["auto", "kernel", "userspace", "fake"],
+        help="auto: the kernel's WireGuard when a link can be created, else wireguard-go; "
+        "kernel; userspace = wireguard-go; fake = in memory, for scale tests "
+        "(default: the spec's [wireguard] dataplane, else auto)",
+    )
+    up.add_argument(
+        "--resync-interval",
+        type=float,
+        default=DEFAULT_RESYNC_INTERVAL,
+        metavar="SECONDS",
+        help="full reconcile with no event at least this often "
+        f"(default {DEFAULT_RESYNC_INTERVAL:g})",
+    )
+    up.add_argument(
+        "--http-listen",
+        metavar="HOST:PORT",
+        help="serve /healthz /readyz /metrics /status here (overrides [http] listen)",
+    )
+    up.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve the settings, then run the daemon until a signal; returns 0."""
+    import trio
+
+    from vnetd.daemon import run_until_signal
+
+    settings = settings_from_args(Settings, args, os.environ)
+    trio.run(run_until_signal, settings, dict(os.environ))
+    return 0
