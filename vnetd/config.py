@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TypeVar
 
+from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import SpecError
 from vnetd.spec import HttpSpec, MeshSpec, RegistrySpec, check_etcd_url, check_listen, load_spec
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 DEFAULT_STATE_DIR = Path("/var/lib/vnetd")
 DEFAULT_RESYNC_INTERVAL = 30.0
+DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 ENV_PASSWORD = "VNETD_ETCD_PASSWORD"
 
 # RegistrySpec field -> (flag, environment variable)
@@ -145,6 +147,17 @@ def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="file holding the etcd user's password "
         "(env VNETD_ETCD_PASSWORD_FILE, or the password itself in VNETD_ETCD_PASSWORD)",
+    )
+
+
+def add_wireguard_dir_argument(parser: argparse.ArgumentParser, tail: str) -> None:
+    """Add ``--wireguard-dir``: where wireguard-go's sockets are (``tail`` ends the help)."""
+    parser.add_argument(
+        "--wireguard-dir",
+        type=Path,
+        default=DEFAULT_WIREGUARD_DIR,
+        metavar="DIR",
+        help=f"where wireguard-go's <interface>.sock lives, shared with vnetd{tail}",
     )
 
 

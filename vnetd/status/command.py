@@ -19,12 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vnetd.config import add_etcd_arguments, settings_from_args
-from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
+from vnetd.config import (
+    DEFAULT_WIREGUARD_DIR,
+    add_etcd_arguments,
+    add_wireguard_dir_argument,
+    settings_from_args,
+)
 from vnetd.errors import SpecError
 from vnetd.spec import MeshSpec
 
-DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 DEFAULT_INTERVAL = 2.0
 MIN_INTERVAL = 0.2
 MAX_INTERVAL = 3600.0
@@ -81,16 +84,10 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         metavar="SECONDS",
         help=f"with --watch: seconds between redraws (default {DEFAULT_INTERVAL:g})",
     )
-    parser.add_argument(
-        "--wireguard-dir",
-        type=Path,
-        default=DEFAULT_WIREGUARD_DIR,
-        metavar="DIR",
-        help=(
-            "where wireguard-go's <interface>.sock lives, shared with vnetd up "
-            f"(default {DEFAULT_WIREGUARD_DIR}); without it the kernel's WireGuard device is "
-            "read, and with neither the device columns are omitted"
-        ),
+    add_wireguard_dir_argument(
+        parser,
+        f" up (default {DEFAULT_WIREGUARD_DIR}); without it the kernel's WireGuard device is "
+        "read, and with neither the device columns are omitted",
     )
     parser.set_defaults(run=run)
 

@@ -21,8 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vnetd.config import add_etcd_arguments, settings_from_args
-from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
+from vnetd.config import (
+    DEFAULT_WIREGUARD_DIR,
+    add_etcd_arguments,
+    add_wireguard_dir_argument,
+    settings_from_args,
+)
 from vnetd.errors import IdentityError, SpecError, plain_errors
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener
@@ -33,7 +37,6 @@ if TYPE_CHECKING:  # the waiting itself imports trio: only when the command runs
     from vnetd.wait.run import HandshakeReader
 
 DEFAULT_TIMEOUT = 300.0
-DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 UAPI_TIMEOUT = 2.0
 EXIT_READY = 0
 EXIT_TIMED_OUT = 1
@@ -100,16 +103,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         "--rank", help="this host's rank (else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)"
     )
     add_etcd_arguments(parser)
-    parser.add_argument(
-        "--wireguard-dir",
-        type=Path,
-        default=DEFAULT_WIREGUARD_DIR,
-        metavar="DIR",
-        help=(
-            "where wireguard-go's <interface>.sock lives, shared with vnetd "
-            f"(default {DEFAULT_WIREGUARD_DIR}; for --reachable)"
-        ),
-    )
+    add_wireguard_dir_argument(parser, f" (default {DEFAULT_WIREGUARD_DIR}; for --reachable)")
     parser.set_defaults(run=run)
 
 
