@@ -23,6 +23,22 @@ a wrong password, a permission denied) raise ``RegistryAccessError``, one
 line that names the flag to fix. It is a ``RegistryUnavailable``: the
 daemon keeps its data plane and retries (a certificate may be renewed, a
 role granted), the CLI prints the line and exits 2.
+
+Several members (docs/operations.md, "etcd cluster faults"): every request is
+bounded per endpoint and fails over fast. An attempt that has no answer
+within ``min(ATTEMPT_TIMEOUT, TTL / 5)`` (TTL: the shortest lease this client
+granted) moves on to the next endpoint; only the last endpoint of a call gets
+the whole ``timeout``, so a single endpoint (one etcd, or a Service in front of
+several, tried a second time on a new connection) keeps its old bound. Why
+TTL/5: a keepalive is sent a third of the TTL after the previous one, so two
+members that do not answer (2 × TTL/5) still leave the lease more than a
+quarter of its TTL; why 2 s at most: a healthy member answers in
+milliseconds, and 2 s is etcdctl's own dial timeout. An endpoint that failed
+is tried last for ``FAILED_ENDPOINT_LAST_FOR`` s. Every request asks for a
+member with a leader (``Grpc-Metadata-Hasleader: true``, passed on by the
+gateway as etcd's ``hasleader`` gRPC metadata): a member cut from the others
+answers "etcdserver: no leader" at once instead of holding the request until
+its own request timeout (7 s). Watches: ``etcd_watch``.
 """
 
 from __future__ import annotations
@@ -42,6 +58,7 @@ import trio
 
 from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
 from vnetd.registry.base import KeyValue, WatchEvent
+from vnetd.registry.etcd_watch import resuming_watch
 
 JSON = dict[str, Any]
 
@@ -51,6 +68,14 @@ _INVALID_ARGUMENT = 3
 _PERMISSION_DENIED = 7
 _UNAUTHENTICATED = 16
 _UNAVAILABLE_CODES = frozenset({4, 14})  # DEADLINE_EXCEEDED, UNAVAILABLE
+
+ATTEMPT_TIMEOUT = 2.0
+"""The most one attempt on one endpoint may take, unless it is a call's last."""
+ATTEMPT_TTL_SHARE = 5
+"""One attempt takes at most this share of the shortest lease TTL granted (TTL/5)."""
+FAILED_ENDPOINT_LAST_FOR = 30.0
+"""How long an endpoint that failed is tried after the others."""
+REQUIRE_LEADER = {"Grpc-Metadata-Hasleader": "true"}
 
 
 def _b64(data: str | bytes) -> str:
@@ -260,6 +285,9 @@ class EtcdRegistry:
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._current = 0
         self._timeout = timeout
+        self._attempt_timeout = min(ATTEMPT_TIMEOUT, timeout)
+        self._failed_at: dict[str, float] = {}
+        """Endpoint -> ``trio.current_time()`` of its last failure (cleared by a success)."""
         self._security = security or EtcdSecurity()
         tls = any(url.startswith("https://") for url in self._endpoints)
         # With plain http endpoints no TLS is ever spoken; verify=False keeps httpx from
@@ -272,9 +300,9 @@ class EtcdRegistry:
 
     async def _post(self, path: str, body: JSON) -> JSON:
         failures: list[str] = []
-        for endpoint in self._rotation():
+        for endpoint, bound in self._attempts():
             where = f"{endpoint}{path}"
-            with trio.move_on_after(self._timeout):
+            with trio.move_on_after(bound):
                 try:
                     data = await self._call(endpoint, path, body)
                 except RegistryAccessError:
@@ -284,10 +312,12 @@ class EtcdRegistry:
                     if problem is not None:
                         raise problem from None
                     failures.append(f"{endpoint}: {exc!r}{_closed_hint(exc, endpoint)}")
+                    self.endpoint_failed(endpoint)
                     continue
-                self._current = self._endpoints.index(endpoint)
+                self._answered(endpoint)
                 return data
-            failures.append(f"{endpoint}: no answer within {self._timeout} s ({where})")
+            failures.append(f"{endpoint}: no answer within {bound:g} s ({where})")
+            self.endpoint_failed(endpoint)
         raise RegistryUnavailable(f"etcd {path} failed on every endpoint: {'; '.join(failures)}")
 
     async def _call(self, endpoint: str, path: str, body: JSON) -> JSON:
@@ -295,7 +325,7 @@ class EtcdRegistry:
         has become invalid)."""
         where = f"{endpoint}{path}"
         for attempt in range(2):
-            headers = await self._auth_headers(endpoint)
+            headers = {**REQUIRE_LEADER, **await self._auth_headers(endpoint)}
             response = await self._client.post(where, json=body, headers=headers)
             try:
                 return _check(response, where)
@@ -318,7 +348,7 @@ class EtcdRegistry:
         where = f"{endpoint}/v3/auth/authenticate"
         user = self._security.username
         credentials = {"name": user, "password": self._security.password or ""}
-        response = await self._client.post(where, json=credentials)
+        response = await self._client.post(where, json=credentials, headers=REQUIRE_LEADER)
         try:
             data = _check(response, where)
         except _Refused as exc:
@@ -364,8 +394,48 @@ class EtcdRegistry:
         return exc
 
     def _rotation(self) -> list[str]:
+        """The endpoints from the current one on; those that failed lately last,
+        the longest ago first."""
         n = len(self._endpoints)
-        return [self._endpoints[(self._current + i) % n] for i in range(n)]
+        ordered = [self._endpoints[(self._current + i) % n] for i in range(n)]
+        now = trio.current_time()
+        recent = {e: t for e, t in self._failed_at.items() if now - t < FAILED_ENDPOINT_LAST_FOR}
+        return [e for e in ordered if e not in recent] + sorted(recent, key=recent.__getitem__)
+
+    def _attempts(self) -> list[tuple[str, float]]:
+        """(endpoint, bound) of each attempt of one call: the short bound, and the
+        whole timeout for the last. One endpoint is tried twice, the second time on
+        a new connection (a Service may send it to another member)."""
+        rotation = self._rotation()
+        if len(rotation) == 1:
+            rotation = rotation * 2
+        bounds = [self._attempt_timeout] * (len(rotation) - 1) + [self._timeout]
+        return list(zip(rotation, bounds, strict=True))
+
+    @property
+    def endpoint_count(self) -> int:
+        return len(self._endpoints)
+
+    def endpoint_failed(self, endpoint: str) -> None:
+        """Try ``endpoint`` after the others for ``FAILED_ENDPOINT_LAST_FOR`` s."""
+        self._failed_at[endpoint] = trio.current_time()
+
+    def _answered(self, endpoint: str) -> None:
+        self._current = self._endpoints.index(endpoint)
+        self._failed_at.pop(endpoint, None)
+
+    async def member_serves(self, endpoint: str, key: str) -> str | None:
+        """None when ``endpoint`` answers a linearizable read of ``key`` (base64) within
+        the per-endpoint bound, else why not (``etcd_watch`` asks this of a quiet watch)."""
+        with trio.move_on_after(self._attempt_timeout):
+            try:
+                await self._call(endpoint, "/v3/kv/range", {"key": key, "count_only": True})
+            except _Refused:
+                return None  # it answered: a permission problem is not a health one
+            except (httpx.TransportError, RegistryUnavailable) as exc:
+                return f"a read on it failed: {exc}"
+            return None
+        return f"a read on it had no answer within {self._attempt_timeout:g} s"
 
     async def get(self, key: str) -> KeyValue | None:
         data = await self._post("/v3/kv/range", {"key": _b64(key)})
@@ -428,6 +498,7 @@ class EtcdRegistry:
         return int(data.get("deleted", 0)) > 0
 
     async def grant(self, ttl: int) -> int:
+        self._attempt_timeout = min(self._attempt_timeout, ttl / ATTEMPT_TTL_SHARE)
         data = await self._post("/v3/lease/grant", {"TTL": str(ttl)})
         return int(data["ID"])
 
@@ -451,27 +522,26 @@ class EtcdRegistry:
     async def _watch(
         self, prefix: str, start_revision: int
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
-        request = {
-            "key": _b64(prefix),
-            "range_end": _b64(prefix_end(prefix)),
-            "start_revision": str(start_revision),
-        }
+        request = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
         async with AsyncExitStack() as stack:
-            lines = await self._open_watch(stack, {"create_request": request})
+            lines = await stack.enter_async_context(resuming_watch(self, request, start_revision))
             events = _watch_events(lines)
             stack.push_async_callback(events.aclose)
             yield events
 
-    async def _open_watch(self, stack: AsyncExitStack, body: JSON) -> AsyncIterator[str]:
-        """Open the stream on the first endpoint that confirms the watch."""
+    async def open_watch_stream(
+        self, stack: AsyncExitStack, body: JSON
+    ) -> tuple[str, AsyncIterator[str]]:
+        """Open a leader-required stream on the first endpoint that confirms the watch
+        (each attempt bounded as a call's): (endpoint, its lines after the confirmation)."""
         timeout = httpx.Timeout(self._timeout, read=None)
         failures: list[str] = []
-        for endpoint in self._rotation():
+        for endpoint, bound in self._attempts():
             where = f"{endpoint}/v3/watch"
             attempt = AsyncExitStack()
-            with trio.move_on_after(self._timeout):
+            with trio.move_on_after(bound):
                 try:
-                    headers = await self._auth_headers(endpoint)
+                    headers = {**REQUIRE_LEADER, **await self._auth_headers(endpoint)}
                     response = await attempt.enter_async_context(
                         self._client.stream(
                             "POST", where, json=body, timeout=timeout, headers=headers
@@ -497,17 +567,19 @@ class EtcdRegistry:
                     if "invalid auth token" in str(exc) or "code 16" in str(exc):
                         self._tokens.pop(endpoint, None)
                     failures.append(f"{endpoint}: {exc!r}")
+                    self.endpoint_failed(endpoint)
                     continue
                 except BaseException:
                     await attempt.aclose()
                     raise
-                self._current = self._endpoints.index(endpoint)
+                self._answered(endpoint)
                 stack.push_async_callback(attempt.aclose)
                 if not first.get("created", False):
                     _raise_for_watch(first)
-                return lines
+                return endpoint, lines
             await attempt.aclose()
-            failures.append(f"{endpoint}: no watch confirmation within {self._timeout} s")
+            failures.append(f"{endpoint}: no watch confirmation within {bound:g} s")
+            self.endpoint_failed(endpoint)
         raise RegistryUnavailable(f"etcd watch failed on every endpoint: {'; '.join(failures)}")
 
     async def aclose(self) -> None:
