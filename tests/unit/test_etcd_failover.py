@@ -16,12 +16,8 @@ import trio
 import trio.testing
 
 from vnetd.errors import RegistryUnavailable
-from vnetd.registry.etcd import (
-    ATTEMPT_TIMEOUT,
-    FAILED_ENDPOINT_LAST_FOR,
-    EtcdRegistry,
-    _watch_events,
-)
+from vnetd.registry.etcd import EtcdRegistry, _watch_events
+from vnetd.registry.etcd_endpoints import ATTEMPT_TIMEOUT, FAILED_ENDPOINT_LAST_FOR
 from vnetd.registry.etcd_watch import QUIET_CHECK, resuming_watch
 
 A, B, C = "http://a:2379", "http://b:2379", "http://c:2379"
@@ -78,14 +74,14 @@ async def test_a_frozen_member_costs_one_attempt_bound(autojump_clock: object) -
 
 async def test_a_member_that_failed_lately_is_tried_last(autojump_clock: object) -> None:
     reg = registry(Members(c="refused"), [A, B, C])
-    reg._current = 2
-    assert reg._rotation() == [C, A, B]
+    reg._order.current = 2
+    assert reg._order.rotation() == [C, A, B]
     reg.endpoint_failed(A)
-    assert reg._rotation() == [C, B, A]
+    assert reg._order.rotation() == [C, B, A]
     await trio.sleep(FAILED_ENDPOINT_LAST_FOR)
-    assert reg._rotation() == [C, A, B]
+    assert reg._order.rotation() == [C, A, B]
     await reg.get("/k")  # c refuses, a answers: a is current and no longer failed
-    assert reg._rotation() == [A, B, C]
+    assert reg._order.rotation() == [A, B, C]
 
 
 async def test_the_bound_is_a_fifth_of_the_shortest_lease(autojump_clock: object) -> None:

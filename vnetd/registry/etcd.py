@@ -24,21 +24,9 @@ line that names the flag to fix. It is a ``RegistryUnavailable``: the
 daemon keeps its data plane and retries (a certificate may be renewed, a
 role granted), the CLI prints the line and exits 2.
 
-Several members (docs/operations.md, "etcd cluster faults"): every request is
-bounded per endpoint and fails over fast. An attempt that has no answer
-within ``min(ATTEMPT_TIMEOUT, TTL / 5)`` (TTL: the shortest lease this client
-granted) moves on to the next endpoint; only the last endpoint of a call gets
-the whole ``timeout``, so a single endpoint (one etcd, or a Service in front of
-several, tried a second time on a new connection) keeps its old bound. Why
-TTL/5: a keepalive is sent a third of the TTL after the previous one, so two
-members that do not answer (2 × TTL/5) still leave the lease more than a
-quarter of its TTL; why 2 s at most: a healthy member answers in
-milliseconds, and 2 s is etcdctl's own dial timeout. An endpoint that failed
-is tried last for ``FAILED_ENDPOINT_LAST_FOR`` s. Every request asks for a
-member with a leader (``Grpc-Metadata-Hasleader: true``, passed on by the
-gateway as etcd's ``hasleader`` gRPC metadata): a member cut from the others
-answers "etcdserver: no leader" at once instead of holding the request until
-its own request timeout (7 s). Watches: ``etcd_watch``.
+Several members: each attempt is bounded and a failed endpoint is tried last
+(``etcd_endpoints``); a watch moves off a member that cannot serve it
+(``etcd_watch``).
 """
 
 from __future__ import annotations
@@ -58,6 +46,7 @@ import trio
 
 from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
 from vnetd.registry.base import KeyValue, WatchEvent
+from vnetd.registry.etcd_endpoints import REQUIRE_LEADER, EndpointOrder
 from vnetd.registry.etcd_watch import resuming_watch
 
 JSON = dict[str, Any]
@@ -68,14 +57,6 @@ _INVALID_ARGUMENT = 3
 _PERMISSION_DENIED = 7
 _UNAUTHENTICATED = 16
 _UNAVAILABLE_CODES = frozenset({4, 14})  # DEADLINE_EXCEEDED, UNAVAILABLE
-
-ATTEMPT_TIMEOUT = 2.0
-"""The most one attempt on one endpoint may take, unless it is a call's last."""
-ATTEMPT_TTL_SHARE = 5
-"""One attempt takes at most this share of the shortest lease TTL granted (TTL/5)."""
-FAILED_ENDPOINT_LAST_FOR = 30.0
-"""How long an endpoint that failed is tried after the others."""
-REQUIRE_LEADER = {"Grpc-Metadata-Hasleader": "true"}
 
 
 def _b64(data: str | bytes) -> str:
@@ -283,11 +264,8 @@ class EtcdRegistry:
         if not endpoints:
             raise RegistryError("etcd endpoints: at least one URL is required")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
-        self._current = 0
+        self._order = EndpointOrder(self._endpoints, timeout)
         self._timeout = timeout
-        self._attempt_timeout = min(ATTEMPT_TIMEOUT, timeout)
-        self._failed_at: dict[str, float] = {}
-        """Endpoint -> ``trio.current_time()`` of its last failure (cleared by a success)."""
         self._security = security or EtcdSecurity()
         tls = any(url.startswith("https://") for url in self._endpoints)
         # With plain http endpoints no TLS is ever spoken; verify=False keeps httpx from
@@ -300,7 +278,7 @@ class EtcdRegistry:
 
     async def _post(self, path: str, body: JSON) -> JSON:
         failures: list[str] = []
-        for endpoint, bound in self._attempts():
+        for endpoint, bound in self._order.attempts():
             where = f"{endpoint}{path}"
             with trio.move_on_after(bound):
                 try:
@@ -312,12 +290,12 @@ class EtcdRegistry:
                     if problem is not None:
                         raise problem from None
                     failures.append(f"{endpoint}: {exc!r}{_closed_hint(exc, endpoint)}")
-                    self.endpoint_failed(endpoint)
+                    self._order.failed(endpoint)
                     continue
-                self._answered(endpoint)
+                self._order.answered(endpoint)
                 return data
             failures.append(f"{endpoint}: no answer within {bound:g} s ({where})")
-            self.endpoint_failed(endpoint)
+            self._order.failed(endpoint)
         raise RegistryUnavailable(f"etcd {path} failed on every endpoint: {'; '.join(failures)}")
 
     async def _call(self, endpoint: str, path: str, body: JSON) -> JSON:
@@ -393,41 +371,18 @@ class EtcdRegistry:
             )
         return exc
 
-    def _rotation(self) -> list[str]:
-        """The endpoints from the current one on; those that failed lately last,
-        the longest ago first."""
-        n = len(self._endpoints)
-        ordered = [self._endpoints[(self._current + i) % n] for i in range(n)]
-        now = trio.current_time()
-        recent = {e: t for e, t in self._failed_at.items() if now - t < FAILED_ENDPOINT_LAST_FOR}
-        return [e for e in ordered if e not in recent] + sorted(recent, key=recent.__getitem__)
-
-    def _attempts(self) -> list[tuple[str, float]]:
-        """(endpoint, bound) of each attempt of one call: the short bound, and the
-        whole timeout for the last. One endpoint is tried twice, the second time on
-        a new connection (a Service may send it to another member)."""
-        rotation = self._rotation()
-        if len(rotation) == 1:
-            rotation = rotation * 2
-        bounds = [self._attempt_timeout] * (len(rotation) - 1) + [self._timeout]
-        return list(zip(rotation, bounds, strict=True))
-
     @property
     def endpoint_count(self) -> int:
         return len(self._endpoints)
 
     def endpoint_failed(self, endpoint: str) -> None:
-        """Try ``endpoint`` after the others for ``FAILED_ENDPOINT_LAST_FOR`` s."""
-        self._failed_at[endpoint] = trio.current_time()
-
-    def _answered(self, endpoint: str) -> None:
-        self._current = self._endpoints.index(endpoint)
-        self._failed_at.pop(endpoint, None)
+        self._order.failed(endpoint)
 
     async def member_serves(self, endpoint: str, key: str) -> str | None:
         """None when ``endpoint`` answers a linearizable read of ``key`` (base64) within
         the per-endpoint bound, else why not (``etcd_watch`` asks this of a quiet watch)."""
-        with trio.move_on_after(self._attempt_timeout):
+        bound = self._order.attempt_timeout
+        with trio.move_on_after(bound):
             try:
                 await self._call(endpoint, "/v3/kv/range", {"key": key, "count_only": True})
             except _Refused:
@@ -435,7 +390,7 @@ class EtcdRegistry:
             except (httpx.TransportError, RegistryUnavailable) as exc:
                 return f"a read on it failed: {exc}"
             return None
-        return f"a read on it had no answer within {self._attempt_timeout:g} s"
+        return f"a read on it had no answer within {bound:g} s"
 
     async def get(self, key: str) -> KeyValue | None:
         data = await self._post("/v3/kv/range", {"key": _b64(key)})
@@ -498,7 +453,7 @@ class EtcdRegistry:
         return int(data.get("deleted", 0)) > 0
 
     async def grant(self, ttl: int) -> int:
-        self._attempt_timeout = min(self._attempt_timeout, ttl / ATTEMPT_TTL_SHARE)
+        self._order.lease_granted(ttl)
         data = await self._post("/v3/lease/grant", {"TTL": str(ttl)})
         return int(data["ID"])
 
@@ -536,7 +491,7 @@ class EtcdRegistry:
         (each attempt bounded as a call's): (endpoint, its lines after the confirmation)."""
         timeout = httpx.Timeout(self._timeout, read=None)
         failures: list[str] = []
-        for endpoint, bound in self._attempts():
+        for endpoint, bound in self._order.attempts():
             where = f"{endpoint}/v3/watch"
             attempt = AsyncExitStack()
             with trio.move_on_after(bound):
@@ -567,19 +522,19 @@ class EtcdRegistry:
                     if "invalid auth token" in str(exc) or "code 16" in str(exc):
                         self._tokens.pop(endpoint, None)
                     failures.append(f"{endpoint}: {exc!r}")
-                    self.endpoint_failed(endpoint)
+                    self._order.failed(endpoint)
                     continue
                 except BaseException:
                     await attempt.aclose()
                     raise
-                self._answered(endpoint)
+                self._order.answered(endpoint)
                 stack.push_async_callback(attempt.aclose)
                 if not first.get("created", False):
                     _raise_for_watch(first)
                 return endpoint, lines
             await attempt.aclose()
             failures.append(f"{endpoint}: no watch confirmation within {bound:g} s")
-            self.endpoint_failed(endpoint)
+            self._order.failed(endpoint)
         raise RegistryUnavailable(f"etcd watch failed on every endpoint: {'; '.join(failures)}")
 
     async def aclose(self) -> None:
