@@ -23,6 +23,7 @@ from vnetd.registry.etcd_watch import QUIET_CHECK, resuming_watch
 A, B, C = "http://a:2379", "http://b:2379", "http://c:2379"
 OK = {"header": {"revision": "7"}, "kvs": []}
 NO_LEADER = {"error": "etcdserver: no leader", "message": "etcdserver: no leader", "code": 14}
+CLOSING = {"error": "grpc: the client connection is closing", "code": 1}
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def autojump_clock() -> trio.testing.MockClock:
 
 
 class Members:
-    """Each member is ``ok``, ``frozen``, ``refused`` or ``leaderless``."""
+    """Each member is ``ok``, ``frozen``, ``refused``, ``leaderless`` or ``stopping``."""
 
     def __init__(self, **states: str) -> None:
         self.states = states
@@ -47,6 +48,8 @@ class Members:
             raise httpx.ConnectError("connection refused", request=request)
         if state == "leaderless":
             return httpx.Response(503, json=NO_LEADER)
+        if state == "stopping":
+            return httpx.Response(408, json=CLOSING)
         if request.url.path == "/v3/lease/grant":
             return httpx.Response(200, json={"ID": "42", "TTL": "5"})
         if request.url.path == "/v3/lease/keepalive":
@@ -98,6 +101,15 @@ async def test_a_member_without_a_leader_is_left_at_once(autojump_clock: object)
     assert await timed(lambda: reg.get("/k")) == 0
     assert [host for host, _ in members.seen] == ["a", "b"]
     assert all(h.get("grpc-metadata-hasleader") == "true" for _, h in members.seen)
+
+
+async def test_a_stopping_member_is_unavailable_not_a_refusal(autojump_clock: object) -> None:
+    members = Members(a="stopping")
+    reg = registry(members, [A, B])
+    assert await reg.keepalive(42) == 5
+    members.states["b"] = "stopping"
+    with pytest.raises(RegistryUnavailable, match="connection is closing"):
+        await reg.keepalive(42)
 
 
 async def test_one_endpoint_is_tried_again_with_the_whole_timeout(autojump_clock: object) -> None:

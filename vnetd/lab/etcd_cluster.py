@@ -255,8 +255,14 @@ class EtcdCluster:
         member.partitioned = False
 
     async def replace(self, index: int) -> None:
-        """Remove member ``index`` from the cluster and stop it, then add a fresh one
-        at the same address with an empty data dir; waits until it answers."""
+        """Remove member ``index`` and add a fresh one in its place (``remove``, then
+        ``add_fresh``)."""
+        await self.remove(index)
+        await self.add_fresh(index)
+
+    async def remove(self, index: int) -> None:
+        """``member remove`` member ``index``, stop its process, and wait until the
+        others agree on a leader."""
         member = self.members[index]
         others = [m.url for m in self.members if m.index != index and m.serving]
         ids = {i: member_id for member_id, i in (await self._member_ids()).items()}
@@ -265,6 +271,13 @@ class EtcdCluster:
         await member.server.stop(signal.SIGKILL)
         member.frozen = False
         await self.wait_healthy()
+
+    async def add_fresh(self, index: int) -> None:
+        """``member add`` a new member at removed member ``index``'s address, and start
+        it on an empty data dir with ``--initial-cluster-state existing``; waits until
+        it answers."""
+        member = self.members[index]
+        others = [m.url for m in self.members if m.index != index and m.serving]
         member.generation += 1
         name = f"m{index}g{member.generation}"
         result = await self._reconfigure(

@@ -56,7 +56,10 @@ _NOT_FOUND = 5
 _INVALID_ARGUMENT = 3
 _PERMISSION_DENIED = 7
 _UNAUTHENTICATED = 16
-_UNAVAILABLE_CODES = frozenset({4, 14})  # DEADLINE_EXCEEDED, UNAVAILABLE
+_UNAVAILABLE_CODES = frozenset({1, 4, 14})  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE
+_UNAVAILABLE_STATUS = 408
+"""What a stopping member's gateway answers ("grpc: the client connection is closing",
+HTTP 408, code 1): the member is going away, not refusing."""
 
 
 def _b64(data: str | bytes) -> str:
@@ -110,7 +113,7 @@ def _check(response: httpx.Response, where: str) -> JSON:
     if error is not None or status >= 400:
         message, code = error or (response.text[:200] or response.reason_phrase, None)
         text = f"etcd {where}: {message} (HTTP {status}, code {code})"
-        if status >= 500 or code in _UNAVAILABLE_CODES:
+        if status >= 500 or status == _UNAVAILABLE_STATUS or code in _UNAVAILABLE_CODES:
             raise RegistryUnavailable(text)
         raise _Refused(text, code)
     if not isinstance(data, dict):

@@ -8,7 +8,8 @@ after the last event it delivered (so nothing is missed or repeated), when:
 * its member lost its leader: the watch is opened leader-required
   (``Grpc-Metadata-Hasleader: true``, which the gateway passes on as gRPC
   metadata; etcd 3.4.23 then ends the stream with "etcdserver: no leader"
-  within three election timeouts of losing it);
+  within three election timeouts of losing it), or it is shutting down
+  ("transport is closing");
 * the stream has been quiet for ``QUIET_CHECK`` s and a linearizable read on
   the same member does not answer within the registry's per-endpoint bound
   (a frozen member: it accepts connections and never answers, and a
@@ -38,6 +39,8 @@ log = logging.getLogger("vnetd.registry")
 
 JSON = dict[str, Any]
 
+MEMBER_GONE_CODES = frozenset({1, 4, 14})
+"""gRPC codes of a stream's error message that move the watch to another member."""
 QUIET_CHECK = 3.0
 """A watch stream quiet this long gets its member checked (one linearizable read)."""
 
@@ -147,8 +150,9 @@ class _ResumingLines:
             if isinstance(item, _Ended):
                 await self._move(item.why)
                 continue
-            if _lost_leader(item):
-                await self._move("its member lost its leader")
+            why = _member_gone(item)
+            if why is not None:
+                await self._move(why)
                 continue
             self._moves_without_message = 0
             self._note_revision(item)
@@ -198,12 +202,16 @@ async def _read(
             await send.send(_Ended(f"the stream broke: {exc!r}"))
 
 
-def _lost_leader(line: str) -> bool:
-    """True for the message a leader-required watch ends with when its member has none."""
+def _member_gone(line: str) -> str | None:
+    """Why the stream ended, for the error messages that say its member cannot serve it
+    (it lost its leader, or it is shutting down: gRPC codes CANCELLED, DEADLINE_EXCEEDED,
+    UNAVAILABLE); None for any other line."""
     if '"error"' not in line:
-        return False
+        return None
     try:
         error = json.loads(line).get("error")
     except ValueError:
-        return False
-    return isinstance(error, dict) and "no leader" in str(error.get("message", ""))
+        return None
+    if not isinstance(error, dict) or error.get("grpc_code") not in MEMBER_GONE_CODES:
+        return None
+    return f"the stream ended with {error.get('message', 'no message')!r}"
