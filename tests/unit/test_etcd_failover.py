@@ -95,6 +95,12 @@ async def test_the_bound_is_a_fifth_of_the_shortest_lease(autojump_clock: object
     assert await timed(lambda: reg.keepalive(lease)) == pytest.approx(1.0)
 
 
+async def test_a_lease_ttl_known_at_start_bounds_the_first_call(autojump_clock: object) -> None:
+    reg = EtcdRegistry([A, B], lease_ttl=5)
+    reg._client = httpx.AsyncClient(transport=httpx.MockTransport(Members(a="frozen")))
+    assert await timed(lambda: reg.get("/k")) == pytest.approx(1.0)
+
+
 async def test_a_member_without_a_leader_is_left_at_once(autojump_clock: object) -> None:
     members = Members(a="leaderless")
     reg = registry(members, [A, B])

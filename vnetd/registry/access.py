@@ -175,7 +175,9 @@ def open_registry_for(spec: MeshSpec) -> AbstractAsyncContextManager[EtcdRegistr
     """An etcd client for ``spec``'s registry settings (after ``with_etcd_access``)."""
     from vnetd.registry.etcd import open_etcd_registry
 
-    return open_etcd_registry(spec.registry.endpoints, security_of(spec.registry))
+    return open_etcd_registry(
+        spec.registry.endpoints, security_of(spec.registry), lease_ttl=spec.registry.lease_ttl
+    )
 
 
 def secured_opener(

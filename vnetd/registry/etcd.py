@@ -255,6 +255,9 @@ class EtcdRegistry:
             connection error or timeout the next one is tried, each once.
         timeout: the bound of each call (and of connecting a watch), seconds.
         security: TLS files and credentials (None: plain, no auth).
+        lease_ttl: the TTL of the leases this client will keep alive, if known
+            before the first ``grant``: it bounds every attempt from the start
+            (``etcd_endpoints``).
     """
 
     def __init__(
@@ -263,11 +266,14 @@ class EtcdRegistry:
         *,
         timeout: float = 5.0,
         security: EtcdSecurity | None = None,
+        lease_ttl: int | None = None,
     ) -> None:
         if not endpoints:
             raise RegistryError("etcd endpoints: at least one URL is required")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._order = EndpointOrder(self._endpoints, timeout)
+        if lease_ttl:
+            self._order.lease_granted(lease_ttl)
         self._timeout = timeout
         self._security = security or EtcdSecurity()
         tls = any(url.startswith("https://") for url in self._endpoints)
@@ -591,10 +597,10 @@ async def _watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[WatchEvent,
 
 @asynccontextmanager
 async def open_etcd_registry(
-    endpoints: Sequence[str], security: EtcdSecurity | None = None
+    endpoints: Sequence[str], security: EtcdSecurity | None = None, *, lease_ttl: int | None = None
 ) -> AsyncIterator[EtcdRegistry]:
     """An ``EtcdRegistry`` that is closed (shielded from cancellation) on exit."""
-    registry = EtcdRegistry(endpoints, security=security)
+    registry = EtcdRegistry(endpoints, security=security, lease_ttl=lease_ttl)
     try:
         yield registry
     finally:
