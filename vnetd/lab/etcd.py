@@ -13,7 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,6 +206,37 @@ class EtcdServer:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+async def run_etcdctl(
+    netns: str,
+    endpoints: Sequence[str],
+    args: Sequence[str],
+    *,
+    flags: Sequence[str] = (),
+    timeout: float,  # noqa: ASYNC109 (a bound the caller states)
+) -> subprocess.CompletedProcess[bytes]:
+    """``etcdctl`` (API 3) in ``netns`` against ``endpoints``, with ``flags`` (TLS,
+    user) before ``args``. The caller checks the exit code (``etcdctl_failure``).
+
+    Raises:
+        trio.TooSlowError: it ran over ``timeout`` s (it is killed).
+    """
+    argv = ["ip", "netns", "exec", netns, ETCDCTL_BIN, "--endpoints", ",".join(endpoints),
+            "--dial-timeout=2s", "--command-timeout=5s", *flags, *args]  # fmt: skip
+    with trio.fail_after(timeout):
+        return await trio.run_process(
+            argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )  # fmt: skip
+
+
+def etcdctl_failure(args: Sequence[str], result: subprocess.CompletedProcess[bytes]) -> str | None:
+    """The one-line error of a failed ``run_etcdctl``, or None when it exited 0."""
+    if result.returncode == 0:
+        return None
+    err = result.stderr.decode(errors="replace").strip()
+    return f"etcdctl {' '.join(args)} exited {result.returncode}: {err}"
 
 
 def _signal(process: trio.Process, signum: signal.Signals) -> None:

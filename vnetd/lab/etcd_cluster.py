@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
 import signal
 import subprocess
@@ -29,7 +28,13 @@ from pathlib import Path
 
 import trio
 
-from vnetd.lab.etcd import ETCDCTL_BIN, NETNS_CLIENT_PORT, NETNS_PEER_PORT, EtcdServer
+from vnetd.lab.etcd import (
+    NETNS_CLIENT_PORT,
+    NETNS_PEER_PORT,
+    EtcdServer,
+    etcdctl_failure,
+    run_etcdctl,
+)
 
 FIRST_MEMBER_IP = ipaddress.IPv4Address("198.18.0.11")
 NFT_BIN = "nft"
@@ -147,17 +152,10 @@ class EtcdCluster:
         urls = endpoints if endpoints is not None else self.serving_urls()
         if not urls:
             raise ClusterError("no etcd member is serving")
-        argv = ["ip", "netns", "exec", self.admin_netns, ETCDCTL_BIN,
-                "--endpoints", ",".join(urls), "--dial-timeout=2s", "--command-timeout=5s",
-                *args]  # fmt: skip
-        with trio.fail_after(timeout):
-            result = await trio.run_process(
-                argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
-                env={**os.environ, "ETCDCTL_API": "3"},
-            )  # fmt: skip
-        if result.returncode != 0:
-            err = result.stderr.decode(errors="replace").strip()
-            raise ClusterError(f"etcdctl {' '.join(args)} exited {result.returncode}: {err}")
+        result = await run_etcdctl(self.admin_netns, urls, args, timeout=timeout)
+        failure = etcdctl_failure(args, result)
+        if failure is not None:
+            raise ClusterError(failure)
         return result
 
     async def statuses(self) -> dict[int, dict[str, object]]:

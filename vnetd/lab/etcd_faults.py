@@ -30,7 +30,7 @@ import trio
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.etcd_cluster import EtcdCluster
-from vnetd.lab.lab import open_lab
+from vnetd.lab.lab import Lab, open_lab
 
 FAULTS = ("leader-killed", "frozen", "partitioned", "rolling-restart", "replaced")
 PODS = 5
@@ -95,8 +95,10 @@ async def run_etcd_fault(
     start_after: float = 2.0,
     ttl: int = 5,
     workdir: Path | None = None,
+    lab_ready: Callable[[Lab], None] | None = None,
 ) -> FaultRun:
-    """Run ``fault`` in a new lab and measure it.
+    """Run ``fault`` in a new lab and measure it (``lab_ready`` is called with the lab
+    once it is built, e.g. to tell a load sampler its namespaces).
 
     Raises:
         ValueError: an unknown fault.
@@ -109,6 +111,8 @@ async def run_etcd_fault(
     with trio.fail_after(duration + 180):
         async with open_lab(PODS, workdir=workdir, etcd_members=3) as lab:
             assert lab.etcd_cluster is not None
+            if lab_ready is not None:
+                lab_ready(lab)
             mesh = await _form_mesh(MeshLab.create(lab, ttl=ttl))
             begin, end = _FAULTS[fault]
             fault_at = time.monotonic()

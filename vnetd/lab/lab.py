@@ -45,7 +45,7 @@ from typing import Any
 
 import trio
 
-from vnetd.lab.etcd import ETCDCTL_BIN, EtcdServer, EtcdTls, run_etcd
+from vnetd.lab.etcd import EtcdServer, EtcdTls, etcdctl_failure, run_etcd, run_etcdctl
 from vnetd.lab.etcd_cluster import ClusterError, EtcdCluster
 from vnetd.lab.netns import (
     add_netns,
@@ -303,17 +303,12 @@ class Lab:
                 return await self.etcd_cluster.etcdctl(*args, timeout=timeout)
             except ClusterError as exc:
                 raise LabError(str(exc)) from None
-        argv = ["ip", "netns", "exec", self.etcd_netns, ETCDCTL_BIN,
-                "--endpoints", self.etcd_url, "--dial-timeout=2s", "--command-timeout=5s",
-                *self.etcdctl_flags, *args]  # fmt: skip
-        with trio.fail_after(timeout):
-            result = await trio.run_process(
-                argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
-                env={**os.environ, "ETCDCTL_API": "3"},
-            )  # fmt: skip
-        if result.returncode != 0:
-            err = result.stderr.decode(errors="replace").strip()
-            raise LabError(f"etcdctl {' '.join(args)} exited {result.returncode}: {err}")
+        result = await run_etcdctl(
+            self.etcd_netns, [self.etcd_url], args, flags=self.etcdctl_flags, timeout=timeout
+        )
+        failure = etcdctl_failure(args, result)
+        if failure is not None:
+            raise LabError(failure)
         return result
 
     async def set_sysctl(self, netns: str, key: str, value: str) -> None:

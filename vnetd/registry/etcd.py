@@ -394,8 +394,8 @@ class EtcdRegistry:
         with trio.move_on_after(bound):
             try:
                 await self._call(endpoint, "/v3/kv/range", {"key": key, "count_only": True})
-            except _Refused:
-                return None  # it answered: a permission problem is not a health one
+            except (_Refused, RegistryAccessError):
+                return None  # it answered: a credential problem is not a health one
             except (httpx.TransportError, RegistryUnavailable) as exc:
                 return f"a read on it failed: {exc}"
             return None
