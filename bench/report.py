@@ -696,13 +696,14 @@ def etcd_faults_section(r: JSON | None, cost: JSON | None) -> tuple[list[str], b
     ]  # fmt: skip
     met = all(v["claims_lost"] == 0 and v["probes_lost"] == 0 for v in r["summary"].values())
     out += [
-        "Five pods, three etcd 3.4 members, real wireguard-go, lease TTL "
-        f"{p['ttl']} s; every daemon is given all three endpoints. Ranks 0-3 are meshed,",
-        f"the fault lasts {p['duration']:g} s; {p['start_after']:g} s into it rank 4 is "
-        "started and rank 3's pod killed.",
-        "*Reached* = the fault's start (or rank 4's) → rank 4 and every running rank have",
-        "reached each other over the overlay; *dropped* = rank 3's kill → no running rank",
-        "has it as a peer. Median (min–max) over runs; claims and probes lost in all runs.",
+        f"Five pods, three etcd 3.4 members, real wireguard-go, lease TTL {p['ttl']} s;",
+        "every daemon is given all three endpoints. Ranks 0-3 are meshed, the fault lasts",
+        f"{p['duration']:g} s; {p['start_after']:g} s into it rank 4 is started and rank 3's"
+        " pod killed. *Reached* = the fault's start (or rank 4's) → rank 4 and every",
+        "running rank have reached each other over the overlay; *dropped* = rank 3's kill",
+        "→ no running rank has it as a peer (a kill during a leader change also waits for",
+        "the new leader, which renews every lease: up to TTL + 2 s). Median (min–max) over",
+        "runs; claims and probes lost in all runs.",
         "",
         *table(
             [
