@@ -15,7 +15,7 @@ import pytest
 
 from vnetd.lab.lab import Lab, open_lab
 
-REQUIRED_TOOLS = ("ip", "unshare", "etcd", "etcdctl", "wireguard-go", "wg", "ping")
+REQUIRED_TOOLS = ("ip", "unshare", "etcd", "etcdctl", "wireguard-go", "wg", "ping", "nft")
 
 
 def e2e_skip_reason() -> str | None:

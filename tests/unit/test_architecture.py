@@ -44,8 +44,10 @@ PORTS = ("vnetd.registry", "vnetd.dataplane")
 
 BACKENDS = {
     "vnetd.registry.etcd",
+    "vnetd.registry.etcd_endpoints",
     "vnetd.registry.etcd_gateway",
     "vnetd.registry.etcd_security",
+    "vnetd.registry.etcd_watch",
     "vnetd.registry.memory",
     "vnetd.dataplane.fake",
     "vnetd.dataplane.kernel",

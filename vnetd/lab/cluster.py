@@ -10,10 +10,11 @@ shared by every process on the machine, so they compare with the test's.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,16 @@ PROBE_DURATION = 600.0
 
 
 def write_spec(
-    path: Path, size: int, etcd_url: str, *, name: str = "lab", ttl: int = 5, mtu: int = 1420
+    path: Path,
+    size: int,
+    etcd_url: str | Sequence[str],
+    *,
+    name: str = "lab",
+    ttl: int = 5,
+    mtu: int = 1420,
 ) -> Path:
+    """Write the lab's spec; ``etcd_url`` is one URL or every member's."""
+    urls = [etcd_url] if isinstance(etcd_url, str) else list(etcd_url)
     path.write_text(
         f"""[mesh]
 name = "{name}"
@@ -44,7 +53,7 @@ mtu = {mtu}
 hostname = "{name}-{{rank}}"
 
 [registry]
-endpoints = ["{etcd_url}"]
+endpoints = {json.dumps(urls)}
 lease_ttl = {ttl}
 """
     )
@@ -64,7 +73,7 @@ class MeshLab:
 
     @classmethod
     def create(cls, lab: Lab, *, ttl: int = 5) -> MeshLab:
-        path = write_spec(lab.workdir / "mesh.toml", len(lab.pods), lab.etcd_url, ttl=ttl)
+        path = write_spec(lab.workdir / "mesh.toml", len(lab.pods), lab.etcd_urls, ttl=ttl)
         return cls(lab, path, load_spec(path))
 
     def pod(self, rank: int) -> Pod:

@@ -13,7 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +85,10 @@ class EtcdServer:
     name: str = "vnetd-lab"
     peer_url: str = ""
     tls: EtcdTls | None = None
+    initial_cluster: str = ""
+    """``--initial-cluster``; empty: this member alone."""
+    cluster_state: str = "new"
+    """``--initial-cluster-state``: ``new``, or ``existing`` for a member added later."""
     _process: trio.Process | None = field(default=None, repr=False)
 
     def command(self) -> list[str]:
@@ -97,8 +101,8 @@ class EtcdServer:
             "--advertise-client-urls", self.url,
             "--listen-peer-urls", self.peer_url,
             "--initial-advertise-peer-urls", self.peer_url,
-            "--initial-cluster", f"{self.name}={self.peer_url}",
-            "--initial-cluster-state", "new",
+            "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}",
+            "--initial-cluster-state", self.cluster_state,
             "--heartbeat-interval", "100",
             "--election-timeout", "500",
             "--log-level", "warn",
@@ -135,8 +139,9 @@ class EtcdServer:
             await self.stop()
             raise
 
-    async def stop(self) -> None:
-        """SIGTERM by pid, wait up to ``STOP_TIMEOUT`` s, then SIGKILL; idempotent.
+    async def stop(self, first: signal.Signals = signal.SIGTERM) -> None:
+        """Send ``first`` by pid (SIGKILL: a crash), wait up to ``STOP_TIMEOUT`` s, then
+        SIGKILL; idempotent. A frozen member is continued so that it can exit.
 
         Cancellation: shielded, so it completes even in a cancelled scope.
         """
@@ -145,13 +150,24 @@ class EtcdServer:
             return
         self.pid = 0
         with trio.CancelScope(shield=True):
-            _signal(process, signal.SIGTERM)
+            _signal(process, first)
+            _signal(process, signal.SIGCONT)
             with trio.move_on_after(STOP_TIMEOUT):
                 await process.wait()
                 return
             _signal(process, signal.SIGKILL)
             with trio.move_on_after(STOP_TIMEOUT):
                 await process.wait()
+
+    def send_signal(self, signum: signal.Signals) -> None:
+        """Send ``signum`` to the running member by pid (SIGSTOP freezes it, SIGCONT thaws).
+
+        Raises:
+            RuntimeError: it is not running.
+        """
+        if self._process is None:
+            raise RuntimeError(f"etcd {self.name} is not running")
+        _signal(self._process, signum)
 
     async def _wait_ready(self) -> None:
         assert self._process is not None
@@ -190,6 +206,37 @@ class EtcdServer:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+async def run_etcdctl(
+    netns: str,
+    endpoints: Sequence[str],
+    args: Sequence[str],
+    *,
+    flags: Sequence[str] = (),
+    timeout: float,  # noqa: ASYNC109 (a bound the caller states)
+) -> subprocess.CompletedProcess[bytes]:
+    """``etcdctl`` (API 3) in ``netns`` against ``endpoints``, with ``flags`` (TLS,
+    user) before ``args``. The caller checks the exit code (``etcdctl_failure``).
+
+    Raises:
+        trio.TooSlowError: it ran over ``timeout`` s (it is killed).
+    """
+    argv = ["ip", "netns", "exec", netns, ETCDCTL_BIN, "--endpoints", ",".join(endpoints),
+            "--dial-timeout=2s", "--command-timeout=5s", *flags, *args]  # fmt: skip
+    with trio.fail_after(timeout):
+        return await trio.run_process(
+            argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )  # fmt: skip
+
+
+def etcdctl_failure(args: Sequence[str], result: subprocess.CompletedProcess[bytes]) -> str | None:
+    """The one-line error of a failed ``run_etcdctl``, or None when it exited 0."""
+    if result.returncode == 0:
+        return None
+    err = result.stderr.decode(errors="replace").strip()
+    return f"etcdctl {' '.join(args)} exited {result.returncode}: {err}"
 
 
 def _signal(process: trio.Process, signum: signal.Signals) -> None:

@@ -45,7 +45,8 @@ from typing import Any
 
 import trio
 
-from vnetd.lab.etcd import ETCDCTL_BIN, EtcdServer, EtcdTls, run_etcd
+from vnetd.lab.etcd import EtcdServer, EtcdTls, etcdctl_failure, run_etcd, run_etcdctl
+from vnetd.lab.etcd_cluster import ClusterError, EtcdCluster
 from vnetd.lab.netns import (
     add_netns,
     delete_netns,
@@ -185,6 +186,7 @@ class Lab:
         mtu: int | None = None,
         ipv6: bool = False,
         static_neighbours: bool = False,
+        etcd_members: int = 1,
     ) -> None:
         self.id = lab_id
         self.mtu = mtu
@@ -200,6 +202,12 @@ class Lab:
         """Extra etcdctl flags: TLS files (set by ``start_etcd``), ``--user`` once auth is on."""
         self.pods = [self._pod(i) for i in range(pods)]
         self.processes: list[LabProcess] = []
+        self.etcd_cluster: EtcdCluster | None = None
+        """With ``etcd_members`` > 1: the cluster (module ``etcd_cluster``); the etcd
+        namespace then only runs ``etcdctl``, as the cluster's admin host."""
+        if etcd_members > 1:
+            self.etcd_cluster = EtcdCluster(lab_id, workdir, etcd_members, self.etcd_netns)
+            self.etcd_url = self.etcd_cluster.urls[0]
         self._etcd: EtcdServer | None = None
         self._etcd_stack = AsyncExitStack()
         self._seq = 0
@@ -218,8 +226,14 @@ class Lab:
 
     @property
     def netns_names(self) -> list[str]:
-        """Every namespace this lab makes: pods, etcd, switch."""
-        return [*(p.netns for p in self.pods), self.etcd_netns, self.switch_netns]
+        """Every namespace this lab makes: pods, etcd (and its members), switch."""
+        members = [m.netns for m in self.etcd_cluster.members] if self.etcd_cluster else []
+        return [*(p.netns for p in self.pods), self.etcd_netns, *members, self.switch_netns]
+
+    @property
+    def etcd_urls(self) -> list[str]:
+        """Every etcd client URL: the cluster's members, else the one etcd."""
+        return self.etcd_cluster.urls if self.etcd_cluster else [self.etcd_url]
 
     @property
     def etcd(self) -> EtcdServer | None:
@@ -241,6 +255,12 @@ class Lab:
             LabError: ``fresh`` while etcd runs.
         """
         self._check_open()
+        if self.etcd_cluster is not None:
+            if tls is not None or fresh:
+                raise LabError("an etcd cluster starts plain and once; use its own faults")
+            self._etcd_stack.push_async_callback(self.etcd_cluster.close)
+            await self.etcd_cluster.start()
+            return self.etcd_cluster.members[0].server
         if self._etcd is None:
             self._etcd = await self._etcd_stack.enter_async_context(
                 run_etcd(
@@ -278,17 +298,17 @@ class Lab:
             trio.TooSlowError: it ran over ``timeout`` s (it is killed).
         """
         self._check_open()
-        argv = ["ip", "netns", "exec", self.etcd_netns, ETCDCTL_BIN,
-                "--endpoints", self.etcd_url, "--dial-timeout=2s", "--command-timeout=5s",
-                *self.etcdctl_flags, *args]  # fmt: skip
-        with trio.fail_after(timeout):
-            result = await trio.run_process(
-                argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
-                env={**os.environ, "ETCDCTL_API": "3"},
-            )  # fmt: skip
-        if result.returncode != 0:
-            err = result.stderr.decode(errors="replace").strip()
-            raise LabError(f"etcdctl {' '.join(args)} exited {result.returncode}: {err}")
+        if self.etcd_cluster is not None:
+            try:
+                return await self.etcd_cluster.etcdctl(*args, timeout=timeout)
+            except ClusterError as exc:
+                raise LabError(str(exc)) from None
+        result = await run_etcdctl(
+            self.etcd_netns, [self.etcd_url], args, flags=self.etcdctl_flags, timeout=timeout
+        )
+        failure = etcdctl_failure(args, result)
+        if failure is not None:
+            raise LabError(failure)
         return result
 
     async def set_sysctl(self, netns: str, key: str, value: str) -> None:
@@ -464,14 +484,19 @@ class Lab:
         return moved
 
     def _hosts(self) -> list[tuple[str, str]]:
-        """(namespace, IPv4 underlay address) of every pod and of etcd."""
-        return [(p.netns, p.underlay_ip) for p in self.pods] + [(self.etcd_netns, ETCD_IP)]
+        """(namespace, IPv4 underlay address) of every pod and of etcd (and its members)."""
+        hosts = [(p.netns, p.underlay_ip) for p in self.pods] + [(self.etcd_netns, ETCD_IP)]
+        if self.etcd_cluster:
+            hosts += [(m.netns, m.ip) for m in self.etcd_cluster.members]
+        return hosts
 
     async def _pin_neighbours(self) -> None:
         """Permanent neighbour entries in every namespace for every other one (IPv4 and IPv6)."""
         entries = [(p.netns, p.underlay_ip, _mac(p.index)) for p in self.pods]
         entries += [(p.netns, p.underlay_ip6, _mac(p.index)) for p in self.pods if p.underlay_ip6]
         entries.append((self.etcd_netns, ETCD_IP, ETCD_MAC))
+        if self.etcd_cluster:
+            entries += [(m.netns, m.ip, m.mac) for m in self.etcd_cluster.members]
         for netns, _ in self._hosts():
             await ip_batch(
                 [f"neigh replace {addr} lladdr {mac} dev eth0 nud permanent"
@@ -490,6 +515,8 @@ class Lab:
         await add_netns(self.netns_names)
         ports = [(f"p{p.index}", p.netns, _mac(p.index)) for p in self.pods]
         ports.append(("etcd", self.etcd_netns, ETCD_MAC))
+        if self.etcd_cluster:
+            ports += [(f"etcd{m.index}", m.netns, m.mac) for m in self.etcd_cluster.members]
         switch = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
         mtu = f" mtu {self.mtu}" if self.mtu else ""
         if mtu:
@@ -551,6 +578,7 @@ async def open_lab(
     mtu: int | None = None,
     ipv6: bool = False,
     static_neighbours: bool = False,
+    etcd_members: int = 1,
 ) -> AsyncIterator[Lab]:
     """Build a lab of ``pods`` pods (and etcd), yield it, and tear it all down.
 
@@ -564,6 +592,8 @@ async def open_lab(
             ``fd00:198:18::<i+1>/64``); etcd stays on IPv4.
         static_neighbours: pin every underlay neighbour instead of resolving
             it by ARP; needed beyond ~30 pods (see the module doc).
+        etcd_members: 3 (or more) runs an etcd cluster, each member in its own
+            namespace (``Lab.etcd_cluster``, module ``etcd_cluster``).
 
     Raises:
         LabError: a namespace or link could not be made (all is undone).
@@ -587,7 +617,10 @@ async def open_lab(
     except BaseException:
         _remove_marker(lab_id)
         raise
-    lab = Lab(lab_id, workdir, pods, mtu=mtu, ipv6=ipv6, static_neighbours=static_neighbours)
+    lab = Lab(
+        lab_id, workdir, pods, mtu=mtu, ipv6=ipv6, static_neighbours=static_neighbours,
+        etcd_members=etcd_members,
+    )  # fmt: skip
     try:
         try:
             await lab._build()

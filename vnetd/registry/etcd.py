@@ -9,6 +9,10 @@ Auth: ``POST /v3/auth/authenticate`` gives a token that goes in the
 ``Authorization`` header of every call; when etcd answers that the token is
 invalid (it expired, or another member issued it: etcd's simple tokens are
 per member) the client authenticates again and retries once.
+
+Several members: each attempt is bounded and a failed endpoint is tried last
+(``etcd_endpoints``); a watch moves off a member that cannot serve it
+(``etcd_watch``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import trio
 
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.registry.base import KeyValue, WatchEvent
+from vnetd.registry.etcd_endpoints import REQUIRE_LEADER, EndpointOrder
 from vnetd.registry.etcd_gateway import (
     INVALID_ARGUMENT,
     JSON,
@@ -44,6 +49,7 @@ from vnetd.registry.etcd_security import (
     closed_hint,
     tls_problem,
 )
+from vnetd.registry.etcd_watch import resuming_watch
 
 __all__ = ["EtcdRegistry", "EtcdSecurity", "RegistryAccessError", "open_etcd_registry"]
 
@@ -56,6 +62,9 @@ class EtcdRegistry:
             connection error or timeout the next one is tried, each once.
         timeout: the bound of each call (and of connecting a watch), seconds.
         security: TLS files and credentials (None: plain, no auth).
+        lease_ttl: the TTL of the leases this client will keep alive, if known
+            before the first ``grant``: it bounds every attempt from the start
+            (``etcd_endpoints``).
     """
 
     def __init__(
@@ -64,11 +73,14 @@ class EtcdRegistry:
         *,
         timeout: float = 5.0,
         security: EtcdSecurity | None = None,
+        lease_ttl: int | None = None,
     ) -> None:
         if not endpoints:
             raise RegistryError("etcd endpoints: at least one URL is required")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
-        self._current = 0
+        self._order = EndpointOrder(self._endpoints, timeout)
+        if lease_ttl:
+            self._order.lease_granted(lease_ttl)
         self._timeout = timeout
         self._security = security or EtcdSecurity()
         tls = any(url.startswith("https://") for url in self._endpoints)
@@ -82,9 +94,9 @@ class EtcdRegistry:
 
     async def _post(self, path: str, body: JSON) -> JSON:
         failures: list[str] = []
-        for endpoint in self._rotation():
+        for endpoint, bound in self._order.attempts():
             where = f"{endpoint}{path}"
-            with trio.move_on_after(self._timeout):
+            with trio.move_on_after(bound):
                 try:
                     data = await self._call(endpoint, path, body)
                 except RegistryAccessError:
@@ -94,10 +106,12 @@ class EtcdRegistry:
                     if problem is not None:
                         raise problem from None
                     failures.append(f"{endpoint}: {exc!r}{closed_hint(exc, endpoint)}")
+                    self._order.failed(endpoint)
                     continue
-                self._current = self._endpoints.index(endpoint)
+                self._order.answered(endpoint)
                 return data
-            failures.append(f"{endpoint}: no answer within {self._timeout} s ({where})")
+            failures.append(f"{endpoint}: no answer within {bound:g} s ({where})")
+            self._order.failed(endpoint)
         raise RegistryUnavailable(f"etcd {path} failed on every endpoint: {'; '.join(failures)}")
 
     async def _call(self, endpoint: str, path: str, body: JSON) -> JSON:
@@ -105,7 +119,7 @@ class EtcdRegistry:
         has become invalid)."""
         where = f"{endpoint}{path}"
         for attempt in range(2):
-            headers = await self._auth_headers(endpoint)
+            headers = {**REQUIRE_LEADER, **await self._auth_headers(endpoint)}
             response = await self._client.post(where, json=body, headers=headers)
             try:
                 return check_response(response, where)
@@ -128,7 +142,7 @@ class EtcdRegistry:
         where = f"{endpoint}/v3/auth/authenticate"
         user = self._security.username
         credentials = {"name": user, "password": self._security.password or ""}
-        response = await self._client.post(where, json=credentials)
+        response = await self._client.post(where, json=credentials, headers=REQUIRE_LEADER)
         try:
             data = check_response(response, where)
         except Refused as exc:
@@ -173,9 +187,26 @@ class EtcdRegistry:
             )
         return exc
 
-    def _rotation(self) -> list[str]:
-        n = len(self._endpoints)
-        return [self._endpoints[(self._current + i) % n] for i in range(n)]
+    @property
+    def endpoint_count(self) -> int:
+        return len(self._endpoints)
+
+    def endpoint_failed(self, endpoint: str) -> None:
+        self._order.failed(endpoint)
+
+    async def member_serves(self, endpoint: str, key: str) -> str | None:
+        """None when ``endpoint`` answers a linearizable read of ``key`` (base64) within
+        the per-endpoint bound, else why not (``etcd_watch`` asks this of a quiet watch)."""
+        bound = self._order.attempt_timeout
+        with trio.move_on_after(bound):
+            try:
+                await self._call(endpoint, "/v3/kv/range", {"key": key, "count_only": True})
+            except (Refused, RegistryAccessError):
+                return None  # it answered: a credential problem is not a health one
+            except (httpx.TransportError, RegistryUnavailable) as exc:
+                return f"a read on it failed: {exc}"
+            return None
+        return f"a read on it had no answer within {bound:g} s"
 
     async def get(self, key: str) -> KeyValue | None:
         data = await self._post("/v3/kv/range", {"key": b64(key)})
@@ -238,6 +269,7 @@ class EtcdRegistry:
         return int(data.get("deleted", 0)) > 0
 
     async def grant(self, ttl: int) -> int:
+        self._order.lease_granted(ttl)
         data = await self._post("/v3/lease/grant", {"TTL": str(ttl)})
         return int(data["ID"])
 
@@ -261,27 +293,26 @@ class EtcdRegistry:
     async def _watch(
         self, prefix: str, start_revision: int
     ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
-        request = {
-            "key": b64(prefix),
-            "range_end": b64(prefix_end(prefix)),
-            "start_revision": str(start_revision),
-        }
+        request = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
         async with AsyncExitStack() as stack:
-            lines = await self._open_watch(stack, {"create_request": request})
+            lines = await stack.enter_async_context(resuming_watch(self, request, start_revision))
             events = watch_events(lines)
             stack.push_async_callback(events.aclose)
             yield events
 
-    async def _open_watch(self, stack: AsyncExitStack, body: JSON) -> AsyncIterator[str]:
-        """Open the stream on the first endpoint that confirms the watch."""
+    async def open_watch_stream(
+        self, stack: AsyncExitStack, body: JSON
+    ) -> tuple[str, AsyncIterator[str]]:
+        """Open a leader-required stream on the first endpoint that confirms the watch
+        (each attempt bounded as a call's): (endpoint, its lines after the confirmation)."""
         timeout = httpx.Timeout(self._timeout, read=None)
         failures: list[str] = []
-        for endpoint in self._rotation():
+        for endpoint, bound in self._order.attempts():
             where = f"{endpoint}/v3/watch"
             attempt = AsyncExitStack()
-            with trio.move_on_after(self._timeout):
+            with trio.move_on_after(bound):
                 try:
-                    headers = await self._auth_headers(endpoint)
+                    headers = {**REQUIRE_LEADER, **await self._auth_headers(endpoint)}
                     response = await attempt.enter_async_context(
                         self._client.stream(
                             "POST", where, json=body, timeout=timeout, headers=headers
@@ -307,17 +338,19 @@ class EtcdRegistry:
                     if "invalid auth token" in str(exc) or "code 16" in str(exc):
                         self._tokens.pop(endpoint, None)
                     failures.append(f"{endpoint}: {exc!r}")
+                    self._order.failed(endpoint)
                     continue
                 except BaseException:
                     await attempt.aclose()
                     raise
-                self._current = self._endpoints.index(endpoint)
+                self._order.answered(endpoint)
                 stack.push_async_callback(attempt.aclose)
                 if not first.get("created", False):
                     raise_for_watch(first)
-                return lines
+                return endpoint, lines
             await attempt.aclose()
-            failures.append(f"{endpoint}: no watch confirmation within {self._timeout} s")
+            failures.append(f"{endpoint}: no watch confirmation within {bound:g} s")
+            self._order.failed(endpoint)
         raise RegistryUnavailable(f"etcd watch failed on every endpoint: {'; '.join(failures)}")
 
     async def aclose(self) -> None:
@@ -326,10 +359,10 @@ class EtcdRegistry:
 
 @asynccontextmanager
 async def open_etcd_registry(
-    endpoints: Sequence[str], security: EtcdSecurity | None = None
+    endpoints: Sequence[str], security: EtcdSecurity | None = None, *, lease_ttl: int | None = None
 ) -> AsyncIterator[EtcdRegistry]:
     """An ``EtcdRegistry`` that is closed (shielded from cancellation) on exit."""
-    registry = EtcdRegistry(endpoints, security=security)
+    registry = EtcdRegistry(endpoints, security=security, lease_ttl=lease_ttl)
     try:
         yield registry
     finally:

@@ -30,7 +30,10 @@ NOT_FOUND = 5
 INVALID_ARGUMENT = 3
 PERMISSION_DENIED = 7
 UNAUTHENTICATED = 16
-UNAVAILABLE_CODES = frozenset({4, 14})  # DEADLINE_EXCEEDED, UNAVAILABLE
+UNAVAILABLE_CODES = frozenset({1, 4, 14})  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE
+UNAVAILABLE_STATUS = 408
+"""What a stopping member's gateway answers ("grpc: the client connection is closing",
+HTTP 408, code 1): the member is going away, not refusing."""
 
 
 def b64(data: str | bytes) -> str:
@@ -84,7 +87,7 @@ def check_response(response: httpx.Response, where: str) -> JSON:
     if error is not None or status >= 400:
         message, code = error or (response.text[:200] or response.reason_phrase, None)
         text = f"etcd {where}: {message} (HTTP {status}, code {code})"
-        if status >= 500 or code in UNAVAILABLE_CODES:
+        if status >= 500 or status == UNAVAILABLE_STATUS or code in UNAVAILABLE_CODES:
             raise RegistryUnavailable(text)
         raise Refused(text, code)
     if not isinstance(data, dict):

@@ -28,4 +28,6 @@ def open_registry(settings: RegistrySpec) -> AbstractAsyncContextManager[Registr
     from vnetd.registry.etcd import open_etcd_registry
     from vnetd.registry.etcd_security import security_of
 
-    return open_etcd_registry(settings.endpoints, security_of(settings))
+    return open_etcd_registry(
+        settings.endpoints, security_of(settings), lease_ttl=settings.lease_ttl
+    )

@@ -1,0 +1,217 @@
+"""An etcd watch stream that never stays on a member that cannot serve it.
+
+The lines of one watch (the JSON gateway's messages), read by a task of
+their own and handed on one at a time, so the stream keeps its TCP back
+pressure. The stream moves to another member, resuming from the revision
+after the last event it delivered (so nothing is missed or repeated), when:
+
+* its member lost its leader: the watch is opened leader-required
+  (``Grpc-Metadata-Hasleader: true``, which the gateway passes on as gRPC
+  metadata; etcd 3.4.23 then ends the stream with "etcdserver: no leader"
+  within three election timeouts of losing it), or it is shutting down
+  ("transport is closing");
+* the stream has been quiet for ``QUIET_CHECK`` s and a linearizable read on
+  the same member does not answer within the registry's per-endpoint bound
+  (a frozen member: it accepts connections and never answers, and a
+  leader-required watch on it never ends);
+* the stream ends or breaks.
+
+A move that finds no member raises ``RegistryUnavailable`` (and a resume
+from a compacted revision ``WatchCompacted``) to the consumer, which lists
+again as it always did. docs/architecture.md, "Watch", has the why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import trio
+
+from vnetd.errors import RegistryUnavailable
+
+log = logging.getLogger("vnetd.registry")
+
+JSON = dict[str, Any]
+
+MEMBER_GONE_CODES = frozenset({1, 4, 14})
+"""gRPC codes of a stream's error message that move the watch to another member."""
+QUIET_CHECK = 3.0
+"""A watch stream quiet this long gets its member checked (one linearizable read)."""
+
+
+class WatchOpener(Protocol):
+    """What the stream needs from the registry (``EtcdRegistry`` provides it)."""
+
+    @property
+    def endpoint_count(self) -> int: ...
+
+    async def open_watch_stream(
+        self, stack: AsyncExitStack, body: JSON
+    ) -> tuple[str, AsyncIterator[str]]:
+        """Open a confirmed watch on the first endpoint that gives one: (endpoint, lines)."""
+        ...
+
+    async def member_serves(self, endpoint: str, key: str) -> str | None:
+        """None when ``endpoint`` answers a linearizable read of ``key`` (base64) in
+        time, else why not."""
+        ...
+
+    def endpoint_failed(self, endpoint: str) -> None:
+        """Try ``endpoint`` last for a while."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Ended:
+    why: str
+
+
+@asynccontextmanager
+async def resuming_watch(
+    opener: WatchOpener, request: JSON, start_revision: int
+) -> AsyncIterator[AsyncIterator[str]]:
+    """The lines of the watch ``request`` (a ``create_request`` without its start
+    revision) from ``start_revision`` on, moved between members as needed.
+
+    Raises (on entry): what the first open raises.
+
+    Cancellation: the stream and its reader are closed.
+    """
+    try:
+        async with trio.open_nursery() as nursery:
+            lines = _ResumingLines(opener, request, start_revision, nursery)
+            try:
+                await lines.open()
+                yield lines
+            finally:
+                with trio.CancelScope(shield=True):
+                    await lines.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # the consumer's own error, as itself
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
+class _ResumingLines:
+    def __init__(
+        self, opener: WatchOpener, request: JSON, start_revision: int, nursery: trio.Nursery
+    ) -> None:
+        self._opener = opener
+        self._request = request
+        self._next_revision = start_revision
+        self._nursery = nursery
+        self._stack = AsyncExitStack()
+        self._reader: trio.CancelScope | None = None
+        self._receive: trio.MemoryReceiveChannel[str | _Ended] | None = None
+        self._moves_without_message = 0
+        self.endpoint = ""
+
+    async def open(self) -> None:
+        """Open the stream from ``_next_revision`` and start its reader."""
+        body = {"create_request": {**self._request, "start_revision": str(self._next_revision)}}
+        stack = AsyncExitStack()
+        try:
+            endpoint, lines = await self._opener.open_watch_stream(stack, body)
+        except BaseException:
+            await stack.aclose()
+            raise
+        send, receive = trio.open_memory_channel[str | _Ended](0)
+        self._stack, self._receive, self.endpoint = stack, receive, endpoint
+        self._reader = await self._nursery.start(_read, lines, send)
+
+    async def aclose(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        await self._stack.aclose()
+
+    def __aiter__(self) -> _ResumingLines:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            assert self._receive is not None
+            item: str | _Ended | None = None
+            with trio.move_on_after(QUIET_CHECK):
+                item = await self._receive.receive()
+            if item is None:
+                key = str(self._request.get("key", ""))
+                why = await self._opener.member_serves(self.endpoint, key)
+                if why is not None:
+                    await self._move(f"the stream was quiet and {why}")
+                continue
+            if isinstance(item, _Ended):
+                await self._move(item.why)
+                continue
+            why = _member_gone(item)
+            if why is not None:
+                await self._move(why)
+                continue
+            self._moves_without_message = 0
+            self._note_revision(item)
+            return item
+
+    async def _move(self, why: str) -> None:
+        """Resume on another member from the revision after the last event delivered."""
+        old = self.endpoint
+        self._opener.endpoint_failed(old)
+        self._moves_without_message += 1
+        if self._moves_without_message > max(2, self._opener.endpoint_count):
+            raise RegistryUnavailable(f"etcd watch on {old}: {why}; no member kept the stream")
+        await self.aclose()
+        await self.open()  # RegistryUnavailable, WatchCompacted: to the consumer
+        log.warning(
+            "etcd watch on %s: %s; resumed on %s from revision %d",
+            old,
+            why,
+            self.endpoint,
+            self._next_revision,
+        )
+
+    def _note_revision(self, line: str) -> None:
+        try:
+            data = json.loads(line)
+            events = data["result"].get("events", [])
+            if events:
+                self._next_revision = int(events[-1]["kv"]["mod_revision"]) + 1
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return  # not an event message: the consumer reports it
+
+
+async def _read(
+    lines: AsyncIterator[str],
+    send: trio.MemorySendChannel[str | _Ended],
+    *,
+    task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with trio.CancelScope() as scope:
+        task_status.started(scope)
+        try:
+            async for line in lines:
+                if line.strip():
+                    await send.send(line)
+            await send.send(_Ended("the stream ended"))
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            await send.send(_Ended(f"the stream broke: {exc!r}"))
+
+
+def _member_gone(line: str) -> str | None:
+    """Why the stream ended, for the error messages that say its member cannot serve it
+    (it lost its leader, or it is shutting down: gRPC codes CANCELLED, DEADLINE_EXCEEDED,
+    UNAVAILABLE); None for any other line."""
+    if '"error"' not in line:
+        return None
+    try:
+        error = json.loads(line).get("error")
+    except ValueError:
+        return None
+    if not isinstance(error, dict) or error.get("grpc_code") not in MEMBER_GONE_CODES:
+        return None
+    return f"the stream ended with {error.get('message', 'no message')!r}"
