@@ -42,11 +42,12 @@ MANIFESTS = ROOT / "manifests"
 DOC = ROOT / "docs" / "kubernetes.md"
 EXAMPLE = ROOT / "examples" / "mesh.toml"
 
-# 1.33: native sidecars are GA (beta and on by default since 1.29); and the newest shipped.
-VERSIONS = sorted({"1.33", ".".join(latest_version().split(".")[:2])})
+# 1.29: the oldest release these manifests support (native sidecars and podReplacementPolicy
+# are beta and on by default from it); and the newest schema kubernetes-validate ships.
+VERSIONS = sorted({"1.29", ".".join(latest_version().split(".")[:2])})
 KUSTOMIZATION = "kustomization.yaml"
 KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "resources"}
-CLUSTER_SCOPED = {"Namespace"}
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 WORKLOADS = {"Job", "StatefulSet", "DaemonSet"}
 # Secrets the user creates before applying (docs/kubernetes.md says how).
 USER_SECRETS = {"flux-sample-curve-cert"}

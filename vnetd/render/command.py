@@ -206,7 +206,7 @@ def run_manifests(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise SpecError(f"{args.config}: cannot read: {exc.strerror}") from None
     rendered = render_manifests(spec, text, ManifestOptions(mode=args.mode, image=args.image))
-    for warning in manifest_warnings(spec):
+    for warning in manifest_warnings(spec, args.image):
         warn_on_stderr(warning)
     _emit(rendered, args.output)
     return 0
