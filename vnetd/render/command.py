@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from vnetd.errors import SpecError
 from vnetd.registry.access import add_etcd_arguments, etcd_access, with_etcd_access
+from vnetd.render import cluster_command
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
 from vnetd.render.hostfile import FORMATS, NAME_KINDS, render_hostfile
 from vnetd.render.hosts import render_hosts_block
@@ -118,6 +119,7 @@ def add_parsers(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         "daemonset: vnetd on host-network nodes, one rank per node",
     )
     manifests.set_defaults(run=run_manifests)
+    cluster_command.add_kinds(kinds)
 
     top_hosts = sub.add_parser("hosts", help="print or update the /etc/hosts block of the mesh")
     _add_hosts_arguments(top_hosts)

@@ -106,14 +106,22 @@ def render_manifests(spec: MeshSpec, spec_toml: str, options: ManifestOptions | 
     """
     options = options or ManifestOptions()
     objects = manifest_objects(spec, spec_toml, options)
-    header = (
-        f"# Kubernetes manifests of mesh {spec.name} ({spec.size} ranks, {options.mode} mode),\n"
-        "# rendered by `vnetd render manifests` from the spec in the ConfigMap below.\n"
+    header = manifest_objects_header(spec, f"{options.mode} mode", "vnetd render manifests")
+    return header + yaml_stream(objects)
+
+
+def manifest_objects_header(spec: MeshSpec, what: str, command: str) -> str:
+    """The comment that opens a rendered stream: what it is and how it was made."""
+    return (
+        f"# Kubernetes manifests of mesh {spec.name} ({spec.size} ranks, {what}),\n"
+        f"# rendered by `{command}` from the spec in the ConfigMap below.\n"
         "# Change the spec and render again instead of editing this file.\n"
     )
-    return header + yaml.dump_all(
-        objects, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=4096
-    )
+
+
+def yaml_stream(objects: list[Obj]) -> str:
+    """Objects as a multi-document YAML stream, keys in the order given."""
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=4096)
 
 
 def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -> list[Obj]:
@@ -174,11 +182,11 @@ def http_port(spec: MeshSpec) -> int:
     return port
 
 
-def check_image(image: str) -> str:
+def check_image(image: str, flag: str = "--image") -> str:
     """Refuse an image reference that is empty or holds spaces or control characters."""
     if not _IMAGE.fullmatch(image):
         raise SpecError(
-            f"--image: {image!r} is not an image reference like registry.example.org/vnetd:0.1.0"
+            f"{flag}: {image!r} is not an image reference like registry.example.org/vnetd:0.1.0"
         )
     return image
 

@@ -1,0 +1,85 @@
+"""``vnetd render minicluster`` (and the other cluster kinds): parsers and runs.
+
+``render.command.add_parsers`` calls ``add_kinds`` with its subparsers;
+each kind loads the spec, calls its pure renderer and prints the text or
+writes it atomically. ``docs/flux.md`` documents ``minicluster``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from vnetd.errors import SpecError
+from vnetd.render.manifests import DEFAULT_IMAGE, manifest_warnings
+from vnetd.render.minicluster import (
+    DEFAULT_APP_IMAGE,
+    DEFAULT_COMMAND,
+    MiniClusterOptions,
+    render_minicluster,
+)
+from vnetd.render.output import warn_on_stderr, write_file
+from vnetd.spec import load_spec
+
+
+def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type is private
+    """Add the cluster kinds to ``vnetd render``."""
+    minicluster = kinds.add_parser(
+        "minicluster",
+        help="a Flux Operator MiniCluster whose brokers use the overlay's fixed addresses",
+    )
+    _add_config_and_output(minicluster)
+    minicluster.add_argument(
+        "--image", default=DEFAULT_IMAGE, help=f"the vnetd image (default {DEFAULT_IMAGE})"
+    )
+    minicluster.add_argument(
+        "--app-image",
+        default=DEFAULT_APP_IMAGE,
+        help=f"the container Flux runs in (default {DEFAULT_APP_IMAGE})",
+    )
+    minicluster.add_argument(
+        "--command",
+        dest="job_command",  # "command" is the top-level subcommand's dest
+        default=DEFAULT_COMMAND,
+        help=f"what the MiniCluster submits to Flux (default {DEFAULT_COMMAND})",
+    )
+    minicluster.set_defaults(run=run_minicluster)
+
+
+def _add_config_and_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", required=True, type=Path, metavar="FILE", help="the mesh spec (TOML)"
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, metavar="PATH", help="write here atomically (default stdout)"
+    )
+
+
+def run_minicluster(args: argparse.Namespace) -> int:
+    spec = load_spec(args.config)
+    text = _spec_text(args.config)
+    options = MiniClusterOptions(
+        image=args.image, app_image=args.app_image, command=args.job_command
+    )
+    rendered = render_minicluster(spec, text, options)
+    for warning in manifest_warnings(spec, args.image):
+        warn_on_stderr(warning)
+    _write(rendered, args.output)
+    return 0
+
+
+def _spec_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_file(output, text.encode())
