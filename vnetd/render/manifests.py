@@ -55,6 +55,7 @@ from vnetd.render.pods import (
     host_dir,
     tun_volume,
     vnetd_container,
+    with_etcd_tls,
     with_underlay_choice,
 )
 from vnetd.spec import MeshSpec, parse_spec
@@ -199,7 +200,7 @@ def manifest_warnings(spec: MeshSpec, image: str = DEFAULT_IMAGE) -> list[str]:
         if host == "localhost" or _is_loopback(host):
             warnings.append(
                 f"registry.endpoints: {url} is a loopback address, which in a pod is the pod "
-                "itself; point it at etcd's client Service (http://etcd-client:2379 for "
+                "itself; point it at etcd's client Service (https://etcd-client:2379 for "
                 "manifests/etcd)"
             )
     if image.partition("/")[0] == PLACEHOLDER_REGISTRY:
@@ -265,6 +266,14 @@ def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str) -> Obj:
     sidecar = vnetd_container(spec, image, port, ["--config", f"{CONFIG_DIR}/{SPEC_KEY}"])
     sidecar["restartPolicy"] = "Always"
     pod_labels = labels(spec, "sidecar")
+    volumes = [
+        config_volume(spec, "vnetd-config", SPEC_KEY),
+        *flux_volumes(spec, job),
+        {"name": "vnetd-state", "emptyDir": {}},
+        {"name": "wireguard-sock", "emptyDir": {}},
+        tun_volume(),
+    ]
+    with_etcd_tls(spec, sidecar, volumes)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -303,13 +312,7 @@ def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str) -> Obj:
                     ],
                     "initContainers": [flux_cert_container(), sidecar],
                     "containers": [flux_container(spec, port)],
-                    "volumes": [
-                        config_volume(spec, "vnetd-config", SPEC_KEY),
-                        *flux_volumes(spec, job),
-                        {"name": "vnetd-state", "emptyDir": {}},
-                        {"name": "wireguard-sock", "emptyDir": {}},
-                        tun_volume(),
-                    ],
+                    "volumes": volumes,
                 },
             },
         },
@@ -325,6 +328,13 @@ def _daemon_set(spec: MeshSpec, image: str, port: int, digest: str) -> Obj:
     )
     container["env"].append(field_env("NODE_NAME", "spec.nodeName"))
     pod_labels = labels(spec, "daemonset")
+    volumes = [
+        config_volume(spec, "vnetd-config", SPEC_KEY),
+        host_dir("vnetd-state", f"{STATE_DIR}/{spec.name}"),
+        host_dir("wireguard-sock", SOCKET_DIR),
+        tun_volume(),
+    ]
+    with_etcd_tls(spec, container, volumes)
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -344,12 +354,7 @@ def _daemon_set(spec: MeshSpec, image: str, port: int, digest: str) -> Obj:
                     "nodeSelector": {MESH_LABEL: spec.name},
                     "tolerations": [{"operator": "Exists"}],
                     "containers": [with_underlay_choice(container)],
-                    "volumes": [
-                        config_volume(spec, "vnetd-config", SPEC_KEY),
-                        host_dir("vnetd-state", f"{STATE_DIR}/{spec.name}"),
-                        host_dir("wireguard-sock", SOCKET_DIR),
-                        tun_volume(),
-                    ],
+                    "volumes": volumes,
                 },
             },
         },

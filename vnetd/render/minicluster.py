@@ -45,9 +45,11 @@ from vnetd.render.manifests import (
 )
 from vnetd.render.pods import (
     CONFIG_DIR,
+    ETCD_CLIENT_SECRET,
     SPEC_KEY,
     STATE_DIR,
     config_name,
+    etcd_tls_dir,
     listens_on_ipv6,
     readyz_host,
 )
@@ -151,5 +153,14 @@ def _vnetd_container(spec: MeshSpec, port: int, options: MiniClusterOptions) -> 
                 "readOnly": True,
             },
             "dev-net": {"hostPath": "/dev/net", "path": "/dev/net"},
+            **_etcd_tls_volume(spec),
         },
     }
+
+
+def _etcd_tls_volume(spec: MeshSpec) -> Obj:
+    directory = etcd_tls_dir(spec)
+    if directory is None:
+        return {}
+    volume = {"secretName": ETCD_CLIENT_SECRET, "path": directory, "readOnly": True}
+    return {ETCD_CLIENT_SECRET: volume}

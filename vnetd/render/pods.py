@@ -12,8 +12,10 @@ Pure: dictionaries only. ``docs/kubernetes.md`` explains each setting.
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any
 
+from vnetd.errors import SpecError
 from vnetd.render.flux import DEFAULT_CURVE_CERT
 from vnetd.render.podscripts import (
     CERT_COPY_SCRIPT,
@@ -39,6 +41,11 @@ BOOTSTRAP_KEY = "bootstrap.toml"
 CURVE_CERT_FILE = DEFAULT_CURVE_CERT.rpartition("/")[2]
 
 RUNTIME_DEFAULT_SECCOMP: Obj = {"seccompProfile": {"type": "RuntimeDefault"}}
+
+ETCD_CLIENT_SECRET = "vnetd-etcd-client-tls"
+"""The Secret with vnetd's etcd client certificate (components/etcd-cert-manager makes it)."""
+ETCD_TLS_FILES = {"ca_file": "ca.crt", "cert_file": "tls.crt", "key_file": "tls.key"}
+"""registry.* key -> the file name it must have: the Secret's keys, as cert-manager writes them."""
 
 
 def config_name(spec: MeshSpec) -> str:
@@ -89,6 +96,52 @@ def vnetd_container(spec: MeshSpec, image: str, port: int, identity: list[str]) 
             {"name": "dev-net-tun", "mountPath": TUN_DEVICE},
         ],
     }
+
+
+def etcd_tls_dir(spec: MeshSpec) -> str | None:
+    """Where the manifests mount ``ETCD_CLIENT_SECRET``: the directory of the spec's
+    ``registry.ca_file``, ``cert_file`` and ``key_file``; None when it names none.
+
+    Raises:
+        SpecError: a file is not named as the Secret's key, the files are in
+            different directories, or that directory is one vnetd mounts already.
+    """
+    named = {key: getattr(spec.registry, key) for key in ETCD_TLS_FILES}
+    paths = {key: PurePosixPath(value) for key, value in named.items() if value}
+    if not paths:
+        return None
+    for key, path in paths.items():
+        if path.name != ETCD_TLS_FILES[key] or not path.is_absolute():
+            raise SpecError(
+                f"registry.{key}: {str(path)!r}: the manifests mount the Secret "
+                f"{ETCD_CLIENT_SECRET}, whose keys are ca.crt, tls.crt and tls.key; name it "
+                f"/etc/vnetd-etcd/{ETCD_TLS_FILES[key]} (one absolute directory for all three)"
+            )
+    directories = {str(path.parent) for path in paths.values()}
+    directory = directories.pop()
+    taken = (CONFIG_DIR, STATE_DIR, SOCKET_DIR, "/dev")
+    if directories or any(PurePosixPath(directory).is_relative_to(t) for t in taken):
+        key = next(iter(paths))
+        raise SpecError(
+            f"registry.{key}: put ca_file, cert_file and key_file in one directory of their "
+            f"own, such as /etc/vnetd-etcd (not under {', '.join(taken)})"
+        )
+    return directory
+
+
+def with_etcd_tls(spec: MeshSpec, container: Obj, volumes: list[Obj]) -> None:
+    """Mount ``ETCD_CLIENT_SECRET`` where the spec's TLS files are, if it names any."""
+    directory = etcd_tls_dir(spec)
+    if directory is None:
+        return
+    mount = {"name": "etcd-client-tls", "mountPath": directory, "readOnly": True}
+    container["volumeMounts"].append(mount)
+    volumes.append(
+        {
+            "name": "etcd-client-tls",
+            "secret": {"secretName": ETCD_CLIENT_SECRET, "defaultMode": 0o400},
+        }
+    )
 
 
 def with_underlay_choice(container: Obj) -> Obj:

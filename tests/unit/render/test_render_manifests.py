@@ -294,7 +294,7 @@ def test_warnings_name_a_loopback_registry():
     example = spec_of(EXAMPLE.read_text())
     assert manifest_warnings(example, IMAGE) == [
         "registry.endpoints: http://127.0.0.1:2379 is a loopback address, which in a pod is "
-        "the pod itself; point it at etcd's client Service (http://etcd-client:2379 for "
+        "the pod itself; point it at etcd's client Service (https://etcd-client:2379 for "
         "manifests/etcd)"
     ]
     local = spec_of(
@@ -421,3 +421,57 @@ def test_awkward_spec_text_survives_yaml(text: str):
         config_map = next(yaml.safe_load_all(rendered))
         assert config_map["data"]["mesh.toml"] == text
         assert spec_of(config_map["data"]["mesh.toml"]) == spec
+
+
+TLS_TOML = (
+    '[mesh]\nname = "m"\nsize = 2\nnetwork = "10.0.0.0/24"\n[registry]\n'
+    'endpoints = ["https://etcd-client:2379"]\n{files}'
+)
+TLS_FILES = (
+    'ca_file = "/etc/vnetd-etcd/ca.crt"\ncert_file = "/etc/vnetd-etcd/tls.crt"\n'
+    'key_file = "/etc/vnetd-etcd/tls.key"\n'
+)
+
+
+@pytest.mark.parametrize("mode", ["sidecar", "daemonset"])
+def test_etcd_client_certificate_is_mounted_where_the_spec_reads_it(mode: str):
+    text = TLS_TOML.format(files=TLS_FILES)
+    objs = objects(text, ManifestOptions(mode=mode, image=IMAGE))
+    container = vnetd_container(objs)
+    assert {"name": "etcd-client-tls", "mountPath": "/etc/vnetd-etcd", "readOnly": True} in (
+        container["volumeMounts"]
+    )
+    volumes = {v["name"]: v for v in pod_spec(objs)["volumes"]}
+    assert volumes["etcd-client-tls"]["secret"] == {
+        "secretName": "vnetd-etcd-client-tls",
+        "defaultMode": 0o400,
+    }
+    plain = objects(TLS_TOML.format(files=""), ManifestOptions(mode=mode, image=IMAGE))
+    assert "etcd-client-tls" not in {v["name"] for v in pod_spec(plain)["volumes"]}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        pytest.param(
+            'cert_file = "/etc/certs/client.pem"\n',
+            r"registry\.cert_file: '/etc/certs/client\.pem': the manifests mount the Secret "
+            r"vnetd-etcd-client-tls, whose keys are ca\.crt, tls\.crt and tls\.key",
+            id="name",
+        ),
+        pytest.param(
+            'ca_file = "/etc/a/ca.crt"\ncert_file = "/etc/b/tls.crt"\n',
+            r"registry\.ca_file: put ca_file, cert_file and key_file in one directory",
+            id="two-dirs",
+        ),
+        pytest.param(
+            'ca_file = "/etc/vnetd/ca.crt"\n',
+            r"registry\.ca_file: put .* \(not under /etc/vnetd",
+            id="config-dir",
+        ),
+    ],
+)
+def test_etcd_tls_files_the_secret_cannot_provide_are_refused(files: str, message: str):
+    text = TLS_TOML.format(files=files)
+    with pytest.raises(SpecError, match=message):
+        render_manifests(spec_of(text), text, ManifestOptions(image=IMAGE))
