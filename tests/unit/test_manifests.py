@@ -39,6 +39,7 @@ from kubernetes_validate.utils import latest_version
 
 from vnetd.cli import build_parser
 from vnetd.render.manifests import ManifestOptions, Mode, render_manifests
+from vnetd.render.monitoring import render_monitoring
 from vnetd.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).parents[2]
@@ -59,6 +60,8 @@ COMPONENT = ("kustomize.config.k8s.io/v1alpha1", "Component")
 CUSTOM = {
     ("cert-manager.io/v1", "Certificate"): "certificate-cert-manager-v1",
     ("cert-manager.io/v1", "Issuer"): "issuer-cert-manager-v1",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring-v1",
 }
 CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 WORKLOADS = {"Job", "StatefulSet", "DaemonSet"}
@@ -363,6 +366,10 @@ def test_bases_are_rendered_from_their_spec(base: str):
     assert (MANIFESTS / base / "vnetd.yaml").read_text() == expected, (
         f"run: vnetd render manifests --config manifests/{base}/mesh.toml --mode {BASES[base]} "
         f"-o manifests/{base}/vnetd.yaml"
+    )
+    monitoring = MANIFESTS / base / "monitoring" / "monitoring.yaml"
+    assert monitoring.read_text() == render_monitoring(load_spec(config)), (
+        f"run: vnetd render monitoring --config manifests/{base}/mesh.toml -o {rel(monitoring)}"
     )
 
 

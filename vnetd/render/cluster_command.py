@@ -1,8 +1,9 @@
-"""``vnetd render minicluster`` (and the other cluster kinds): parsers and runs.
+"""``vnetd render minicluster`` and ``vnetd render monitoring``: parsers and runs.
 
 ``render.command.add_parsers`` calls ``add_kinds`` with its subparsers;
 each kind loads the spec, calls its pure renderer and prints the text or
-writes it atomically. ``docs/flux.md`` documents ``minicluster``.
+writes it atomically. ``docs/flux.md`` documents ``minicluster``,
+``docs/kubernetes.md`` ``monitoring``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from vnetd.render.minicluster import (
     MiniClusterOptions,
     render_minicluster,
 )
+from vnetd.render.monitoring import render_monitoring
 from vnetd.render.output import warn_on_stderr, write_file
 from vnetd.spec import load_spec
 
@@ -47,6 +49,13 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
     )
     minicluster.set_defaults(run=run_minicluster)
 
+    monitoring = kinds.add_parser(
+        "monitoring",
+        help="a Prometheus Operator PodMonitor and PrometheusRule with the documented alerts",
+    )
+    _add_config_and_output(monitoring)
+    monitoring.set_defaults(run=run_monitoring)
+
 
 def _add_config_and_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -67,6 +76,11 @@ def run_minicluster(args: argparse.Namespace) -> int:
     for warning in manifest_warnings(spec, args.image):
         warn_on_stderr(warning)
     _write(rendered, args.output)
+    return 0
+
+
+def run_monitoring(args: argparse.Namespace) -> int:
+    _write(render_monitoring(load_spec(args.config)), args.output)
     return 0
 
 

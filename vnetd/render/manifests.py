@@ -111,11 +111,13 @@ def render_manifests(spec: MeshSpec, spec_toml: str, options: ManifestOptions | 
     return header + yaml_stream(objects)
 
 
-def manifest_objects_header(spec: MeshSpec, what: str, command: str) -> str:
+def manifest_objects_header(
+    spec: MeshSpec, what: str, command: str, source: str = "the spec in the ConfigMap below"
+) -> str:
     """The comment that opens a rendered stream: what it is and how it was made."""
     return (
         f"# Kubernetes manifests of mesh {spec.name} ({spec.size} ranks, {what}),\n"
-        f"# rendered by `{command}` from the spec in the ConfigMap below.\n"
+        f"# rendered by `{command}` from {source}.\n"
         "# Change the spec and render again instead of editing this file.\n"
     )
 
