@@ -33,20 +33,16 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         help="a Flux Operator MiniCluster whose brokers use the overlay's fixed addresses",
     )
     _add_config_and_output(minicluster)
-    minicluster.add_argument(
-        "--image", default=DEFAULT_IMAGE, help=f"the vnetd image (default {DEFAULT_IMAGE})"
-    )
-    minicluster.add_argument(
-        "--app-image",
-        default=DEFAULT_APP_IMAGE,
-        help=f"the container Flux runs in (default {DEFAULT_APP_IMAGE})",
-    )
-    minicluster.add_argument(
-        "--command",
-        dest="job_command",  # "command" is the top-level subcommand's dest
-        default=DEFAULT_COMMAND,
-        help=f"what the MiniCluster submits to Flux (default {DEFAULT_COMMAND})",
-    )
+    options = [
+        ("--image", "image", DEFAULT_IMAGE, "the vnetd image"),
+        ("--app-image", "app_image", DEFAULT_APP_IMAGE, "the container Flux runs in"),
+        # dest: "command" is the top-level subcommand's
+        ("--command", "job_command", DEFAULT_COMMAND, "what the MiniCluster submits to Flux"),
+    ]
+    for flag, dest, default, text in options:
+        metavar = flag[2:].upper().replace("-", "_")
+        help_text = f"{text} (default {default})"
+        minicluster.add_argument(flag, dest=dest, metavar=metavar, default=default, help=help_text)
     minicluster.set_defaults(run=run_minicluster)
 
     monitoring = kinds.add_parser(

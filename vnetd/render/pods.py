@@ -78,10 +78,7 @@ def vnetd_container(spec: MeshSpec, image: str, port: int, identity: list[str]) 
         "startupProbe": _probe("/readyz", period=1, failures=300),
         "readinessProbe": _probe("/readyz", period=10, failures=3),
         "livenessProbe": _probe("/healthz", period=10, failures=3),
-        "resources": {
-            "requests": {"cpu": "50m", "memory": "64Mi"},
-            "limits": {"memory": "256Mi"},
-        },
+        "resources": resources("50m", "64Mi", "256Mi"),
         "securityContext": {
             "runAsUser": 0,
             "runAsNonRoot": False,
@@ -176,46 +173,43 @@ def broker_argv(spec: MeshSpec) -> list[str]:
 def flux_cert_container() -> Obj:
     """Copy the CURVE certificate to a 0400 file owned by the Flux image's user."""
     source = f"{CURVE_SECRET_DIR}/{CURVE_CERT_FILE}"
-    return {
-        "name": "flux-curve-cert",
-        "image": FLUX_IMAGE,
-        "command": [
-            "/bin/sh",
-            "-c",
-            CERT_COPY_SCRIPT,
-            "copy-curve-cert",
-            source,
-            DEFAULT_CURVE_CERT,
-        ],  # fmt: skip
-        "resources": {
-            "requests": {"cpu": "10m", "memory": "16Mi"},
-            "limits": {"memory": "64Mi"},
-        },
-        "securityContext": _flux_security(),
-        "volumeMounts": [
-            {"name": "flux-curve-secret", "mountPath": CURVE_SECRET_DIR, "readOnly": True},
-            {"name": "flux-curve-cert", "mountPath": _cert_dir()},
-        ],
-    }
+    command = ["/bin/sh", "-c", CERT_COPY_SCRIPT, "copy-curve-cert", source, DEFAULT_CURVE_CERT]
+    mounts: list[Obj] = [
+        {"name": "flux-curve-secret", "mountPath": CURVE_SECRET_DIR, "readOnly": True},
+        {"name": "flux-curve-cert", "mountPath": _cert_dir()},
+    ]
+    return _flux_image_container(
+        "flux-curve-cert", command, resources("10m", "16Mi", "64Mi"), mounts
+    )
 
 
 def flux_container(spec: MeshSpec, port: int) -> Obj:
     """The example's main container: wait for ``/readyz``, then ``flux broker``."""
     script = flux_start_script(readyz_host(spec), port, broker_argv(spec))
+    mounts: list[Obj] = [
+        {"name": "flux-config", "mountPath": FLUX_CONFIG_DIR, "readOnly": True},
+        {"name": "flux-curve-cert", "mountPath": _cert_dir(), "readOnly": True},
+    ]
+    command = ["/bin/bash", "-c", script, "flux-start"]
+    return _flux_image_container("flux", command, resources("250m", "256Mi", "1Gi"), mounts)
+
+
+def _flux_image_container(name: str, command: list[str], limits: Obj, mounts: list[Obj]) -> Obj:
+    # The image's own user (flux-sched's images end with a named non-root USER);
+    # the copy and the broker run as the same one, so the copy is the broker's.
     return {
-        "name": "flux",
+        "name": name,
         "image": FLUX_IMAGE,
-        "command": ["/bin/bash", "-c", script, "flux-start"],
-        "resources": {
-            "requests": {"cpu": "250m", "memory": "256Mi"},
-            "limits": {"memory": "1Gi"},
-        },
-        "securityContext": _flux_security(),
-        "volumeMounts": [
-            {"name": "flux-config", "mountPath": FLUX_CONFIG_DIR, "readOnly": True},
-            {"name": "flux-curve-cert", "mountPath": _cert_dir(), "readOnly": True},
-        ],
+        "command": command,
+        "resources": limits,
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": mounts,
     }
+
+
+def resources(cpu: str, memory: str, memory_limit: str) -> Obj:
+    """Requests of CPU and memory, a memory limit (no CPU limit: no throttling)."""
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory_limit}}
 
 
 def flux_volumes(spec: MeshSpec, job: str) -> list[Obj]:
@@ -229,12 +223,6 @@ def flux_volumes(spec: MeshSpec, job: str) -> list[Obj]:
         },
         {"name": "flux-curve-cert", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
-
-
-def _flux_security() -> Obj:
-    # The image's own user (flux-sched's images end with a named non-root USER);
-    # the copy and the broker run as the same one, so the copy is the broker's.
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def _cert_dir() -> str:
