@@ -1,29 +1,54 @@
 # The vnetd image: `vnetd` as the entrypoint, with wireguard-go (the
-# userspace data plane) and wireguard-tools (`wg`, for inspection) from
-# Debian 12. Build from the repository root:
+# userspace data plane), wireguard-tools (`wg`, for inspection) and iproute2
+# (`ip`, which the DaemonSet's entrypoint uses) from Debian 12. No public
+# image exists: build it and push it to a registry your cluster pulls from.
 #
-#   docker build -t registry.example.org/vnetd:0.1.0 .
+# The base is pinned by digest, which you resolve once and pass (a build
+# without it stops at this FROM line). From the repository root:
+#
+#   docker buildx imagetools inspect python:3.11-slim-bookworm   # prints "Digest: sha256:..."
+#   docker build --build-arg BASE_DIGEST=sha256:... -t registry.example.org/vnetd:0.1.0 .
+#   docker push registry.example.org/vnetd:0.1.0
 #
 # No Docker engine runs on the machines this repository is developed and
-# tested on, so this file is checked by reading, not by building.
+# tested on, so no digest was resolved here and this file is checked by
+# reading and by tests/unit/test_image.py, not by building.
 
-FROM python:3.11-slim-bookworm
+ARG BASE_DIGEST
+FROM python:3.11-slim-bookworm@${BASE_DIGEST}
 
-# wireguard-go is Debian 12's 0.0.20220316, the version the lab tests run;
-# iproute2 gives `ip` for looking at the interface and its routes.
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="vnetd" \
+      org.opencontainers.image.description="Rank-addressed WireGuard overlay for HPC on Kubernetes: fixed addresses, any start order" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm" \
+      org.opencontainers.image.base.digest="${BASE_DIGEST}"
+
+# wireguard-go 0.0.20220316 is Debian 12's, and the version every test of
+# this repository runs (the lab and the data-plane contract suite): the image
+# carries the userspace data plane that was tested. Newer upstream releases
+# are not packaged for Debian 12; the build stops if the version differs.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends wireguard-go wireguard-tools iproute2 \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* \
+    && wireguard-go --version | grep -q 'v0\.0\.20220316'
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Only what the package needs: pyproject.toml names README.md as its readme.
+# Exactly the locked dependencies, then the package without resolving again.
+# Only what the package needs: pyproject.toml names README.md as its readme;
+# .dockerignore keeps the netns lab (vnetd/lab) and the tests out.
+COPY requirements.lock /src/
+RUN pip install --no-deps -r /src/requirements.lock
 COPY pyproject.toml README.md /src/
 COPY vnetd /src/vnetd
-RUN pip install /src && rm -rf /src
+RUN pip install --no-deps /src && pip check && rm -rf /src
 
 # A non-root user for what needs no privilege: `vnetd render`, `plan`, and
 # `wait` without --reachable. `vnetd up` cannot run as this user. wireguard-go

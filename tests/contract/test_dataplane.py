@@ -155,6 +155,12 @@ async def device_unreachable(netns: str) -> set[str]:
     return found
 
 
+async def routes_left(netns: str) -> list[tuple[object, object]]:
+    """(type, destination) of the main table's routes: after exit, only the unreachable one."""
+    routes = await ip_json("-n", netns, "route", "show", "table", "main")
+    return [(r.get("type"), r["dst"]) for r in routes]
+
+
 async def ip_json(*args: str) -> list[dict[str, object]]:
     result = await trio.run_process(["ip", "-j", *args], capture_stdout=True)
     return json.loads(result.stdout or b"[]")  # type: ignore[no-any-return]
@@ -425,8 +431,15 @@ async def test_dual_stack_device_routes_both_families(kind: str, device_netns: s
             assert await dp.routes() == {A_IP, A6_IP, B_IP, B6_IP}
             await dp.apply(Plan(remove=(a,)))
             assert await dp.routes() == {B_IP, B6_IP}
-        if device_netns is not None:
-            assert await device_unreachable(device_netns) == set(), "both removed on exit"
+        # Fail closed: the unreachable routes outlive the device (vnetd stopped or
+        # restarting), and the next start keeps them as they are.
+        if device_netns is None:
+            assert isinstance(dp, FakeDataplane) and dp.unreachable == {NETWORK, NETWORK6}
+        else:
+            assert await device_unreachable(device_netns) == {NETWORK, NETWORK6}, "kept on exit"
+            async with open_device(kind, config, device_netns):
+                assert await device_unreachable(device_netns) == {NETWORK, NETWORK6}
+            assert await device_unreachable(device_netns) == {NETWORK, NETWORK6}
 
 
 # --- wireguard-go only ------------------------------------------------------------------
@@ -517,7 +530,7 @@ async def test_exit_stops_wireguard_go_and_removes_the_link(netns: str) -> None:
             os.kill(pid, 0)
         links = await ip_json("-n", netns, "link", "show")
         assert [link["ifname"] for link in links] == ["lo"]
-        assert await ip_json("-n", netns, "route", "show", "table", "main") == []
+        assert await routes_left(netns) == [("unreachable", NETWORK)], "fail closed"
         assert not await trio.Path(f"/run/wireguard/{config.interface}.sock").exists()
         assert not await trio.Path(f"/run/wireguard/{config.interface}.log").exists()
 
@@ -580,7 +593,7 @@ async def test_wireguard_go_that_keeps_dying_is_given_up(
             await run()
         assert "exited with code -9" in str(err.value)  # timeout kills its group
         assert not await trio.Path(f"/run/wireguard/{config.interface}.sock").exists()
-        assert await ip_json("-n", netns, "route", "show", "table", "main") == []
+        assert await routes_left(netns) == [("unreachable", NETWORK)], "fail closed"
 
 
 # --- a device left by a previous run, or that belongs to something else -------------------
@@ -751,4 +764,5 @@ async def test_cancellation_cleans_up(netns: str, after: float) -> None:
                 os.kill(pid, 0)
         links = await ip_json("-n", netns, "link", "show")
         assert [link["ifname"] for link in links] == ["lo"]
-        assert await ip_json("-n", netns, "route", "show", "table", "main") == []
+        # Cancelled before the link was configured, there is no route at all.
+        assert set(await routes_left(netns)) <= {("unreachable", NETWORK)}, "fail closed"

@@ -2,10 +2,15 @@
 
 * Every object in every file under ``manifests/``, and every document that
   ``vnetd render manifests`` writes, validates against the Kubernetes JSON
-  schemas that kubernetes-validate ships (strict: unknown fields are errors).
+  schemas that kubernetes-validate ships (strict: unknown fields are errors);
+  custom resources (cert-manager's, the Prometheus Operator's) against the
+  schemas in ``tests/unit/render/schemas`` (``crd_schemas``).
 * Every ``kustomization.yaml`` is well formed and every object file is in one.
   Each kustomization is composed here (resources, recursively, and the
-  namespace) and compared with ``kubectl kustomize`` when kubectl exists; the
+  namespace, components) and compared with ``kubectl kustomize`` when kubectl
+  exists, whose output (what ``kubectl apply -k`` sends) is validated document
+  by document for 1.29 and the newest schemas (skipped, saying why, without
+  kubectl); the
   composition is then checked for what the schemas cannot see: selectors
   that select, volumes and ports that exist, references that resolve, the
   vnetd command line, the etcd member list.
@@ -23,11 +28,13 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -35,21 +42,39 @@ from kubernetes_validate.utils import latest_version
 
 from vnetd.cli import build_parser
 from vnetd.render.manifests import ManifestOptions, Mode, render_manifests
+from vnetd.render.monitoring import render_monitoring
 from vnetd.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).parents[2]
+sys.path.insert(0, str(Path(__file__).parent / "render"))
+from crd_schemas import validate_custom  # noqa: E402  (a helper beside the render tests)
+
 MANIFESTS = ROOT / "manifests"
 DOC = ROOT / "docs" / "kubernetes.md"
 EXAMPLE = ROOT / "examples" / "mesh.toml"
 
-# 1.33: native sidecars are GA (beta and on by default since 1.29); and the newest shipped.
-VERSIONS = sorted({"1.33", ".".join(latest_version().split(".")[:2])})
+# 1.29: the oldest release these manifests support (native sidecars and podReplacementPolicy
+# are beta and on by default from it); and the newest schema kubernetes-validate ships.
+VERSIONS = sorted({"1.29", ".".join(latest_version().split(".")[:2])})
 KUSTOMIZATION = "kustomization.yaml"
-KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "resources"}
-CLUSTER_SCOPED = {"Namespace"}
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "resources", "components"}
+COMPONENT = ("kustomize.config.k8s.io/v1alpha1", "Component")
+# Custom resources: (apiVersion, kind) -> the schema in tests/unit/render/schemas.
+CUSTOM = {
+    ("cert-manager.io/v1", "Certificate"): "certificate-cert-manager-v1",
+    ("cert-manager.io/v1", "Issuer"): "issuer-cert-manager-v1",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring-v1",
+}
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 WORKLOADS = {"Job", "StatefulSet", "DaemonSet"}
-# Secrets the user creates before applying (docs/kubernetes.md says how).
-USER_SECRETS = {"flux-sample-curve-cert"}
+# Secrets the user creates before applying, or cert-manager makes (docs/kubernetes.md says how).
+USER_SECRETS = {
+    "flux-sample-curve-cert",
+    "etcd-server-tls",
+    "etcd-peer-tls",
+    "vnetd-etcd-client-tls",
+}
 BASES: dict[str, Mode] = {"sidecar": "sidecar", "daemonset": "daemonset"}
 FIELD_PATHS = {"metadata.name", "metadata.namespace", "status.podIP", "spec.nodeName"}
 
@@ -68,8 +93,16 @@ def object_files() -> list[Path]:
     return [p for p in all_files() if p.suffix == ".yaml" and p.name != KUSTOMIZATION]
 
 
-def kustomization_dirs() -> list[Path]:
-    return sorted(p.parent for p in MANIFESTS.rglob(KUSTOMIZATION))
+def kustomization_dirs(components: bool = True) -> list[Path]:
+    """Every directory with a kustomization.yaml; without ``components``, only those a
+    ``kubectl kustomize`` builds on their own (a Component is built through an overlay)."""
+    found = sorted(p.parent for p in MANIFESTS.rglob(KUSTOMIZATION))
+    return [d for d in found if components or not is_component(d)]
+
+
+def is_component(directory: Path) -> bool:
+    spec = yaml.safe_load((directory / KUSTOMIZATION).read_text())
+    return (spec["apiVersion"], spec["kind"]) == COMPONENT
 
 
 def load_documents(path: Path) -> list[Obj]:
@@ -81,7 +114,15 @@ def load_documents(path: Path) -> list[Obj]:
 def validate(doc: Obj, where: str) -> None:
     """Validate one object against every version in VERSIONS; any failure fails the test."""
     kind = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+    custom = CUSTOM.get((doc.get("apiVersion", ""), doc.get("kind", "")))
     for version in VERSIONS:
+        if custom is not None:
+            try:
+                validate_custom(doc, custom, version)
+            except jsonschema.ValidationError as exc:
+                path = ".".join(str(p) for p in exc.path)
+                pytest.fail(f"{where}: {kind} is invalid ({custom}): {path}: {exc.message}")
+            continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -97,7 +138,7 @@ def compose(directory: Path) -> list[Obj]:
     """What ``kubectl kustomize`` builds from the kustomizations used here."""
     spec = yaml.safe_load((directory / KUSTOMIZATION).read_text())
     objects: list[Obj] = []
-    for entry in spec.get("resources", []):
+    for entry in [*spec.get("resources", []), *spec.get("components", [])]:
         target = directory / entry
         objects.extend(compose(target) if target.is_dir() else load_documents(target))
     namespace = spec.get("namespace")
@@ -161,8 +202,10 @@ def test_schema_validation_catches_errors():
 def test_kustomization_is_well_formed(directory: Path):
     spec = yaml.safe_load((directory / KUSTOMIZATION).read_text())
     assert set(spec) <= KUSTOMIZATION_KEYS, f"unchecked keys: {set(spec) - KUSTOMIZATION_KEYS}"
-    assert spec["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
-    assert spec["kind"] == "Kustomization"
+    assert (spec["apiVersion"], spec["kind"]) in {
+        ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+        COMPONENT,
+    }
     resources = spec["resources"]
     assert resources and all(isinstance(r, str) for r in resources)
     assert len(set(resources)) == len(resources)
@@ -170,6 +213,10 @@ def test_kustomization_is_well_formed(directory: Path):
         target = (directory / entry).resolve()
         assert target.is_relative_to(MANIFESTS), f"{entry} leaves manifests/"
         assert target.is_file() or (target / KUSTOMIZATION).is_file(), f"{entry} is missing"
+    for entry in spec.get("components", []):
+        assert is_component((directory / entry).resolve()), f"{entry} is not a Component"
+    if is_component(directory):
+        assert "namespace" not in spec and "components" not in spec
     if "namespace" in spec:
         assert re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", spec["namespace"])
 
@@ -184,23 +231,37 @@ def test_every_object_file_belongs_to_a_kustomization():
     assert sorted(rel(p) for p in object_files() if p.resolve() not in used) == []
 
 
-@pytest.mark.parametrize("directory", kustomization_dirs(), ids=rel)
-def test_composition_matches_kubectl_kustomize(directory: Path):
+def kubectl_kustomize(directory: Path) -> list[Obj]:
+    """``kubectl kustomize DIRECTORY``'s documents; skips, saying why, without kubectl."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        print("kubectl is not installed: compared with this module's composition only")
+        print("kubectl is not installed: kustomizations were composed by this module only")
         pytest.skip("kubectl is not installed; test_composition_is_consistent still runs")
     result = subprocess.run(
         [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    built = sorted(yaml.safe_load_all(result.stdout), key=key)
+    return list(yaml.safe_load_all(result.stdout))
+
+
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=rel)
+def test_composition_matches_kubectl_kustomize(directory: Path):
+    built = sorted(kubectl_kustomize(directory), key=key)
     ours = sorted(compose(directory), key=key)
     assert [key(o) for o in built] == [key(o) for o in ours]
     assert built == ours
 
 
 @pytest.mark.parametrize("directory", kustomization_dirs(), ids=rel)
+def test_kubectl_kustomize_output_validates(directory: Path):
+    """What ``kubectl apply -k`` would send: every document valid for 1.29 and the newest."""
+    built = kubectl_kustomize(directory)
+    assert built
+    for doc in built:
+        validate(doc, f"kubectl kustomize {rel(directory)}")
+
+
+@pytest.mark.parametrize("directory", kustomization_dirs(components=False), ids=rel)
 def test_composition_is_consistent(directory: Path):
     objects = compose(directory)
     keys = [key(o) for o in objects]
@@ -323,6 +384,10 @@ def test_bases_are_rendered_from_their_spec(base: str):
         f"run: vnetd render manifests --config manifests/{base}/mesh.toml --mode {BASES[base]} "
         f"-o manifests/{base}/vnetd.yaml"
     )
+    monitoring = MANIFESTS / base / "monitoring" / "monitoring.yaml"
+    assert monitoring.read_text() == render_monitoring(load_spec(config)), (
+        f"run: vnetd render monitoring --config manifests/{base}/mesh.toml -o {rel(monitoring)}"
+    )
 
 
 def test_etcd_members_peers_budget_and_probes():
@@ -341,21 +406,33 @@ def test_etcd_members_peers_budget_and_probes():
     terms = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
     assert terms[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     (container,) = pod["containers"]
-    flags = dict(arg.removeprefix("--").split("=", 1) for arg in container["args"])
+    flags = dict(arg.removeprefix("--").partition("=")[::2] for arg in container["args"])
     name, service = stateful["metadata"]["name"], headless["metadata"]["name"]
     assert flags["initial-cluster"] == ",".join(
-        f"{name}-{i}=http://{name}-{i}.{service}:2380" for i in range(replicas)
+        f"{name}-{i}=https://{name}-{i}.{service}:2380" for i in range(replicas)
     )
-    assert flags["initial-advertise-peer-urls"] == f"http://$(POD_NAME).{service}:2380"
+    assert flags["initial-advertise-peer-urls"] == f"https://$(POD_NAME).{service}:2380"
+    assert flags["listen-client-urls"].startswith("https://")
     assert flags["name"] == "$(POD_NAME)"
+    # TLS for clients and peers, each requiring a certificate of the CA.
+    assert flags["client-cert-auth"] == flags["peer-client-cert-auth"] == ""
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    for prefix, secret in (("", "etcd-server-tls"), ("peer-", "etcd-peer-tls")):
+        files = [flags[f"{prefix}{key}"] for key in ("trusted-ca-file", "cert-file", "key-file")]
+        assert [Path(f).name for f in files] == ["ca.crt", "tls.crt", "tls.key"]
+        assert {secrets[mounts[str(Path(f).parent)]] for f in files} == {secret}
+    # The kubelet has no client certificate: probes use the plain metrics listener.
+    assert flags["listen-metrics-urls"] == "http://0.0.0.0:2381"
     probes = {
         k: container[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")
     }
     assert probes == {
-        "startupProbe": {"path": "/livez", "port": "client"},
-        "livenessProbe": {"path": "/livez", "port": "client"},
-        "readinessProbe": {"path": "/readyz", "port": "client"},
+        "startupProbe": {"path": "/livez", "port": "metrics"},
+        "livenessProbe": {"path": "/livez", "port": "metrics"},
+        "readinessProbe": {"path": "/readyz", "port": "metrics"},
     }
+    assert {"name": "metrics", "containerPort": 2381, "protocol": "TCP"} in container["ports"]
     version = re.fullmatch(r"quay\.io/coreos/etcd:v3\.5\.(\d+)", container["image"])
     assert version and int(version.group(1)) >= 11, "/livez and /readyz need etcd 3.5.11+"
     (claim,) = stateful["spec"]["volumeClaimTemplates"]
@@ -386,7 +463,7 @@ def walkthrough() -> list[str]:
 
 def test_walkthrough_names_its_commands_in_order():
     programs = [shlex.split(c)[0] for c in shell_commands()]
-    assert set(programs) <= {"vnetd", "kubectl", "docker", "flux"}, programs
+    assert set(programs) <= {"vnetd", "kubectl", "docker", "flux", "openssl"}, programs
     steps = [
         "vnetd render manifests",
         "kubectl -n vnetd apply",
@@ -443,3 +520,43 @@ def test_doc_kubectl_commands_exist(command: str):
         [kubectl, *words[1:], "--help"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, f"{command}: {result.stderr.strip()}"
+
+
+def test_manual_tls_commands_make_what_etcd_and_vnetd_need(tmp_path: Path):
+    """The documented openssl commands (etcd over TLS by hand) run, and make a CA, a
+    server, a peer and a client certificate with the names and usages the manifests use."""
+    if shutil.which("openssl") is None:
+        print("openssl is not installed: the manual TLS commands were not run")
+        pytest.skip("openssl is not installed")
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    commands = [c for c in shell_commands() if c.startswith("openssl ")]
+    assert len(commands) == 7
+    for command in commands:
+        result = subprocess.run(
+            shlex.split(command), cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, f"{command}: {result.stderr}"
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
+    expected = {
+        "server": (
+            {"etcd-client", "etcd-0.etcd", "etcd-1.etcd", "etcd-2.etcd", "localhost"},
+            {server, client},
+        ),
+        "peer": ({"etcd-0.etcd", "etcd-1.etcd", "etcd-2.etcd"}, {server, client}),
+        "client": (set(), {client}),
+    }
+    for name, (names, usages) in expected.items():
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.crt").read_bytes())
+        assert cert.issuer == ca.subject
+        ca.public_key().verify(  # type: ignore[union-attr,call-arg]
+            cert.signature, cert.tbs_certificate_bytes, cert.signature_algorithm_parameters
+        )
+        assert set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == usages
+        if names:
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            assert set(sans.get_values_for_type(x509.DNSName)) == names
+        assert (tmp_path / f"{name}.key").exists()

@@ -101,11 +101,11 @@ class FakeDataplane:
             self.on_restart("wireguard-go restart")
 
     def close(self) -> None:
-        """What leaving the device does: peers, routes and the unreachable route go."""
+        """What leaving the device does: peers and routes go; the unreachable
+        routes stay (fail closed, as ``link.remove_link``)."""
         self.closed = True
         self.device.clear()
         self.device_routes.clear()
-        self.unreachable.clear()
 
     def _assign(self, public_key: str, allowed_ips: Iterable[str]) -> None:
         """Replace a peer's allowed IPs, taking each from whichever peer held it."""

@@ -334,7 +334,8 @@ async def open_kernel_dataplane(
 ) -> AsyncIterator[KernelDataplane]:
     """Create (or adopt) the kernel WireGuard link, configure it, yield the device.
 
-    On exit the link and the unreachable route are removed.
+    On exit the link is removed and the unreachable routes are kept (fail
+    closed while vnetd is down).
 
     Args:
         config: the device.

@@ -6,7 +6,8 @@ the network's prefix length and ``IFA_F_NOPREFIXROUTE`` so the kernel adds
 no route for the whole network; should the kernel refuse that flag, the
 address falls back to a /32 (/128), which routes the same. Each network
 itself is routed ``unreachable`` and each present peer's allowed IPs get a
-route to the device (invariant 9).
+route to the device (invariant 9). The unreachable routes stay when the
+link is removed: the overlay fails closed while vnetd is down.
 
 pyroute2's calls here are sync; ``run_netlink`` runs a batch of them in a
 worker thread with a timeout, never on the event loop.
@@ -183,7 +184,15 @@ def device_routes(netns: str | None, index: int) -> set[str]:
 
 
 def remove_link(netns: str | None, config: DeviceConfig) -> None:
-    """Delete the link (its routes go with it) and the unreachable routes."""
+    """Delete the link (its peer routes go with it); keep the unreachable routes.
+
+    Fail closed: an ``unreachable`` route has no device, so it outlives the
+    link, and while vnetd is down (a sidecar restarting beside a running
+    application) a packet to an overlay address fails with "No route to
+    host" instead of following the pod's default route into the cluster
+    network. The next start finds the routes and keeps them
+    (``configure_link`` ignores ``EEXIST``).
+    """
     try:
         ipr = _iproute(netns)
     except OSError:
@@ -191,11 +200,6 @@ def remove_link(netns: str | None, config: DeviceConfig) -> None:
     with ipr:
         for index in ipr.link_lookup(ifname=config.interface):
             _ignore((errno.ENODEV,), partial(ipr.link, "del", index=index))
-        for network in config.networks:
-            _ignore(
-                (errno.ESRCH, errno.ENOENT),
-                partial(ipr.route, "del", dst=str(network), type="unreachable"),
-            )
 
 
 def read_link_state(netns: str | None, interface: str) -> LinkState:

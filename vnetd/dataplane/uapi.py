@@ -344,8 +344,8 @@ async def open_uapi_dataplane(
     then backing off, within ``restarts``: by default 5 within 60 s) and
     ``UapiDataplane.on_restart`` is called; once the budget is spent the block
     is cancelled and ``DataplaneError`` raised. On exit wireguard-go, ours or
-    adopted, gets SIGTERM, then SIGKILL after 5 s; the link and the
-    unreachable route are removed.
+    adopted, gets SIGTERM, then SIGKILL after 5 s; the link is removed and the
+    unreachable routes are kept (fail closed while vnetd is down).
 
     Args:
         config: the device.

@@ -45,6 +45,7 @@ from typing import Any
 
 import trio
 
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR
 from vnetd.lab.etcd import EtcdServer, EtcdTls, etcdctl_failure, run_etcd, run_etcdctl
 from vnetd.lab.etcd_cluster import ClusterError, EtcdCluster
 from vnetd.lab.netns import (
@@ -60,7 +61,7 @@ from vnetd.lab.netns import (
 )
 
 LAB_RUN_DIR = Path("/run/vnetd-lab")
-WG_RUN_DIR = "/run/wireguard"
+WG_RUN_DIR = SOCKET_DIR
 NETNS_PREFIX = "vlab-"
 _NETNS_RE = re.compile(r"^vlab-([0-9a-f]{4})-")
 _WORKDIR_PREFIX = "vnetd-lab-"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from vnetd.config import add_etcd_arguments, spec_from_args
 from vnetd.errors import SpecError
+from vnetd.render import cluster_command
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
 from vnetd.render.hostfile import FORMATS, NAME_KINDS, render_hostfile
 from vnetd.render.hosts import render_hosts_block
@@ -118,6 +119,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type i
         "daemonset: vnetd on host-network nodes, one rank per node",
     )
     manifests.set_defaults(run=run_manifests)
+    cluster_command.add_kinds(kinds)
 
     top_hosts = sub.add_parser("hosts", help="print or update the /etc/hosts block of the mesh")
     _add_hosts_arguments(top_hosts)
@@ -206,7 +208,7 @@ def run_manifests(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise SpecError(f"{args.config}: cannot read: {exc.strerror}") from None
     rendered = render_manifests(spec, text, ManifestOptions(mode=args.mode, image=args.image))
-    for warning in manifest_warnings(spec):
+    for warning in manifest_warnings(spec, args.image):
         warn_on_stderr(warning)
     _emit(rendered, args.output)
     return 0

@@ -10,9 +10,10 @@ objects that run the mesh, so size, names and ports cannot drift apart.
   ``/readyz``, so the main container starts only once the overlay interface
   holds the rank's address. The rank comes from ``JOB_COMPLETION_INDEX``.
   The main container runs Flux with the rendered bootstrap table: an
-  example to replace.
+  example to replace (``pods``).
 * ``daemonset``: a ConfigMap and a host-network DaemonSet, one rank per
-  labelled node (``--rank auto``).
+  labelled node (``--rank auto``), of the PriorityClass
+  ``manifests/daemonset/priorityclass.yaml`` defines.
 
 An Indexed Job names its pods' hosts ``<job name>-<index>``, and Flux finds
 a broker's rank by its host name, so the sidecar mode needs the spec's
@@ -38,23 +39,42 @@ import yaml
 from vnetd import __version__
 from vnetd.dataplane.uapi_protocol import SOCKET_DIR
 from vnetd.errors import SpecError
-from vnetd.render.flux import DEFAULT_CURVE_CERT, render_flux
+from vnetd.render.flux import render_flux
+from vnetd.render.pods import (
+    BOOTSTRAP_KEY,
+    CONFIG_DIR,
+    RUNTIME_DEFAULT_SECCOMP,
+    SPEC_KEY,
+    STATE_DIR,
+    config_name,
+    config_volume,
+    field_env,
+    flux_cert_container,
+    flux_container,
+    flux_volumes,
+    host_dir,
+    tun_volume,
+    vnetd_container,
+    with_etcd_tls,
+    with_underlay_choice,
+)
 from vnetd.spec import MeshSpec, parse_spec
 
 Mode = Literal["sidecar", "daemonset"]
 MODES: tuple[Mode, ...] = ("sidecar", "daemonset")
 
-DEFAULT_IMAGE = f"vnetd:{__version__}"
-FLUX_IMAGE = "fluxrm/flux-sched:jammy"
+PLACEHOLDER_REGISTRY = "registry.example.org"
+DEFAULT_IMAGE = f"{PLACEHOLDER_REGISTRY}/vnetd:{__version__}"
+"""No public vnetd image exists: build the Dockerfile and push it to your registry."""
 DEFAULT_HTTP_PORT = 9090
+PRIORITY_CLASS = "vnetd-node-critical"
+JOB_ACTIVE_DEADLINE = 86400
+"""A day: a Job whose quorum never forms must end (patch it for longer jobs)."""
+JOB_TTL_AFTER_FINISHED = 3600
+"""An hour to read a finished Job's logs before it is deleted."""
 
-SPEC_KEY = "mesh.toml"
-BOOTSTRAP_KEY = "bootstrap.toml"
-CONFIG_DIR = "/etc/vnetd"
-FLUX_CONFIG_DIR = "/etc/flux/config"
-STATE_DIR = "/var/lib/vnetd"
-TUN_DEVICE = "/dev/net/tun"
 MESH_LABEL = "vnetd/mesh"
+"""The node label a DaemonSet's nodes carry (nodes only; objects use app.kubernetes.io/*)."""
 SPEC_HASH_ANNOTATION = "vnetd/spec-sha256"
 
 _LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -87,14 +107,24 @@ def render_manifests(spec: MeshSpec, spec_toml: str, options: ManifestOptions | 
     """
     options = options or ManifestOptions()
     objects = manifest_objects(spec, spec_toml, options)
-    header = (
-        f"# Kubernetes manifests of mesh {spec.name} ({spec.size} ranks, {options.mode} mode),\n"
-        "# rendered by `vnetd render manifests` from the spec in the ConfigMap below.\n"
+    header = manifest_objects_header(spec, f"{options.mode} mode", "vnetd render manifests")
+    return header + yaml_stream(objects)
+
+
+def manifest_objects_header(
+    spec: MeshSpec, what: str, command: str, source: str = "the spec in the ConfigMap below"
+) -> str:
+    """The comment that opens a rendered stream: what it is and how it was made."""
+    return (
+        f"# Kubernetes manifests of mesh {spec.name} ({spec.size} ranks, {what}),\n"
+        f"# rendered by `{command}` from {source}.\n"
         "# Change the spec and render again instead of editing this file.\n"
     )
-    return header + yaml.dump_all(
-        objects, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=4096
-    )
+
+
+def yaml_stream(objects: list[Obj]) -> str:
+    """Objects as a multi-document YAML stream, keys in the order given."""
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=4096)
 
 
 def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -> list[Obj]:
@@ -155,16 +185,16 @@ def http_port(spec: MeshSpec) -> int:
     return port
 
 
-def check_image(image: str) -> str:
+def check_image(image: str, flag: str = "--image") -> str:
     """Refuse an image reference that is empty or holds spaces or control characters."""
     if not _IMAGE.fullmatch(image):
         raise SpecError(
-            f"--image: {image!r} is not an image reference like registry.example.org/vnetd:0.1.0"
+            f"{flag}: {image!r} is not an image reference like registry.example.org/vnetd:0.1.0"
         )
     return image
 
 
-def manifest_warnings(spec: MeshSpec) -> list[str]:
+def manifest_warnings(spec: MeshSpec, image: str = DEFAULT_IMAGE) -> list[str]:
     """Problems that make the manifests useless although they are valid."""
     warnings = []
     for url in spec.registry.endpoints:
@@ -172,9 +202,14 @@ def manifest_warnings(spec: MeshSpec) -> list[str]:
         if host == "localhost" or _is_loopback(host):
             warnings.append(
                 f"registry.endpoints: {url} is a loopback address, which in a pod is the pod "
-                "itself; point it at etcd's client Service (http://etcd-client:2379 for "
+                "itself; point it at etcd's client Service (https://etcd-client:2379 for "
                 "manifests/etcd)"
             )
+    if image.partition("/")[0] == PLACEHOLDER_REGISTRY:
+        warnings.append(
+            f"--image: {image} is a placeholder: build the Dockerfile, push it to your "
+            "registry and give its name (docs/kubernetes.md, step 1)"
+        )
     return warnings
 
 
@@ -194,23 +229,20 @@ def _digest(data: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _labels(spec: MeshSpec, component: str) -> Obj:
+def labels(spec: MeshSpec, component: str) -> Obj:
+    """The recommended ``app.kubernetes.io`` labels: the mesh is the instance."""
     return {
         "app.kubernetes.io/name": "vnetd",
+        "app.kubernetes.io/instance": spec.name,
         "app.kubernetes.io/component": component,
-        MESH_LABEL: spec.name,
     }
-
-
-def _config_name(spec: MeshSpec) -> str:
-    return f"{spec.name}-vnetd"
 
 
 def _config_map(spec: MeshSpec, data: dict[str, str]) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": _config_name(spec), "labels": _labels(spec, "config")},
+        "metadata": {"name": config_name(spec), "labels": labels(spec, "config")},
         "data": data,
     }
 
@@ -219,11 +251,11 @@ def _headless_service(spec: MeshSpec, job: str, port: int) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": job, "labels": _labels(spec, "sidecar")},
+        "metadata": {"name": job, "labels": labels(spec, "sidecar")},
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": _labels(spec, "sidecar"),
+            "selector": labels(spec, "sidecar"),
             "ports": [
                 {"name": "wireguard", "port": spec.port, "protocol": "UDP"},
                 {"name": "vnetd-http", "port": port, "protocol": "TCP"},
@@ -233,20 +265,34 @@ def _headless_service(spec: MeshSpec, job: str, port: int) -> Obj:
 
 
 def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str) -> Obj:
-    sidecar = _vnetd_container(spec, image, port, ["--config", f"{CONFIG_DIR}/{SPEC_KEY}"])
+    sidecar = vnetd_container(spec, image, port, ["--config", f"{CONFIG_DIR}/{SPEC_KEY}"])
     sidecar["restartPolicy"] = "Always"
+    pod_labels = labels(spec, "sidecar")
+    volumes = [
+        config_volume(spec, "vnetd-config", SPEC_KEY),
+        *flux_volumes(spec, job),
+        {"name": "vnetd-state", "emptyDir": {}},
+        {"name": "wireguard-sock", "emptyDir": {}},
+        tun_volume(),
+    ]
+    with_etcd_tls(spec, sidecar, volumes)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": job, "labels": _labels(spec, "sidecar")},
+        "metadata": {"name": job, "labels": pod_labels},
         "spec": {
             "completionMode": "Indexed",
             "completions": spec.size,
             "parallelism": spec.size,
             "backoffLimit": 3,
+            # A replacement pod starts only once the failed one is gone: both would
+            # have the same host name and claim the same rank.
+            "podReplacementPolicy": "Failed",
+            "activeDeadlineSeconds": JOB_ACTIVE_DEADLINE,
+            "ttlSecondsAfterFinished": JOB_TTL_AFTER_FINISHED,
             "template": {
                 "metadata": {
-                    "labels": _labels(spec, "sidecar"),
+                    "labels": pod_labels,
                     "annotations": {SPEC_HASH_ANNOTATION: digest},
                 },
                 "spec": {
@@ -257,19 +303,18 @@ def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str) -> Obj:
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "initContainers": [sidecar],
-                    "containers": [_flux_container(spec)],
-                    "volumes": [
-                        _config_volume(spec, "vnetd-config", SPEC_KEY),
-                        _config_volume(spec, "flux-config", BOOTSTRAP_KEY),
+                    "securityContext": RUNTIME_DEFAULT_SECCOMP,
+                    "topologySpreadConstraints": [
                         {
-                            "name": "flux-curve-cert",
-                            "secret": {"secretName": f"{job}-curve-cert", "defaultMode": 0o400},
-                        },
-                        {"name": "vnetd-state", "emptyDir": {}},
-                        {"name": "wireguard-sock", "emptyDir": {}},
-                        _tun_volume(),
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": pod_labels},
+                        }
                     ],
+                    "initContainers": [flux_cert_container(), sidecar],
+                    "containers": [flux_container(spec, port)],
+                    "volumes": volumes,
                 },
             },
         },
@@ -277,144 +322,45 @@ def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str) -> Obj:
 
 
 def _daemon_set(spec: MeshSpec, image: str, port: int, digest: str) -> Obj:
-    container = _vnetd_container(
+    container = vnetd_container(
         spec,
         image,
         port,
         ["--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--rank", "auto", "--instance", "$(NODE_NAME)"],
     )
-    container["env"].append(_field_env("NODE_NAME", "spec.nodeName"))
-    labels = _labels(spec, "daemonset")
+    container["env"].append(field_env("NODE_NAME", "spec.nodeName"))
+    pod_labels = labels(spec, "daemonset")
+    volumes = [
+        config_volume(spec, "vnetd-config", SPEC_KEY),
+        host_dir("vnetd-state", f"{STATE_DIR}/{spec.name}"),
+        host_dir("wireguard-sock", SOCKET_DIR),
+        tun_volume(),
+    ]
+    with_etcd_tls(spec, container, volumes)
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": f"{spec.name}-vnetd", "labels": labels},
+        "metadata": {"name": config_name(spec), "labels": pod_labels},
         "spec": {
-            "selector": {"matchLabels": labels},
+            "selector": {"matchLabels": pod_labels},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": labels, "annotations": {SPEC_HASH_ANNOTATION: digest}},
+                "metadata": {"labels": pod_labels, "annotations": {SPEC_HASH_ANNOTATION: digest}},
                 "spec": {
                     "hostNetwork": True,
                     "dnsPolicy": "ClusterFirstWithHostNet",
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
+                    "priorityClassName": PRIORITY_CLASS,
+                    "securityContext": RUNTIME_DEFAULT_SECCOMP,
                     "nodeSelector": {MESH_LABEL: spec.name},
                     "tolerations": [{"operator": "Exists"}],
-                    "containers": [container],
-                    "volumes": [
-                        _config_volume(spec, "vnetd-config", SPEC_KEY),
-                        _host_dir("vnetd-state", f"{STATE_DIR}/{spec.name}"),
-                        _host_dir("wireguard-sock", SOCKET_DIR),
-                        _tun_volume(),
-                    ],
+                    "containers": [with_underlay_choice(container)],
+                    "volumes": volumes,
                 },
             },
         },
     }
-
-
-def _vnetd_container(spec: MeshSpec, image: str, port: int, identity: list[str]) -> Obj:
-    listen_host = "[::]" if _listens_on_ipv6(spec) else "0.0.0.0"
-    return {
-        "name": "vnetd",
-        "image": image,
-        "args": [
-            "up",
-            *identity,
-            "--state-dir",
-            STATE_DIR,
-            "--http-listen",
-            f"{listen_host}:{port}",
-        ],
-        "env": [
-            _field_env("POD_IP", "status.podIP"),
-            _field_env("POD_NAME", "metadata.name"),
-        ],
-        "ports": [
-            {"name": "wireguard", "containerPort": spec.port, "protocol": "UDP"},
-            {"name": "vnetd-http", "containerPort": port, "protocol": "TCP"},
-        ],
-        "startupProbe": _probe("/readyz", period=1, failures=300),
-        "readinessProbe": _probe("/readyz", period=10, failures=3),
-        "livenessProbe": _probe("/healthz", period=10, failures=3),
-        "resources": {
-            "requests": {"cpu": "50m", "memory": "64Mi"},
-            "limits": {"memory": "256Mi"},
-        },
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsNonRoot": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
-        },
-        "volumeMounts": [
-            {"name": "vnetd-config", "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": "vnetd-state", "mountPath": STATE_DIR},
-            {"name": "wireguard-sock", "mountPath": SOCKET_DIR},
-            {"name": "dev-net-tun", "mountPath": TUN_DEVICE},
-        ],
-    }
-
-
-def _flux_container(spec: MeshSpec) -> Obj:
-    broker_options = f"-o,--config-path={FLUX_CONFIG_DIR},-Stbon.interface-hint={spec.interface}"
-    return {
-        "name": "flux",
-        "image": FLUX_IMAGE,
-        "command": [
-            "flux",
-            "start",
-            broker_options,
-            "flux",
-            "run",
-            "-N",
-            str(spec.size),
-            "hostname",
-        ],
-        "securityContext": {"allowPrivilegeEscalation": False},
-        "volumeMounts": [
-            {"name": "flux-config", "mountPath": FLUX_CONFIG_DIR, "readOnly": True},
-            {
-                "name": "flux-curve-cert",
-                "mountPath": DEFAULT_CURVE_CERT.rpartition("/")[0],
-                "readOnly": True,
-            },
-        ],
-    }
-
-
-def _listens_on_ipv6(spec: MeshSpec) -> bool:
-    return spec.http.listen is not None and spec.http.listen.startswith("[")
-
-
-def _field_env(name: str, path: str) -> Obj:
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
-def _probe(path: str, *, period: int, failures: int) -> Obj:
-    return {
-        "httpGet": {"path": path, "port": "vnetd-http"},
-        "periodSeconds": period,
-        "timeoutSeconds": 3,
-        "failureThreshold": failures,
-    }
-
-
-def _config_volume(spec: MeshSpec, name: str, key: str) -> Obj:
-    return {
-        "name": name,
-        "configMap": {"name": _config_name(spec), "items": [{"key": key, "path": key}]},
-    }
-
-
-def _host_dir(name: str, path: str) -> Obj:
-    return {"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
-
-
-def _tun_volume() -> Obj:
-    return {"name": "dev-net-tun", "hostPath": {"path": TUN_DEVICE, "type": "CharDevice"}}
 
 
 class _Dumper(yaml.SafeDumper):

@@ -33,7 +33,7 @@ LAB6_HTTP_TOML = (
     LAB6_TOML
     + '\n[registry]\nendpoints = ["http://etcd-client:2379"]\n\n[http]\nlisten = "[::]:9191"\n'
 )
-IMAGE = "registry.example.org/hpc/vnetd:0.1.0"
+IMAGE = "harbor.hpc.internal/hpc/vnetd:0.1.0"
 
 CASES = [
     pytest.param(
@@ -130,8 +130,13 @@ def test_vnetd_container_follows_the_spec(text: str, options: ManifestOptions, n
     assert volumes["dev-net-tun"]["hostPath"] == {"path": "/dev/net/tun", "type": "CharDevice"}
     config = volumes["vnetd-config"]["configMap"]
     assert config["name"] == objs["ConfigMap"]["metadata"]["name"] == f"{spec.name}-vnetd"
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    env = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
     assert env["POD_IP"] == "status.podIP" and env["POD_NAME"] == "metadata.name"
+    assert pod_spec(objs)["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
 @pytest.mark.parametrize(("text", "options", "name"), [c for c in CASES if "sidecar" in c.id])
@@ -151,21 +156,43 @@ def test_sidecar_job_is_indexed_and_named_after_the_host_names(
     # OnFailure would count sidecar restarts of every pod against backoffLimit.
     assert pod["restartPolicy"] == "Never"
     assert pod["subdomain"] == objs["Service"]["metadata"]["name"] == name
-    sidecar = pod["initContainers"][0]
+    assert job_spec["podReplacementPolicy"] == "Failed"
+    assert job_spec["activeDeadlineSeconds"] > 0 and job_spec["ttlSecondsAfterFinished"] > 0
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"] == job_spec["template"]["metadata"]["labels"]
+    init = {c["name"]: c for c in pod["initContainers"]}
+    assert list(init) == ["flux-curve-cert", "vnetd"], "the certificate copy runs first"
+    sidecar = init["vnetd"]
     assert sidecar["restartPolicy"] == "Always"
     assert "--rank" not in sidecar["args"], "the rank comes from JOB_COMPLETION_INDEX"
     service = objs["Service"]["spec"]
     assert service["clusterIP"] == "None"
     assert service["selector"].items() <= job_spec["template"]["metadata"]["labels"].items()
     flux = pod["containers"][0]
-    assert flux["command"][:3] == [
-        "flux",
-        "start",
-        f"-o,--config-path=/etc/flux/config,-Stbon.interface-hint={spec.interface}",
-    ]
-    assert flux["command"][3:] == ["flux", "run", "-N", str(spec.size), "hostname"]
-    flux_config = {v["name"]: v for v in pod["volumes"]}["flux-config"]["configMap"]
+    assert flux["command"][:2] == ["/bin/bash", "-c"]
+    script = flux["command"][2]
+    assert "/readyz" in script and "exit 1" in script, "the broker waits for vnetd, bounded"
+    assert script.endswith(
+        "exec flux broker --config-path=/etc/flux/config "
+        f"-Stbon.interface-hint={spec.interface} flux run -N {spec.size} hostname\n"
+    )
+    assert flux["resources"]["requests"] and flux["resources"]["limits"]["memory"]
+    assert "runAsUser" not in flux["securityContext"], "the image's own non-root user"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    flux_config = volumes["flux-config"]["configMap"]
     assert flux_config["items"] == [{"key": "bootstrap.toml", "path": "bootstrap.toml"}]
+    # flux-core refuses a certificate its group or others can read: the init container
+    # copies the Secret into a 0400 file of the broker's own user.
+    copy = init["flux-curve-cert"]
+    assert copy["image"] == flux["image"] and copy["securityContext"] == flux["securityContext"]
+    source, target = copy["command"][-2:]
+    assert target == "/etc/flux/system/curve.cert" and "chmod 0400" in copy["command"][2]
+    mounts = {m["name"]: m["mountPath"] for m in copy["volumeMounts"]}
+    assert source.startswith(mounts["flux-curve-secret"] + "/")
+    assert target.startswith(mounts["flux-curve-cert"] + "/")
+    assert {m["name"] for m in flux["volumeMounts"]} == {"flux-config", "flux-curve-cert"}
+    assert volumes["flux-curve-cert"]["emptyDir"]["medium"] == "Memory"
 
 
 @pytest.mark.parametrize(("text", "options", "name"), [c for c in CASES if "daemonset" in c.id])
@@ -178,6 +205,10 @@ def test_daemonset_runs_on_the_host_network_of_labelled_nodes(
     pod = ds["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert pod["nodeSelector"] == {"vnetd/mesh": spec.name}
+    assert pod["priorityClassName"] == "vnetd-node-critical"
+    container = vnetd_container(objs)
+    assert container["command"][:2] == ["/bin/sh", "-c"] and container["command"][3] == "vnetd"
+    assert {"name": "VNETD_UNDERLAY_INTERFACE", "value": ""} in container["env"]
     assert ds["selector"]["matchLabels"].items() <= ds["template"]["metadata"]["labels"].items()
     args = vnetd_container(objs)["args"]
     assert args[args.index("--rank") + 1] == "auto"
@@ -261,20 +292,24 @@ def test_spec_text_must_match_the_spec():
 
 def test_warnings_name_a_loopback_registry():
     example = spec_of(EXAMPLE.read_text())
-    assert manifest_warnings(example) == [
+    assert manifest_warnings(example, IMAGE) == [
         "registry.endpoints: http://127.0.0.1:2379 is a loopback address, which in a pod is "
-        "the pod itself; point it at etcd's client Service (http://etcd-client:2379 for "
+        "the pod itself; point it at etcd's client Service (https://etcd-client:2379 for "
         "manifests/etcd)"
     ]
     local = spec_of(
         '[mesh]\nname = "m"\nsize = 2\nnetwork = "10.0.0.0/24"\n[registry]\n'
         'endpoints = ["http://localhost:2379", "https://[::1]:2379", "http://etcd-client:2379"]\n'
     )
-    assert [w.split(" is ")[0] for w in manifest_warnings(local)] == [
+    assert [w.split(" is ")[0] for w in manifest_warnings(local, IMAGE)] == [
         "registry.endpoints: http://localhost:2379",
         "registry.endpoints: https://[::1]:2379",
     ]
-    assert manifest_warnings(spec_of(LAB6_HTTP_TOML)) == []
+    assert manifest_warnings(spec_of(LAB6_HTTP_TOML), IMAGE) == []
+    assert manifest_warnings(spec_of(LAB6_HTTP_TOML)) == [
+        f"--image: {DEFAULT_IMAGE} is a placeholder: build the Dockerfile, push it to your "
+        "registry and give its name (docs/kubernetes.md, step 1)"
+    ]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -289,7 +324,7 @@ def test_cli_stdout_file_and_warning(capsys, tmp_path: Path):
     assert out == render_manifests(spec_of(EXAMPLE.read_text()), EXAMPLE.read_text())
     assert f"image: {DEFAULT_IMAGE}\n" in out
     assert err.startswith("vnetd: warning: registry.endpoints: http://127.0.0.1:2379 is a loopback")
-    assert err.count("\n") == 1
+    assert err.count("\n") == 2 and f"--image: {DEFAULT_IMAGE} is a placeholder" in err
     target = tmp_path / "vnetd.yaml"
     code, out2, _ = run(
         capsys,
@@ -386,3 +421,57 @@ def test_awkward_spec_text_survives_yaml(text: str):
         config_map = next(yaml.safe_load_all(rendered))
         assert config_map["data"]["mesh.toml"] == text
         assert spec_of(config_map["data"]["mesh.toml"]) == spec
+
+
+TLS_TOML = (
+    '[mesh]\nname = "m"\nsize = 2\nnetwork = "10.0.0.0/24"\n[registry]\n'
+    'endpoints = ["https://etcd-client:2379"]\n{files}'
+)
+TLS_FILES = (
+    'ca_file = "/etc/vnetd-etcd/ca.crt"\ncert_file = "/etc/vnetd-etcd/tls.crt"\n'
+    'key_file = "/etc/vnetd-etcd/tls.key"\n'
+)
+
+
+@pytest.mark.parametrize("mode", ["sidecar", "daemonset"])
+def test_etcd_client_certificate_is_mounted_where_the_spec_reads_it(mode: str):
+    text = TLS_TOML.format(files=TLS_FILES)
+    objs = objects(text, ManifestOptions(mode=mode, image=IMAGE))
+    container = vnetd_container(objs)
+    assert {"name": "etcd-client-tls", "mountPath": "/etc/vnetd-etcd", "readOnly": True} in (
+        container["volumeMounts"]
+    )
+    volumes = {v["name"]: v for v in pod_spec(objs)["volumes"]}
+    assert volumes["etcd-client-tls"]["secret"] == {
+        "secretName": "vnetd-etcd-client-tls",
+        "defaultMode": 0o400,
+    }
+    plain = objects(TLS_TOML.format(files=""), ManifestOptions(mode=mode, image=IMAGE))
+    assert "etcd-client-tls" not in {v["name"] for v in pod_spec(plain)["volumes"]}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        pytest.param(
+            'cert_file = "/etc/certs/client.pem"\n',
+            r"registry\.cert_file: '/etc/certs/client\.pem': the manifests mount the Secret "
+            r"vnetd-etcd-client-tls, whose keys are ca\.crt, tls\.crt and tls\.key",
+            id="name",
+        ),
+        pytest.param(
+            'ca_file = "/etc/a/ca.crt"\ncert_file = "/etc/b/tls.crt"\n',
+            r"registry\.ca_file: put ca_file, cert_file and key_file in one directory",
+            id="two-dirs",
+        ),
+        pytest.param(
+            'ca_file = "/etc/vnetd/ca.crt"\n',
+            r"registry\.ca_file: put .* \(not under /etc/vnetd",
+            id="config-dir",
+        ),
+    ],
+)
+def test_etcd_tls_files_the_secret_cannot_provide_are_refused(files: str, message: str):
+    text = TLS_TOML.format(files=files)
+    with pytest.raises(SpecError, match=message):
+        render_manifests(spec_of(text), text, ManifestOptions(image=IMAGE))

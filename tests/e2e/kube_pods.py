@@ -1,0 +1,234 @@
+"""Run a rendered pod template's containers in the netns lab, as the kubelet would.
+
+A pod is a lab pod (its network namespace) plus a "sandbox" process whose
+mount and UTS namespaces the containers join (``Lab.start(beside=...)``):
+every volume of the template becomes a directory (ConfigMap items, Secret
+keys with ``defaultMode``, ``emptyDir`` as 0777, ``hostPath`` directories
+per node) bind-mounted at each ``mountPath`` (read-only where asked), over
+private overlays of ``/etc`` and ``/var/lib`` so the mount points can exist.
+Each container runs its exact ``command``/``args`` (the image's ENTRYPOINT
+when there is no ``command``) after Kubernetes' ``$(VAR)`` expansion, with
+the env the manifest gives it (``fieldRef`` resolved), under ``setpriv`` as
+its user (``runAsUser``, else the image's user), with its capabilities as
+the bounding set and ``no_new_privs`` when privilege escalation is off.
+
+Not emulated: seccomp, the container's own root filesystem (one mount
+namespace per pod), resource limits, probes (callers wait themselves).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from vnetd.lab.lab import ETCD_IP, Lab, LabProcess, Pod
+from vnetd.render.pods import FLUX_IMAGE
+
+Obj = dict[str, Any]
+
+IMAGE_ENTRYPOINTS = {"vnetd": ["vnetd"]}
+"""Image name (without registry and tag) -> ENTRYPOINT (the Dockerfile's)."""
+IMAGE_USERS = {FLUX_IMAGE: 1000, "vnetd": 10001}
+"""The image's USER: flux-sched's release images name a non-root user (emulated as 1000)."""
+SERVICE_HOSTS = {"etcd-client": ETCD_IP}
+"""Cluster DNS names the containers resolve: the lab's etcd stands for the Service."""
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion of command, args and env values."""
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env[name] if name in env else match.group(0)
+
+    return _VAR.sub(one, value)
+
+
+def image_name(image: str) -> str:
+    return image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+
+
+@dataclass
+class KubePod:
+    """One rendered pod running in a lab pod."""
+
+    lab: Lab
+    pod: Pod
+    spec: Obj
+    sandbox: LabProcess
+    fields: dict[str, str]
+    """Downward API values: ``status.podIP``, ``metadata.name``, ``spec.nodeName``."""
+    extra_env: dict[str, str]
+    """What the controller adds to every container (``JOB_COMPLETION_INDEX``) and PATH."""
+    overrides: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Container name -> env values a user patched in."""
+    running: dict[str, LabProcess] = field(default_factory=dict)
+
+    def container(self, name: str) -> Obj:
+        found = [c for c in self.spec.get("initContainers", []) + self.spec["containers"]
+                 if c["name"] == name]  # fmt: skip
+        assert len(found) == 1, name
+        return found[0]
+
+    def env_of(self, container: Obj) -> dict[str, str]:
+        env = dict(self.extra_env)
+        for entry in container.get("env", []):
+            if "value" in entry:
+                env[entry["name"]] = expand(entry["value"], env)
+            else:
+                env[entry["name"]] = self.fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        env.update(self.overrides.get(container["name"], {}))
+        return env
+
+    def argv_of(self, container: Obj, env: Mapping[str, str]) -> list[str]:
+        command = container.get("command") or IMAGE_ENTRYPOINTS[image_name(container["image"])]
+        words = [expand(w, env) for w in [*command, *container.get("args", [])]]
+        return [*self.privileges(container), *words]
+
+    def privileges(self, container: Obj) -> list[str]:
+        security = container.get("securityContext", {})
+        uid = security.get("runAsUser", IMAGE_USERS.get(container["image"]))
+        if uid is None:
+            uid = IMAGE_USERS[image_name(container["image"])]
+        caps = security.get("capabilities", {})
+        assert caps.get("drop") == ["ALL"], f"{container['name']}: drops every capability"
+        bounding = ",".join(["-all", *(f"+{c.lower()}" for c in caps.get("add", []))])
+        argv = ["setpriv", f"--bounding-set={bounding}"]
+        if uid != 0:
+            argv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        if security.get("allowPrivilegeEscalation") is False:
+            argv.append("--no-new-privs")
+        return [*argv, "--"]
+
+    async def run_to_end(
+        self, name: str, timeout: float = 30.0
+    ) -> subprocess.CompletedProcess[bytes]:  # noqa: ASYNC109
+        """An init container: run it in the pod and return its result."""
+        container = self.container(name)
+        env = self.env_of(container)
+        argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *self.argv_of(container, env)]
+        return await self.lab.run(self.pod, argv, timeout, beside=self.sandbox)
+
+    async def start(self, name: str) -> LabProcess:
+        """A sidecar or main container: start it in the pod."""
+        container = self.container(name)
+        env = self.env_of(container)
+        argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *self.argv_of(container, env)]
+        process = await self.lab.start(self.pod, argv, beside=self.sandbox)
+        self.running[name] = process
+        return process
+
+
+def materialize_volumes(
+    spec: Obj,
+    root: Path,
+    config_maps: Mapping[str, Obj],
+    secrets: Mapping[str, Mapping[str, bytes]],
+) -> dict[str, Path | None]:
+    """A directory per volume of the pod (None: a host device already in place)."""
+    sources: dict[str, Path | None] = {}
+    for volume in spec.get("volumes", []):
+        name = volume["name"]
+        target = root / "volumes" / name
+        if "hostPath" in volume:
+            path = volume["hostPath"]["path"]
+            if volume["hostPath"].get("type") == "CharDevice":
+                assert os.path.exists(path), path
+                sources[name] = None
+                continue
+            target = root / "host" / path.lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        if "configMap" in volume:
+            data = config_maps[volume["configMap"]["name"]]["data"]
+            items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]
+            for item in items:
+                (target / item["path"]).write_text(data[item["key"]])
+                (target / item["path"]).chmod(volume["configMap"].get("defaultMode", 0o644))
+        elif "secret" in volume:
+            data = secrets[volume["secret"]["secretName"]]
+            for key, value in data.items():
+                (target / key).write_bytes(value)
+                (target / key).chmod(volume["secret"].get("defaultMode", 0o644))
+        elif "emptyDir" in volume:
+            target.chmod(0o777)
+        sources[name] = target
+    return sources
+
+
+def mount_script(spec: Obj, sources: Mapping[str, Path | None], work: Path) -> str:
+    """Shell run in the sandbox's mount namespace: overlays, then every volumeMount."""
+    lines = ["set -e"]
+    for top in ("etc", "var/lib"):
+        upper, lower = (
+            work / f"{top.replace('/', '-')}-upper",
+            work / f"{top.replace('/', '-')}-work",
+        )
+        upper.mkdir(parents=True, exist_ok=True)
+        lower.mkdir(parents=True, exist_ok=True)
+        lines.append(
+            f"mount -t overlay overlay -o lowerdir=/{top},upperdir={upper},workdir={lower} /{top}"
+        )
+    for host, address in SERVICE_HOSTS.items():
+        lines.append(f"echo {shlex.quote(f'{address} {host}')} >> /etc/hosts")
+    mounted: dict[str, str] = {}
+    containers = spec.get("initContainers", []) + spec["containers"]
+    for mount in (m for c in containers for m in c.get("volumeMounts", [])):
+        path, name = mount["mountPath"], mount["name"]
+        if path in mounted:
+            assert mounted[path] == name, f"{path}: two volumes"
+            continue
+        mounted[path] = name
+        source = sources[name]
+        if source is None:
+            continue
+        lines += [f"mkdir -p {shlex.quote(path)}",
+                  f"mount --bind {shlex.quote(str(source))} {shlex.quote(path)}"]  # fmt: skip
+        if mount.get("readOnly"):
+            lines.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
+    return "\n".join(lines) + "\n"
+
+
+async def start_pod(
+    lab: Lab,
+    pod: Pod,
+    spec: Obj,
+    *,
+    hostname: str,
+    fields: dict[str, str],
+    extra_env: dict[str, str],
+    config_maps: Mapping[str, Obj],
+    secrets: Mapping[str, Mapping[str, bytes]],
+    overrides: dict[str, dict[str, str]] | None = None,
+) -> KubePod:
+    """The pod's sandbox with its volumes mounted; no container started yet."""
+    root = pod.dir / "kube"
+    sources = materialize_volumes(spec, root, config_maps, secrets)
+    sandbox = await lab.start(pod, ["sleep", "3600"], hostname=hostname)
+    # Its namespaces are final once the wrapper (ip netns exec, unshare, sh) has
+    # exec'd sleep; mounts made before that would land in a namespace it leaves.
+    comm = trio.Path(f"/proc/{sandbox.pid}/comm")
+    with trio.fail_after(10):
+        while (await comm.read_text()).strip() != "sleep":
+            await trio.sleep(0.02)
+    script = mount_script(spec, sources, root / "overlay")
+    result = await lab.run(pod, ["sh", "-c", script], 20, beside=sandbox)
+    assert result.returncode == 0, result.stderr.decode()
+    return KubePod(lab, pod, spec, sandbox, fields, extra_env, overrides or {})
+
+
+def by_kind(docs: Sequence[Obj]) -> dict[str, list[Obj]]:
+    found: dict[str, list[Obj]] = {}
+    for doc in docs:
+        found.setdefault(doc["kind"], []).append(doc)
+    return found

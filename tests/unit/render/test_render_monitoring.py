@@ -1,0 +1,107 @@
+"""``vnetd render monitoring``: a PodMonitor and a PrometheusRule that fit the Prometheus
+Operator's v1 API, select the rendered pods, and hold the alerts docs/operations.md shows."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from crd_schemas import validate_custom
+from kubernetes_validate.utils import latest_version, major_minor
+
+from vnetd.cli import main
+from vnetd.render.manifests import ManifestOptions, render_manifests
+from vnetd.render.monitoring import ALERTS, promql_block, render_monitoring
+from vnetd.spec import load_spec
+
+ROOT = Path(__file__).parents[3]
+BASES = {"sidecar": ROOT / "manifests/sidecar/mesh.toml", "daemonset": ROOT / "manifests/daemonset/mesh.toml"}  # fmt: skip
+VERSIONS = sorted({"1.29", major_minor(latest_version())})
+SCHEMAS = {"PodMonitor": "podmonitor-monitoring-v1", "PrometheusRule": "prometheusrule-monitoring-v1"}  # fmt: skip
+
+
+def rendered(path: Path) -> dict[str, dict[str, Any]]:
+    docs = list(yaml.safe_load_all(render_monitoring(load_spec(path))))
+    return {doc["kind"]: doc for doc in docs}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_objects_fit_the_monitoring_v1_schemas(base: str, version: str):
+    for kind, doc in rendered(BASES[base]).items():
+        validate_custom(doc, SCHEMAS[kind], version)
+
+
+def test_schemas_catch_errors():
+    objs = rendered(BASES["sidecar"])
+    objs["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["intervall"] = "30s"
+    with pytest.raises(jsonschema.ValidationError, match="'intervall' was unexpected"):
+        validate_custom(objs["PodMonitor"], SCHEMAS["PodMonitor"], VERSIONS[0])
+    objs["PrometheusRule"]["spec"]["groups"][0]["rules"][0]["for"] = "5 minutes"
+    with pytest.raises(jsonschema.ValidationError, match="does not match"):
+        validate_custom(objs["PrometheusRule"], SCHEMAS["PrometheusRule"], VERSIONS[0])
+
+
+@pytest.mark.parametrize("mode", ["sidecar", "daemonset"])
+def test_pod_monitor_selects_the_rendered_pods_and_their_port(mode: str):
+    path = BASES[mode]
+    monitor = rendered(path)["PodMonitor"]["spec"]
+    docs = yaml.safe_load_all(
+        render_manifests(load_spec(path), path.read_text(), ManifestOptions(mode=mode))
+    )
+    workload = next(d for d in docs if d["kind"] in {"Job", "DaemonSet"})
+    template = workload["spec"]["template"]
+    assert monitor["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    pod = template["spec"]
+    ports = {p["name"] for c in pod.get("initContainers", []) + pod["containers"]
+             for p in c.get("ports", [])}  # fmt: skip
+    (endpoint,) = monitor["podMetricsEndpoints"]
+    assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+    (relabel,) = endpoint["relabelings"]
+    key = "app.kubernetes.io/instance"
+    assert relabel["sourceLabels"] == [
+        "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    ]
+    assert relabel["targetLabel"] == "mesh" and template["metadata"]["labels"][key]
+
+
+def test_rules_are_the_documented_alerts():
+    """docs/operations.md shows promql_block of the DaemonSet base: the same alerts."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    (block,) = re.findall(r"```promql\n(.*?)```", text, flags=re.S)
+    spec = load_spec(BASES["daemonset"])
+    assert block == promql_block(spec)
+    (group,) = rendered(BASES["daemonset"])["PrometheusRule"]["spec"]["groups"]
+    assert [r["alert"] for r in group["rules"]] == [a.name for a in ALERTS]
+    for rule, alert in zip(group["rules"], ALERTS, strict=True):
+        assert rule["expr"] in block and rule.get("for") == alert.duration
+        assert rule["labels"]["mesh"] == spec.name
+    assert group["rules"][0]["expr"].endswith(f"< {spec.size}"), "the threshold is mesh.size"
+
+
+def test_promtool_accepts_the_rules(tmp_path: Path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        print("promtool is not installed: the rules were checked against the schema only")
+        pytest.skip("promtool is not installed (Debian's prometheus package has it)")
+    for base, path in BASES.items():
+        rules = tmp_path / f"{base}.yaml"
+        rules.write_text(yaml.safe_dump(rendered(path)["PrometheusRule"]["spec"]))
+        result = subprocess.run(
+            [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
+
+
+def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
+    target = tmp_path / "monitoring.yaml"
+    assert main(["render", "monitoring", "--config", str(BASES["sidecar"]), "-o", str(target)]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert target.read_text() == render_monitoring(load_spec(BASES["sidecar"]))

@@ -1,0 +1,95 @@
+"""``vnetd render minicluster`` and ``vnetd render monitoring``: parsers and runs.
+
+``render.command.add_parsers`` calls ``add_kinds`` with its subparsers;
+each kind loads the spec, calls its pure renderer and prints the text or
+writes it atomically. ``docs/flux.md`` documents ``minicluster``,
+``docs/kubernetes.md`` ``monitoring``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from vnetd.errors import SpecError
+from vnetd.render.manifests import DEFAULT_IMAGE, manifest_warnings
+from vnetd.render.minicluster import (
+    DEFAULT_APP_IMAGE,
+    DEFAULT_COMMAND,
+    MiniClusterOptions,
+    render_minicluster,
+)
+from vnetd.render.monitoring import render_monitoring
+from vnetd.render.output import warn_on_stderr, write_file
+from vnetd.spec import load_spec
+
+
+def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type is private
+    """Add the cluster kinds to ``vnetd render``."""
+    minicluster = kinds.add_parser(
+        "minicluster",
+        help="a Flux Operator MiniCluster whose brokers use the overlay's fixed addresses",
+    )
+    _add_config_and_output(minicluster)
+    options = [
+        ("--image", "image", DEFAULT_IMAGE, "the vnetd image"),
+        ("--app-image", "app_image", DEFAULT_APP_IMAGE, "the container Flux runs in"),
+        # dest: "command" is the top-level subcommand's
+        ("--command", "job_command", DEFAULT_COMMAND, "what the MiniCluster submits to Flux"),
+    ]
+    for flag, dest, default, text in options:
+        metavar = flag[2:].upper().replace("-", "_")
+        help_text = f"{text} (default {default})"
+        minicluster.add_argument(flag, dest=dest, metavar=metavar, default=default, help=help_text)
+    minicluster.set_defaults(run=run_minicluster)
+
+    monitoring = kinds.add_parser(
+        "monitoring",
+        help="a Prometheus Operator PodMonitor and PrometheusRule with the documented alerts",
+    )
+    _add_config_and_output(monitoring)
+    monitoring.set_defaults(run=run_monitoring)
+
+
+def _add_config_and_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", required=True, type=Path, metavar="FILE", help="the mesh spec (TOML)"
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, metavar="PATH", help="write here atomically (default stdout)"
+    )
+
+
+def run_minicluster(args: argparse.Namespace) -> int:
+    spec = load_spec(args.config)
+    text = _spec_text(args.config)
+    options = MiniClusterOptions(
+        image=args.image, app_image=args.app_image, command=args.job_command
+    )
+    rendered = render_minicluster(spec, text, options)
+    for warning in manifest_warnings(spec, args.image):
+        warn_on_stderr(warning)
+    _write(rendered, args.output)
+    return 0
+
+
+def run_monitoring(args: argparse.Namespace) -> int:
+    _write(render_monitoring(load_spec(args.config)), args.output)
+    return 0
+
+
+def _spec_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_file(output, text.encode())

@@ -1,0 +1,145 @@
+"""Monitoring the Kubernetes way: ``vnetd render monitoring``.
+
+A Prometheus Operator ``PodMonitor`` that scrapes ``/metrics`` on the pods'
+``vnetd-http`` port (the mesh's name becomes the ``mesh`` label of every
+series), and a ``PrometheusRule`` with the alerts ``docs/operations.md``
+documents, for this mesh: ``ALERTS`` is their one definition, and the
+documentation's PromQL block is ``promql_block`` of
+``manifests/daemonset/mesh.toml`` (a test compares the two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vnetd.render.manifests import labels, manifest_objects_header, yaml_stream
+from vnetd.render.pods import config_name
+from vnetd.spec import MeshSpec
+
+API_VERSION = "monitoring.coreos.com/v1"
+SCRAPE_INTERVAL = "30s"
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule; ``expr`` holds ``{m}`` (the mesh selector) and ``{size}``."""
+
+    name: str
+    summary: str
+    expr: str
+    duration: str | None = None
+    severity: str = "warning"
+
+    def promql(self, spec: MeshSpec) -> str:
+        return self.expr.format(m=f'mesh="{spec.name}"', size=spec.size)
+
+
+ALERTS = (
+    Alert(
+        "VnetdRankMissing",
+        "A rank of the mesh has been missing for 5 minutes (seen from any daemon).",
+        "max by (namespace) (vnetd_members_registered{{{m}}}) < {size}",
+        "5m",
+    ),
+    Alert(
+        "VnetdNoFreshHandshake",
+        "Peers are configured but none has shaken hands within 3 minutes.",
+        "vnetd_peers_configured{{{m}}} > 0 and vnetd_peers_handshake_fresh{{{m}}} == 0",
+        "5m",
+    ),
+    Alert(
+        "VnetdPeerSilent",
+        "One peer has been silent for 10 minutes (only meaningful with traffic or a keepalive).",
+        "vnetd_peer_last_handshake_seconds{{{m}}} > 600",
+        severity="info",
+    ),
+    Alert(
+        "VnetdRegistryErrors",
+        "The registry keeps failing.",
+        "sum by (namespace, pod, operation) (rate(vnetd_registry_errors_total{{{m}}}[5m])) > 0.1",
+        "10m",
+    ),
+    Alert(
+        "VnetdRegistryGarbage",
+        "Garbage is being written under the mesh prefix.",
+        "increase(vnetd_registry_bad_entries_total{{{m}}}[15m]) > 0",
+    ),
+    Alert(
+        "VnetdWireguardCrashLoop",
+        "wireguard-go is crash-looping.",
+        "increase(vnetd_wireguard_restarts_total{{{m}}}[15m]) > 3",
+        severity="critical",
+    ),
+)
+
+
+def promql_block(spec: MeshSpec) -> str:
+    """The alerts as ``docs/operations.md`` shows them: a comment, then the expression."""
+    lines = []
+    for alert in ALERTS:
+        lines.append(f"# {alert.name}: {alert.summary}")
+        held = f"    # for: {alert.duration}" if alert.duration else ""
+        lines.append(f"{alert.promql(spec)}{held}")
+        lines.append("")
+    return "\n".join(lines[:-1]) + "\n"
+
+
+def render_monitoring(spec: MeshSpec) -> str:
+    """The PodMonitor and the PrometheusRule of ``spec`` as a YAML stream."""
+    header = manifest_objects_header(
+        spec, "monitoring", "vnetd render monitoring", "the mesh's spec"
+    )
+    return header + yaml_stream([_pod_monitor(spec), _rule(spec)])
+
+
+def _selector(spec: MeshSpec) -> Obj:
+    return {"app.kubernetes.io/name": "vnetd", "app.kubernetes.io/instance": spec.name}
+
+
+def _pod_monitor(spec: MeshSpec) -> Obj:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "PodMonitor",
+        "metadata": {"name": config_name(spec), "labels": labels(spec, "monitoring")},
+        "spec": {
+            "selector": {"matchLabels": _selector(spec)},
+            "podMetricsEndpoints": [
+                {
+                    "port": "vnetd-http",
+                    "path": "/metrics",
+                    "interval": SCRAPE_INTERVAL,
+                    "relabelings": [
+                        {
+                            "sourceLabels": [
+                                "__meta_kubernetes_pod_label_app_kubernetes_io_instance"
+                            ],
+                            "targetLabel": "mesh",
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def _rule(spec: MeshSpec) -> Obj:
+    rules = []
+    for alert in ALERTS:
+        rule: Obj = {"alert": alert.name, "expr": alert.promql(spec)}
+        if alert.duration:
+            rule["for"] = alert.duration
+        rule["labels"] = {"severity": alert.severity, "mesh": spec.name}
+        rule["annotations"] = {
+            "summary": alert.summary,
+            "description": f"mesh {spec.name}: see docs/operations.md, metrics and alerts.",
+        }
+        rules.append(rule)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "PrometheusRule",
+        "metadata": {"name": config_name(spec), "labels": labels(spec, "monitoring")},
+        "spec": {"groups": [{"name": f"vnetd-{spec.name}", "rules": rules}]},
+    }

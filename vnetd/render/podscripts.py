@@ -1,0 +1,85 @@
+"""The shell scripts the rendered containers run at start.
+
+* ``readyz_wait``: bash that polls this pod's vnetd ``/readyz`` (bash's
+  ``/dev/tcp``, so the Flux image needs neither curl nor Python), bounded,
+  and exits 1 naming the port when it never answers 200. The Job's Flux
+  container runs it before ``flux broker``; a MiniCluster runs it as
+  ``commands.pre``, since the Flux Operator's containers have no startup
+  gate of their own.
+* ``flux_start_script``: that wait, then ``exec flux broker`` with the
+  rendered bootstrap config.
+* ``CERT_COPY_SCRIPT``: flux-core refuses a CURVE certificate its group or
+  others can read, and a Secret volume is root-owned; an init container of
+  the Flux image (so the same user as the broker) copies it into an
+  ``emptyDir`` as a 0400 file of its own.
+* ``UNDERLAY_SCRIPT``: the DaemonSet's entrypoint. With
+  ``VNETD_UNDERLAY_INTERFACE`` set it takes that interface's first global
+  address as ``POD_IP`` (the endpoint peers send to, and the underlay
+  ``mtu = "auto"`` reads), then execs vnetd with the container's args.
+
+Every script here is run in the netns lab by ``tests/e2e/test_k8s_entrypoints.py``.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+READY_TIMEOUT = 300
+"""Seconds a Flux container waits for ``/readyz``: the sidecar's startup probe's bound."""
+
+CURVE_SECRET_DIR = "/etc/flux/curve-secret"
+"""Where the CURVE certificate Secret is mounted, in the copying init container only."""
+
+UNDERLAY_ENV = "VNETD_UNDERLAY_INTERFACE"
+
+CERT_COPY_SCRIPT = 'set -eu\numask 077\nrm -f "$2"\ncp "$1" "$2"\nchmod 0400 "$2"\n'
+"""``sh -c CERT_COPY_SCRIPT copy-curve-cert SOURCE TARGET``."""
+
+UNDERLAY_SCRIPT = f"""\
+set -euf
+if [ -n "${{{UNDERLAY_ENV}:-}}" ]; then
+  address_of() {{ [ "$#" -ge 4 ] && printf '%s\\n' "${{4%/*}}"; }}
+  line=$(ip -o addr show dev "${UNDERLAY_ENV}" scope global | head -n 1)
+  POD_IP=$(address_of $line) || {{
+    echo "{UNDERLAY_ENV}: ${UNDERLAY_ENV} has no global address on this node;" \\
+      "name an interface that has one, or leave it empty for POD_IP" >&2
+    exit 2
+  }}
+  export POD_IP
+  echo "underlay: ${UNDERLAY_ENV} $POD_IP"
+fi
+exec vnetd "$@"
+"""
+
+
+def readyz_wait(host: str, port: int, timeout: int = READY_TIMEOUT) -> str:
+    """Bash that returns once ``http://host:port/readyz`` answers 200, or exits 1.
+
+    ``host`` is a literal address (``127.0.0.1`` or ``::1``): the pod's own vnetd.
+    """
+    return f"""\
+# Wait for this pod's vnetd: /readyz answers 200 once the rank's overlay
+# address is on the interface and the rank is claimed.
+vnetd_ready() {{
+  (
+    exec 3<>"/dev/tcp/{host}/{port}" || exit 1
+    printf 'GET /readyz HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3
+    IFS=' ' read -r -t 5 _ status _ <&3 || exit 1
+    [ "$status" = 200 ]
+  ) 2>/dev/null
+}}
+vnetd_deadline=$((SECONDS + {timeout}))
+until vnetd_ready; do
+  if [ "$SECONDS" -ge "$vnetd_deadline" ]; then
+    echo "vnetd did not answer 200 on /readyz (port {port}) within {timeout} s" >&2
+    exit 1
+  fi
+  sleep 1
+done
+echo "vnetd ready: the overlay address is up"
+"""
+
+
+def flux_start_script(host: str, port: int, broker_argv: list[str]) -> str:
+    """The Job's Flux container: wait for ``/readyz``, then exec the broker."""
+    return f"set -euo pipefail\n{readyz_wait(host, port)}exec {shlex.join(broker_argv)}\n"
