@@ -444,13 +444,13 @@ class EtcdRegistry:
 
     def watch(
         self, prefix: str, start_revision: int
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[list[WatchEvent]]]:
         return self._watch(prefix, start_revision)
 
     @asynccontextmanager
     async def _watch(
         self, prefix: str, start_revision: int
-    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+    ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
         request = {
             "key": _b64(prefix),
             "range_end": _b64(prefix_end(prefix)),
@@ -541,22 +541,28 @@ def _raise_for_watch(result: JSON) -> None:
         raise RegistryUnavailable(f"etcd watch canceled: {reason}")
 
 
-async def _watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[WatchEvent, None]:
+async def _watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[list[WatchEvent], None]:
+    """The events of each watch message, as one batch (messages without events are skipped)."""
     while True:
         try:
             result = await _next_message(lines)
         except (httpx.TransportError, httpx.StreamError) as exc:
             raise RegistryUnavailable(f"etcd watch: stream broke: {exc!r}") from exc
         _raise_for_watch(result)
-        for event in result.get("events", []):
-            kv = event["kv"]
-            yield WatchEvent(
-                kind="delete" if event.get("type") == "DELETE" else "put",
-                key=_unb64(kv["key"]).decode("utf-8", "surrogateescape"),
-                value=_unb64(kv.get("value", "")),
-                mod_revision=int(kv.get("mod_revision", 0)),
-                create_revision=int(kv.get("create_revision", 0)),
-            )
+        batch = [_watch_event(event) for event in result.get("events", [])]
+        if batch:
+            yield batch
+
+
+def _watch_event(event: JSON) -> WatchEvent:
+    kv = event["kv"]
+    return WatchEvent(
+        kind="delete" if event.get("type") == "DELETE" else "put",
+        key=_unb64(kv["key"]).decode("utf-8", "surrogateescape"),
+        value=_unb64(kv.get("value", "")),
+        mod_revision=int(kv.get("mod_revision", 0)),
+        create_revision=int(kv.get("create_revision", 0)),
+    )
 
 
 @asynccontextmanager
