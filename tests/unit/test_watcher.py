@@ -100,7 +100,7 @@ async def test_deleting_a_junk_key_does_not_drop_a_member():
     await registry.delete(junk)
     async with registry.watch("/vnetd/m/members/", revision + 1) as batches:
         async for batch in batches:
-            view.apply(SPEC, batch)
+            view.apply_batch(SPEC, batch)
             if batch[-1].kind == "delete":
                 break
     assert set(view.members) == {2}

@@ -126,7 +126,11 @@ class MemberView:
         self._changes.clear()
         self._changes_floor = self.version
 
-    def apply(self, spec: MeshSpec, events: Iterable[WatchEvent]) -> None:
+    def apply(self, spec: MeshSpec, event: WatchEvent) -> None:
+        """Take one watch event (a batch of one)."""
+        self.apply_batch(spec, (event,))
+
+    def apply_batch(self, spec: MeshSpec, events: Iterable[WatchEvent]) -> None:
         """Take a batch of watch events as one change: one ``version`` bump at most."""
         for event in events:
             self._apply_one(spec, event)
@@ -307,7 +311,7 @@ async def sync_members(
                 async with registry.watch(prefix, view.revision + 1) as batches:
                     health.ok()
                     async for batch in batches:
-                        view.apply(spec, batch)
+                        view.apply_batch(spec, batch)
                         pause = gauge.pause_after(trio.current_time(), len(batch))
                         if pause:
                             break
