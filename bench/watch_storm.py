@@ -26,7 +26,6 @@ import argparse
 import base64
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,7 +74,7 @@ def count_messages(counts: Counts) -> None:
             counts.messages += 1
         return result
 
-    etcd_backend._next_message = counted  # type: ignore[assignment]
+    etcd_backend._next_message = counted
 
 
 async def write_joins(url: str, joins: int, rate: float) -> None:
@@ -111,7 +110,7 @@ async def storm(watchers: int, joins: int, rate: float) -> dict[str, Any]:
             async with trio.open_nursery() as nursery:
                 for registry, view in zip(registries, views, strict=True):
                     nursery.start_soon(sync_members, registry, spec, view, RegistryHealth())
-                while not all(view.synced for view in views):
+                while not all(view.synced for view in views):  # noqa: ASYNC110 - polls views
                     await trio.sleep(0.05)
                 await trio.sleep(0.5)
                 etcd_before, client_before = proc_cpu(server.pid), time.process_time()
@@ -122,7 +121,7 @@ async def storm(watchers: int, joins: int, rate: float) -> dict[str, Any]:
                      "--rate", str(rate)],
                 )  # fmt: skip
                 written = time.monotonic()
-                while not all(len(view.members) == joins for view in views):
+                while not all(len(view.members) == joins for view in views):  # noqa: ASYNC110
                     await trio.sleep(0.002)
                 done = time.monotonic()
                 etcd_cpu = proc_cpu(server.pid) - etcd_before
