@@ -34,7 +34,6 @@ from typing import Any
 
 import trio
 
-import vnetd.control.storm as storm_gauge
 import vnetd.registry.etcd as etcd_backend
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView, sync_members
@@ -157,10 +156,13 @@ def main() -> None:
     parser.add_argument("--pause", type=float, help="a fixed pause in a storm (s)")
     parser.add_argument("--write", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.storm_rate is not None:
-        storm_gauge.STORM_RATE = args.storm_rate
-    if args.pause is not None:
-        storm_gauge.PAUSE_MIN = storm_gauge.PAUSE_MAX = args.pause
+    if args.storm_rate is not None or args.pause is not None:
+        import vnetd.control.storm as gauge  # absent before batching: imported only here
+
+        if args.storm_rate is not None:
+            gauge.STORM_RATE = args.storm_rate
+        if args.pause is not None:
+            gauge.PAUSE_MIN = gauge.PAUSE_MAX = args.pause
     if args.write:
         trio.run(write_joins, args.write, args.joins, args.rate)
         return

@@ -16,15 +16,18 @@ log = logging.getLogger("vnetd.watch")
 
 STORM_EVENTS = 8
 """At least this many member events within ``STORM_WINDOW`` ..."""
-STORM_RATE = 16.0
-"""... arriving at this many per second or more make a storm."""
+STORM_RATE = 20.0
+"""... arriving at this many per second or more make a storm: a batch then carries
+20 events or more, enough to pay for the resume (through etcd's JSON gateway a
+resume costs etcd about as much as 12 live messages, the daemon about 20)."""
 STORM_WINDOW = 2.0
 """Seconds of batches the rate is taken over (longer than the longest pause)."""
 BATCH_EVENTS = 32
 """In a storm the watch pauses long enough for about this many events per batch ..."""
 PAUSE_MIN = 0.1
 PAUSE_MAX = 1.0
-"""... within these bounds (seconds)."""
+"""... within these bounds (seconds); etcd adds up to 0.1 s before it sends a resumed
+watch its batch."""
 FULL_BATCH = 1000
 """etcd's most revisions per watch message: a batch this big means more is waiting."""
 
