@@ -22,7 +22,7 @@ STORM_RATE = 20.0
 resume costs etcd about as much as 12 live messages, the daemon about 20)."""
 STORM_WINDOW = 2.0
 """Seconds of batches the rate is taken over (longer than the longest pause)."""
-BATCH_EVENTS = 32
+BATCH_EVENTS = 64
 """In a storm the watch pauses long enough for about this many events per batch ..."""
 PAUSE_MIN = 0.1
 PAUSE_MAX = 1.0
