@@ -9,7 +9,7 @@ that with the device and yields the smallest ``Plan``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
@@ -71,6 +71,63 @@ def desired_peers(
         )
     skipped.sort(key=lambda item: item.rank)
     return peers, skipped
+
+
+class AppliedPeers:
+    """The peers a reconciler last applied, and every member's public key as of its
+    last pass: what a pass diffs a change against instead of the device (invariant 11).
+
+    A key's peer depends only on the members that register that key (the
+    earliest holds it), so a change to some ranks can change only the peers of
+    the keys those ranks registered before or after it.
+    """
+
+    def __init__(self) -> None:
+        self.peers: dict[str, Peer] = {}
+        """Public key -> the peer as last applied."""
+        self._key_of: dict[int, str] = {}
+        self._ranks_of: dict[str, set[int]] = {}
+
+    def index(self, members: Mapping[int, Member]) -> None:
+        """Note every member's key (a full pass)."""
+        self._key_of, self._ranks_of = {}, {}
+        self.touched(members, members)
+
+    def touched(
+        self, members: Mapping[int, Member], changed: Iterable[int]
+    ) -> tuple[dict[int, Member], set[str]]:
+        """Note the ``changed`` ranks' keys; the keys they had or have now, and every
+        member registering one of those keys (``desired_peers`` of exactly those keys)."""
+        keys: set[str] = set()
+        for rank in changed:
+            old = self._key_of.pop(rank, None)
+            if old is not None:
+                keys.add(old)
+                self._ranks_of[old].discard(rank)
+                if not self._ranks_of[old]:
+                    del self._ranks_of[old]
+            member = members.get(rank)
+            if member is not None:
+                keys.add(member.public_key)
+                self._key_of[rank] = member.public_key
+                self._ranks_of.setdefault(member.public_key, set()).add(rank)
+        holders = {rank: members[rank] for key in keys for rank in self._ranks_of.get(key, ())}
+        return holders, keys
+
+    def of(self, keys: Iterable[str]) -> dict[str, Peer]:
+        """The applied peers of ``keys``."""
+        return {key: self.peers[key] for key in keys if key in self.peers}
+
+    def applied(self, desired: Mapping[str, Peer], keys: Collection[str] | None) -> None:
+        """Record ``desired`` as applied: the peers of ``keys``, or all (None)."""
+        if keys is None:
+            self.peers = dict(desired)
+            return
+        for key in keys:
+            if key in desired:
+                self.peers[key] = desired[key]
+            else:
+                self.peers.pop(key, None)
 
 
 def diff(

@@ -10,8 +10,9 @@ docs/architecture.md, "Reconciler".
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import trio
@@ -19,8 +20,15 @@ import trio
 from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
-from vnetd.mesh import Skipped, desired_peers, devices_after, diff, written_after
-from vnetd.model import Peer, Plan
+from vnetd.mesh import (
+    AppliedPeers,
+    Skipped,
+    desired_peers,
+    devices_after,
+    diff,
+    written_after,
+)
+from vnetd.model import DevicePeer, Peer, Plan
 from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
 
@@ -75,6 +83,10 @@ class Reconciler:
         self._devices: dict[str, str] = {}  # public key -> device id when last written
         self._skipped_logged: set[tuple[int, str]] = set()
         self._young: dict[str, float] = {}  # public key -> when it was added
+        self._applied = AppliedPeers()  # what the passes applied (invariant 11)
+        self._seen = -1  # the view's version the last pass computed from
+        self._full_due = True  # the next pass reads the device and diffs every peer
+        self._full_at = -math.inf  # when the last full pass ran
         self._synced = trio.Event()
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
@@ -147,17 +159,38 @@ class Reconciler:
     async def reconcile_once(self, *, resync: str | None = None) -> Plan:
         """One pass; returns the plan it applied (possibly empty).
 
+        A pass diffs only the peers of the members changed since the last one
+        against what it applied (invariant 11). A full pass computes every peer
+        and diffs it against the device: the first, a requested resync, one
+        every ``resync_interval``, the one after a failed pass, and after the
+        members were listed again.
+
         Args:
             resync: why a full pass was requested; the pass then logs one
                 summary line instead of a line per peer.
         """
         started = time.perf_counter()
         self.stats.runs += 1
-        desired, skipped = desired_peers(
-            self.view.members, self.self_rank, self.spec, self.self_key, self.view.created
-        )
+        now = trio.current_time()
+        full = self._full_due or resync is not None or now >= self._full_at + self.resync_interval
+        changed = None if full else self.view.changed_since(self._seen)
+        self._seen, self._full_due = self.view.version, True  # until this pass is through
+        created = self.view.created
+        if changed is None:
+            self._applied.index(self.view.members)
+            keys: set[str] | None = None
+            desired, skipped = desired_peers(
+                self.view.members, self.self_rank, self.spec, self.self_key, created
+            )
+            self._full_at = now
+            actual: Mapping[str, DevicePeer | Peer] = await self.dataplane.peers()
+        else:
+            members, keys = self._applied.touched(self.view.members, changed)
+            desired, skipped = desired_peers(
+                members, self.self_rank, self.spec, self.self_key, created
+            )
+            actual = self._applied.of(keys)
         self._log_skipped(skipped)
-        actual = await self.dataplane.peers()
         plan = diff(desired, actual, self._written, self._devices)
         ranks = {key: peer.rank for key, peer in desired.items() if peer.rank is not None}
         if plan:
@@ -170,20 +203,41 @@ class Reconciler:
         if resync is not None:
             self.stats.resyncs += 1
             self._log_resync(resync, plan, len(desired), time.perf_counter() - started)
-        self._written = written_after(desired)
-        self._devices = devices_after(desired)
+        self._record(desired, keys, ranks)
+        self._full_due = False
         now = trio.current_time()
         for peer in plan.remove:
             self._young.pop(peer.public_key, None)
         for peer in plan.add:  # a peer re-added after a device restart is young again
             self._young[peer.public_key] = now
-        self.stats.peer_ranks = ranks
         self.stats.last_duration = time.perf_counter() - started
         if self.on_pass is not None:
             self.on_pass(self.stats.last_duration, len(plan))
         if self.view.synced:
             self._synced.set()
         return plan
+
+    def _record(
+        self, desired: dict[str, Peer], keys: set[str] | None, ranks: dict[str, int]
+    ) -> None:
+        """Note what a pass applied: the peers of ``keys`` (None: all of them)."""
+        self._applied.applied(desired, keys)
+        if keys is None:
+            self._written = written_after(desired)
+            self._devices = devices_after(desired)
+            self.stats.peer_ranks = ranks
+            return
+        for key in keys:
+            peer = desired.get(key)
+            if peer is None:
+                self._written.pop(key, None)
+                self._devices.pop(key, None)
+                self.stats.peer_ranks.pop(key, None)
+            else:
+                self._written[key] = peer.endpoint
+                self._devices[key] = peer.device_id
+                if peer.rank is not None:
+                    self.stats.peer_ranks[key] = peer.rank
 
     async def wait_synced(self) -> None:
         """Return once a pass has applied the peers of a full list of the members."""

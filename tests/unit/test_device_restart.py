@@ -37,7 +37,7 @@ from vnetd.errors import DataplaneError
 from vnetd.mesh import diff
 from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.reconciler import Reconciler
-from vnetd.registry.base import Registry
+from vnetd.registry.base import Registry, WatchEvent
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.running import Running
 from vnetd.spec import MeshSpec, load_spec, parse_spec
@@ -165,6 +165,11 @@ def device_config(rank: int) -> DeviceConfig:
     )  # fmt: skip
 
 
+def rewrite(view: MemberView, new: Member) -> None:
+    """``new`` rewrites its rank's entry, as the member watch delivers it."""
+    view.apply(SPEC, WatchEvent("put", member_key(SPEC, new.rank), encode_member(new), 0))
+
+
 async def test_reconciler_readds_only_the_restarted_peer_and_starts_a_handshake(caplog):
     caplog.set_level(logging.INFO, logger="vnetd.reconcile")
     view, device = MemberView(), FakeDataplane(device_config(0))
@@ -178,7 +183,7 @@ async def test_reconciler_readds_only_the_restarted_peer_and_starts_a_handshake(
     sessions = dict(device.device)
     caplog.clear()
 
-    view.members[2] = member(2, "dev2-new")
+    rewrite(view, member(2, "dev2-new"))
     plan = await reconciler.reconcile_once()
     assert [p.public_key for p in plan.remove] == [key(2)] and plan.add[0].public_key == key(2)
     assert device.handshakes == [key(2)]
@@ -195,7 +200,7 @@ async def test_reconciler_readds_only_the_restarted_peer_and_starts_a_handshake(
     assert reconciler.stats.device_restarts == 1
 
     # The daemon restarted and adopted its device: a new record, the same device id.
-    view.members[2] = replace(member(2, "dev2-new"), started=2.0)
+    rewrite(view, replace(member(2, "dev2-new"), started=2.0))
     assert not await reconciler.reconcile_once()
     assert device.handshakes == [key(2)]
 

@@ -191,12 +191,12 @@ async def test_a_quiet_watch_on_a_frozen_member_resumes_elsewhere(autojump_clock
     streams = Streams([A, B])
     async with watching(streams, 5) as events:
         await streams.channels[0].send(event_line(6))
-        assert (await anext(events)).mod_revision == 6  # type: ignore[attr-defined]
+        assert (await anext(events))[0].mod_revision == 6  # type: ignore[index]
         streams.unhealthy.add(A)
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send_when_moved, streams, event_line(7))
-            assert (await anext(events)).mod_revision == 7  # type: ignore[attr-defined]
+            assert (await anext(events))[0].mod_revision == 7  # type: ignore[index]
     assert streams.opened == [(A, 5), (B, 7)]
     assert streams.opened_at[1] - start == pytest.approx(QUIET_CHECK)
 

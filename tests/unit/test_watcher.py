@@ -98,10 +98,10 @@ async def test_deleting_a_junk_key_does_not_drop_a_member():
     junk = member_key(SPEC, 2).replace("/2", "/02")
     await registry.create(junk, b"{}")
     await registry.delete(junk)
-    async with registry.watch("/vnetd/m/members/", revision + 1) as events:
-        async for event in events:
-            view.apply(SPEC, event)
-            if event.kind == "delete":
+    async with registry.watch("/vnetd/m/members/", revision + 1) as batches:
+        async for batch in batches:
+            view.apply_batch(SPEC, batch)
+            if batch[-1].kind == "delete":
                 break
     assert set(view.members) == {2}
 

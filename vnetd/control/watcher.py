@@ -9,14 +9,17 @@ break the claim rules. The why of each is in docs/architecture.md, "Watch",
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import time
+from collections.abc import Iterable
 from typing import NoReturn
 
 import trio
 
 from vnetd.control.membership import BadEntry, decode_member, members_prefix, rank_of_key
+from vnetd.control.storm import StormGauge
 from vnetd.errors import WatchCompacted
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry, WatchEvent
@@ -33,6 +36,9 @@ BAD_ENTRIES_REMEMBERED = 1000
 BAD_ENTRIES_NAMED = 20
 """Bad entries logged by name per ``BAD_LOG_WINDOW``; the rest go into one summary line."""
 BAD_LOG_WINDOW = 60.0
+CHANGES_KEPT = 4096
+"""Changed ranks remembered for ``MemberView.changed_since``; a reader further behind
+gets "everything"."""
 
 
 class MemberView:
@@ -69,6 +75,11 @@ class MemberView:
         self.lists = 0
         """How many times the members were listed (the first list and every re-list)."""
         self._changed = trio.Event()
+        self._changes: list[tuple[int, int]] = []
+        """(version, rank) of each rank changed by a batch, in version order."""
+        self._changes_floor = 0
+        """``_changes`` holds every change made after this version (a list is "all")."""
+        self._batch: set[int] = set()
 
     def replace(
         self,
@@ -111,9 +122,45 @@ class MemberView:
         self.bad_entries = bad
         self.synced = True
         self.lists += 1
+        self._batch.clear()
         self._bump()
+        self._changes.clear()
+        self._changes_floor = self.version
 
     def apply(self, spec: MeshSpec, event: WatchEvent) -> None:
+        """Take one watch event (a batch of one)."""
+        self.apply_batch(spec, (event,))
+
+    def apply_batch(self, spec: MeshSpec, events: Iterable[WatchEvent]) -> None:
+        """Take a batch of watch events as one change: one ``version`` bump at most."""
+        for event in events:
+            self._apply_one(spec, event)
+        if self._batch:
+            self._bump()
+            self._changes += [(self.version, rank) for rank in sorted(self._batch)]
+            self._batch.clear()
+            if len(self._changes) > CHANGES_KEPT:
+                self._forget_changes()
+
+    def changed_since(self, version: int) -> set[int] | None:
+        """The ranks whose member or registration changed after ``version``.
+
+        None means "everything": a list replaced the view since (the first
+        one, a re-list, a reset), or ``version`` is older than the changes kept.
+        """
+        if version < self._changes_floor:
+            return None
+        first = bisect.bisect_right(self._changes, version, key=_version_of)
+        return {rank for _, rank in self._changes[first:]}
+
+    def _forget_changes(self) -> None:
+        """Keep the newer half of the change log (whole versions)."""
+        self._changes_floor = self._changes[len(self._changes) // 2][0]
+        del self._changes[
+            : bisect.bisect_right(self._changes, self._changes_floor, key=_version_of)
+        ]
+
+    def _apply_one(self, spec: MeshSpec, event: WatchEvent) -> None:
         self.revision = max(self.revision, event.mod_revision)
         self.bad_entries.pop(event.key, None)
         rank = rank_of_key(spec, event.key)
@@ -132,7 +179,7 @@ class MemberView:
         ):
             self.members[member.rank] = member
             self.created[member.rank] = event.create_revision
-            self._bump()
+            self._batch.add(member.rank)
 
     def _accepted(
         self, spec: MeshSpec, key: str, member: Member | None, create_revision: int
@@ -166,7 +213,7 @@ class MemberView:
             return
         self.created.pop(rank, None)
         if self.members.pop(rank, None) is not None:
-            self._bump()
+            self._batch.add(rank)
 
     def held_until(self) -> float:
         """When the next held member's grace ends (``inf`` when none is held)."""
@@ -245,11 +292,13 @@ async def sync_members(
     prefix = members_prefix(spec)
     grace = RESET_GRACE_TTLS * spec.registry.lease_ttl if reset_grace is None else reset_grace
     backoff = Backoff()
+    gauge = StormGauge()
     task_status.started()
 
     async def follow() -> NoReturn:
         """List, then watch; list again after a compaction, a reset's grace or a
-        stream that ended. Raises ``RegistryUnavailable``; a retry lists first."""
+        stream that ended; in a storm, end the watch after a batch and resume it
+        after a pause. Raises ``RegistryUnavailable``; a retry lists first."""
         listed = False
         while True:
             try:
@@ -263,21 +312,32 @@ async def sync_members(
                 # that follows drops it if it has not registered again.
                 held_until = view.held_until()
                 resync_at = trio.current_time() + resync_interval
+                pause = 0.0
                 with trio.move_on_at(min(resync_at, held_until)) as timer:
-                    async with registry.watch(prefix, view.revision + 1) as events:
+                    async with registry.watch(prefix, view.revision + 1) as batches:
                         health.ok()
-                        async for event in events:
-                            view.apply(spec, event)
-                    log.info("member watch ended; listing members again")
-                    listed = False
-                    await trio.sleep(backoff.next_delay())
-                if timer.cancelled_caught and held_until <= resync_at:
+                        async for batch in batches:
+                            view.apply_batch(spec, batch)
+                            pause = gauge.pause_after(trio.current_time(), len(batch))
+                            if pause:
+                                break
+                    if not pause:
+                        log.info("member watch ended; listing members again")
+                        listed = False
+                        await trio.sleep(backoff.next_delay())
+                if pause:
+                    await trio.sleep(pause)  # then resume: etcd sends the batch since
+                elif timer.cancelled_caught and held_until <= resync_at:
                     listed = False
             except WatchCompacted as exc:
                 log.info("%s; listing members again", exc)
                 listed = False
 
     await retry_registry("watch", follow, health, backoff)
+
+
+def _version_of(change: tuple[int, int]) -> int:
+    return change[0]
 
 
 def _take_list(

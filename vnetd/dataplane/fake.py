@@ -24,8 +24,9 @@ log = logging.getLogger("vnetd.dataplane")
 
 
 class FakeDataplane:
-    """A device in memory. ``applied`` records every non-empty plan, in order, and
-    ``handshakes`` the peers each was asked to start a handshake with."""
+    """A device in memory. ``applied`` records every non-empty plan, in order,
+    ``handshakes`` the peers each was asked to start a handshake with, and
+    ``peer_reads`` counts whole reads of the device."""
 
     def __init__(self, config: DeviceConfig) -> None:
         self.config = config
@@ -40,8 +41,11 @@ class FakeDataplane:
         self.handshakes: list[str] = []
         self.restarts = 0
         self.on_restart: Callable[[str], None] | None = None
+        self.peer_reads = 0
+        """Calls of ``peers()``: a whole read of the device, O(peers) on a real one."""
 
     async def peers(self) -> dict[str, DevicePeer]:
+        self.peer_reads += 1
         return dict(self.device)
 
     async def apply(self, plan: Plan) -> None:

@@ -254,8 +254,9 @@ class KernelDataplane(LinkedDevice):
         async with self._lock:
             return (await run_netlink(self._info))[2]
 
-    def _send(self, messages: Sequence[PeerMessage]) -> set[str]:
-        """Send the messages (one ``set`` each), in order; the allowed IPs then live."""
+    def _send(self, messages: Sequence[PeerMessage], reread: bool) -> set[str]:
+        """Send the messages (one ``set`` each), in order; then, when asked, the allowed
+        IPs live (a whole dump)."""
         interface = self.config.interface
 
         def batch(wg: WgClient) -> None:
@@ -263,6 +264,8 @@ class KernelDataplane(LinkedDevice):
                 wg.set(interface, peer=message)
 
         self._call(batch)
+        if not reread:
+            return set()
         return {ip for peer in self._info()[2].values() for ip in peer.allowed_ips}
 
     async def apply(self, plan: Plan) -> None:
@@ -279,7 +282,9 @@ class KernelDataplane(LinkedDevice):
         keepalive = self.config.persistent_keepalive
         messages = peer_messages(plan, keepalive, self.config.preshared_key)
         messages += handshake_messages(plan.handshake, keepalive)
-        await self._apply_then_route(plan, partial(run_netlink, lambda: self._send(messages)))
+        await self._apply_then_route(
+            plan, lambda reread: run_netlink(lambda: self._send(messages, reread))
+        )
 
     async def open(self) -> bool:
         """Create (or adopt) the link, set key and port, configure the link.

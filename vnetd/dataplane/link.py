@@ -286,6 +286,15 @@ def underlay_mtu(netns: str | None, host: str) -> tuple[str, int]:
         return str(link.get("IFLA_IFNAME")), int(link.get("IFLA_MTU"))
 
 
+def moves_addresses(plan: Plan) -> bool:
+    """Whether ``plan`` removes a peer or changes allowed IPs (routes may have to stay)."""
+    return bool(plan.remove) or any(upd.allowed_ips is not None for upd in plan.update)
+
+
+def _cidr(ip: str) -> str:
+    return str(ip_network(ip, strict=False))
+
+
 def auto_mtu(underlay: int, host: str) -> int:
     """The overlay MTU for an underlay MTU and our endpoint's family."""
     overhead = IPV4_OVERHEAD if ip_address(host).version == 4 else IPV6_OVERHEAD
@@ -346,12 +355,24 @@ class LinkedDevice:
     index: int
     _lock: trio.Lock
 
-    async def _apply_then_route(self, plan: Plan, write: Callable[[], Awaitable[set[str]]]) -> None:
-        """Under the lock: ``write`` the plan to the device (it returns the allowed IPs
-        the device now holds), then add and delete routes to match (``route_changes``)."""
+    async def _apply_then_route(
+        self, plan: Plan, write: Callable[[bool], Awaitable[set[str]]]
+    ) -> None:
+        """Under the lock: ``write`` the plan to the device, then add and delete routes
+        to match (``route_changes``).
+
+        ``write(True)`` returns the allowed IPs the device then holds: asked only
+        when the plan removes a peer or moves allowed IPs, where a route may have
+        to stay for another peer. A plan of adds and endpoint updates takes no
+        route away and every IP it adds is live once written, so the device is
+        not read back (a read is O(peers), invariant 11).
+        """
         async with self._lock:
             start = trio.current_time()
-            live = await write()
+            reread = moves_addresses(plan)
+            live = await write(reread)
+            if not reread:
+                live = {_cidr(ip) for peer in plan.add for ip in peer.allowed_ips}
             gone, new = route_changes(plan, live)
             if gone or new:
                 netns, index = self.netns, self.index

@@ -124,8 +124,11 @@ class UapiDataplane(LinkedDevice):
         lines += handshake_lines(plan.handshake, keepalive)
         await self._apply_then_route(plan, partial(self._set, lines))
 
-    async def _set(self, lines: list[tuple[str, str]]) -> set[str]:
+    async def _set(self, lines: list[tuple[str, str]], reread: bool) -> set[str]:
+        """``set``; then, when asked, the allowed IPs the device holds (a whole ``get``)."""
         await self.uapi.set(lines)
+        if not reread:
+            return set()
         return {ip for p in parse_peers(await self.uapi.get()).values() for ip in p.allowed_ips}
 
     async def configure(self, device: list[tuple[str, str]] | None) -> None:

@@ -12,7 +12,10 @@ Semantics, as in etcd v3:
 * A key written with a lease is deleted when the lease expires or is
   revoked, and the deletion is seen by watchers.
 * ``watch`` streams events strictly after ``start_revision - 1`` in
-  revision order.
+  revision order, in batches: one per etcd watch message. etcd sends a
+  watcher that is up to date one message per revision, and one that resumes
+  from an older revision up to 1000 revisions per message; the member watch
+  (``vnetd.control.watcher``) uses that to take a join storm in batches.
 """
 
 from __future__ import annotations
@@ -95,8 +98,11 @@ class Registry(Protocol):
 
     def watch(
         self, prefix: str, start_revision: int
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        """Stream changes under ``prefix`` from ``start_revision`` on.
+    ) -> AbstractAsyncContextManager[AsyncIterator[list[WatchEvent]]]:
+        """Stream changes under ``prefix`` from ``start_revision`` on, as batches.
+
+        Each batch is the events of one etcd watch message (of the changes
+        pending at once, for the fake): never empty, in revision order.
 
         Raises (on entry or while iterating):
             WatchCompacted: ``start_revision`` is older than the oldest kept.

@@ -286,13 +286,13 @@ class EtcdRegistry:
 
     def watch(
         self, prefix: str, start_revision: int
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[list[WatchEvent]]]:
         return self._watch(prefix, start_revision)
 
     @asynccontextmanager
     async def _watch(
         self, prefix: str, start_revision: int
-    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+    ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
         request = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
         async with AsyncExitStack() as stack:
             lines = await stack.enter_async_context(resuming_watch(self, request, start_revision))

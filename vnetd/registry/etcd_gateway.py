@@ -141,19 +141,25 @@ def raise_for_watch(result: JSON) -> None:
         raise RegistryUnavailable(f"etcd watch canceled: {reason}")
 
 
-async def watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[WatchEvent, None]:
+async def watch_events(lines: AsyncIterator[str]) -> AsyncGenerator[list[WatchEvent], None]:
+    """The events of each watch message, as one batch (messages without events are skipped)."""
     while True:
         try:
             result = await next_message(lines)
         except (httpx.TransportError, httpx.StreamError) as exc:
             raise RegistryUnavailable(f"etcd watch: stream broke: {exc!r}") from exc
         raise_for_watch(result)
-        for event in result.get("events", []):
-            kv = event["kv"]
-            yield WatchEvent(
-                kind="delete" if event.get("type") == "DELETE" else "put",
-                key=unb64(kv["key"]).decode("utf-8", "surrogateescape"),
-                value=unb64(kv.get("value", "")),
-                mod_revision=int(kv.get("mod_revision", 0)),
-                create_revision=int(kv.get("create_revision", 0)),
-            )
+        batch = [watch_event(event) for event in result.get("events", [])]
+        if batch:
+            yield batch
+
+
+def watch_event(event: JSON) -> WatchEvent:
+    kv = event["kv"]
+    return WatchEvent(
+        kind="delete" if event.get("type") == "DELETE" else "put",
+        key=unb64(kv["key"]).decode("utf-8", "surrogateescape"),
+        value=unb64(kv.get("value", "")),
+        mod_revision=int(kv.get("mod_revision", 0)),
+        create_revision=int(kv.get("create_revision", 0)),
+    )

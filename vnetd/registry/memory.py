@@ -128,13 +128,13 @@ class MemoryRegistry:
 
     def watch(
         self, prefix: str, start_revision: int
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[list[WatchEvent]]]:
         return self._watch(prefix, start_revision)
 
     @asynccontextmanager
     async def _watch(
         self, prefix: str, start_revision: int
-    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+    ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
         self._enter()
         start = start_revision if start_revision > 0 else self._revision + 1
         if start < self._compacted:
@@ -198,7 +198,8 @@ class MemoryRegistry:
     def _next_deadline(self) -> float:
         return min((entry.deadline for entry in self._leases.values()), default=math.inf)
 
-    async def _events(self, prefix: str, start: int) -> AsyncGenerator[WatchEvent, None]:
+    async def _events(self, prefix: str, start: int) -> AsyncGenerator[list[WatchEvent], None]:
+        """Every change pending under ``prefix`` as one batch, then wait for more."""
         position = start
         while True:
             self._enter()
@@ -207,9 +208,9 @@ class MemoryRegistry:
             first = bisect.bisect_left(self._history, position, key=_revision_of)
             pending = [event for event in self._history[first:] if event.key.startswith(prefix)]
             position = self._revision + 1
-            for event in pending:
-                yield event
-            if not pending:
+            if pending:
+                yield pending
+            else:
                 await self._wait_for_change()
 
     async def _wait_for_change(self) -> None:
