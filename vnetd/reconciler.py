@@ -1,10 +1,11 @@
 """The one task that changes the device: coalesce, compute, diff, apply.
 
-Each pass reads the member view as it is now, computes the desired peers
-with ``mesh``, diffs them against the device and applies only a non-empty
-plan; a pass also runs every ``resync_interval``. The rules it keeps (the
-nudge for crossed handshakes, restarted peers, resync requests) are in
-docs/architecture.md, "Reconciler".
+A pass computes the peers of the ranks that changed (``MemberView.changed_since``)
+and diffs them against what it applied (``mesh.AppliedPeers``); a full pass
+computes everything and reads the device, at start and every
+``resync_interval``. Only a non-empty plan is applied. The rules it keeps
+(O(change) passes, crossed handshakes, restarted peers, resync requests) are
+in docs/architecture.md, "Reconciler".
 """
 
 from __future__ import annotations
