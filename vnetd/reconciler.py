@@ -2,9 +2,10 @@
 
 Each pass reads the member view as it is now, computes the desired peers
 with ``mesh``, diffs them against the device and applies only a non-empty
-plan; a pass also runs every ``resync_interval``. The rules it keeps (the
-nudge for crossed handshakes, restarted peers, resync requests) are in
-docs/architecture.md, "Reconciler".
+plan; a pass also runs every ``resync_interval``. Between passes it checks
+the few peers whose first handshake is due (``initiator.HandshakeWatch``).
+The rules it keeps (one initiator per pair, restarted peers, resync
+requests) are in docs/architecture.md, "Reconciler".
 """
 
 from __future__ import annotations
@@ -19,15 +20,20 @@ import trio
 from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
-from vnetd.mesh import Skipped, desired_peers, devices_after, diff, written_after
+from vnetd.initiator import FALLBACK_AFTER, RETRIES, RETRY_AFTER, HandshakeWatch, PairRule
+from vnetd.mesh import (
+    Skipped,
+    desired_peers,
+    device_restarted,
+    devices_after,
+    diff,
+    written_after,
+)
 from vnetd.model import Peer, Plan
 from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.reconcile")
-
-NUDGE_AFTER = 1.0  # seconds after a join with no handshake before re-adding the peer
-NUDGE_WINDOW = 10.0  # only peers younger than this are watched
 
 
 @dataclass
@@ -37,7 +43,10 @@ class ReconcileStats:
     changes: int = 0
     failures: int = 0
     last_duration: float = 0.0
-    nudges: int = 0
+    handshake_retries: int = 0
+    """Peers re-added because the handshake this side started did not complete."""
+    fallbacks: int = 0
+    """Peers whose initiator did not come: this side wrote the endpoint and started."""
     resyncs: int = 0
     skipped: int = 0
     """Members left out of the peers (a public key already registered earlier, our
@@ -74,7 +83,7 @@ class Reconciler:
         self._written: dict[str, str | None] = {}
         self._devices: dict[str, str] = {}  # public key -> device id when last written
         self._skipped_logged: set[tuple[int, str]] = set()
-        self._young: dict[str, float] = {}  # public key -> when it was added
+        self.handshakes = HandshakeWatch()
         self._synced = trio.Event()
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
@@ -112,9 +121,7 @@ class Reconciler:
                 # otherwise (a new device has none to lose).
                 await self.view.wait_changed(self.view.version)
                 continue
-            wake = next_resync
-            if self._young:
-                wake = min(wake, trio.current_time() + NUDGE_AFTER / 4)
+            wake = min(next_resync, self.handshakes.next_check())
             if self._resync_reason is None:
                 with trio.move_on_at(wake) as self._waiting:
                     await self.view.wait_changed(seen)
@@ -124,7 +131,7 @@ class Reconciler:
             try:
                 if resync is None and self.view.version == seen:
                     if trio.current_time() < next_resync:
-                        await self.nudge_handshakes()
+                        await self.check_handshakes()
                         continue
                 seen = self.view.version
                 next_resync = trio.current_time() + self.resync_interval
@@ -158,7 +165,15 @@ class Reconciler:
         )
         self._log_skipped(skipped)
         actual = await self.dataplane.peers()
-        plan = diff(desired, actual, self._written, self._devices)
+        pairs = self.pair_rule()
+        watch = self.handshakes
+        if pairs.registered:
+            watch.registered(trio.current_time())
+        else:
+            watch.unregistered()
+        plan = diff(
+            desired, actual, self._written, self._devices, pairs=pairs, awaiting=watch.awaiting
+        )
         ranks = {key: peer.rank for key, peer in desired.items() if peer.rank is not None}
         if plan:
             await self.dataplane.apply(plan)
@@ -167,16 +182,14 @@ class Reconciler:
             self.stats.device_restarts += len(_readded(plan))
             if resync is None:
                 self._log_plan(plan, ranks, time.perf_counter() - started)
+        if resync is None:
+            self._log_restarted_elsewhere(desired, pairs)
         if resync is not None:
             self.stats.resyncs += 1
             self._log_resync(resync, plan, len(desired), time.perf_counter() - started)
         self._written = written_after(desired)
         self._devices = devices_after(desired)
-        now = trio.current_time()
-        for peer in plan.remove:
-            self._young.pop(peer.public_key, None)
-        for peer in plan.add:  # a peer re-added after a device restart is young again
-            self._young[peer.public_key] = now
+        watch.note(plan, desired, trio.current_time())
         self.stats.peer_ranks = ranks
         self.stats.last_duration = time.perf_counter() - started
         if self.on_pass is not None:
@@ -189,34 +202,51 @@ class Reconciler:
         """Return once a pass has applied the peers of a full list of the members."""
         await self._synced.wait()
 
-    async def nudge_handshakes(self) -> None:
-        """Re-add young peers stuck without a handshake (see the module doc)."""
+    def pair_rule(self) -> PairRule:
+        """Which side of each pair starts its handshakes, from the view as it is now."""
+        mine = self.view.members.get(self.self_rank)
+        registered = mine is not None and mine.public_key == self.self_key
+        return PairRule(
+            self.self_key,
+            registered,
+            self.view.created.get(self.self_rank) if registered else None,
+            self.view.created,
+            self.spec.persistent_keepalive,
+        )
+
+    async def check_handshakes(self) -> None:
+        """Settle the peers whose first handshake is due (see ``initiator``): one device
+        read, then one transaction re-adding those still without a handshake."""
         now = trio.current_time()
-        self._young = {k: t for k, t in self._young.items() if now - t < NUDGE_WINDOW}
-        if not self._young:
+        if self.handshakes.next_check() > now:
             return
-        device = await self.dataplane.peers()
-        stuck = []
-        for key, added in list(self._young.items()):
-            peer = device.get(key)
-            rank = self.stats.peer_ranks.get(key)
-            if peer is None or rank is None or peer.last_handshake:
-                self._young.pop(key, None)
-                continue
-            wait = NUDGE_AFTER if self.self_rank < rank else 2 * NUDGE_AFTER
-            if now - added >= wait and peer.tx_bytes:
-                stuck.append(Peer(key, peer.allowed_ips, peer.endpoint, rank))
-                self._young.pop(key, None)  # once per join
-        if stuck:
-            await self.dataplane.apply(Plan(remove=tuple(stuck), add=tuple(stuck)))
-            self.stats.nudges += len(stuck)
-            for nudged in stuck:
-                log.info(
-                    "peer rank %s: no handshake %.1f s after joining; re-added it to restart "
-                    "the handshake",
-                    nudged.rank,
-                    NUDGE_AFTER,
-                )
+        found = self.handshakes.check(await self.dataplane.peers(), now)
+        if found.plan:
+            await self.dataplane.apply(found.plan)
+        self.stats.handshake_retries += len(found.retried)
+        self.stats.fallbacks += len(found.fallbacks)
+        for peer, attempt in found.retried:
+            log.info(
+                "peer rank %s: no handshake %.1f s after starting one; re-added it and "
+                "started another (try %d)",
+                peer.rank,
+                RETRY_AFTER,
+                attempt,
+            )
+        for peer in found.fallbacks:
+            log.info(
+                "peer rank %s: its handshake did not come within %.1f s; wrote its endpoint "
+                "and started one from this side",
+                peer.rank,
+                FALLBACK_AFTER,
+            )
+        for peer in found.given_up:
+            log.warning(
+                "peer rank %s: still no handshake after %d tries; leaving it to WireGuard's "
+                "own retry",
+                peer.rank,
+                1 + RETRIES,
+            )
 
     def _log_plan(self, plan: Plan, ranks: dict[str, int], elapsed: float) -> None:
         old_ranks = self.stats.peer_ranks
@@ -251,6 +281,18 @@ class Reconciler:
             if upd.allowed_ips is not None:
                 log.info("peer rank %s allowed IPs set to %s", rank, ",".join(upd.allowed_ips))
         log.info("plan applied: %d change(s) in %.1f ms", len(plan), elapsed * 1000)
+
+    def _log_restarted_elsewhere(self, desired: dict[str, Peer], pairs: PairRule) -> None:
+        """Log the restarted devices of peers the other side re-adds (see ``mesh.diff``)."""
+        for key, peer in desired.items():
+            if device_restarted(peer, self._devices) and not pairs.initiates(peer):
+                log.info(
+                    "peer rank %s restarted its device (device id %s -> %s); its own "
+                    "handshake replaces the old session",
+                    peer.rank,
+                    self._devices.get(key) or "?",
+                    peer.device_id,
+                )
 
     def _log_resync(self, reason: str, plan: Plan, wanted: int, elapsed: float) -> None:
         if plan:

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from vnetd.dataplane.base import key_from_hex, key_to_hex
+from vnetd.dataplane.base import keepalive_of, key_from_hex, key_to_hex
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
@@ -127,7 +127,9 @@ def plan_lines(
 
     Never ``replace_peers``: only the named peers are touched. Adds also send
     ``replace_allowed_ips`` so re-adding an existing peer is exact, not a union,
-    and the mesh's pre-shared key (base64) when there is one.
+    and the mesh's pre-shared key (base64) when there is one. A peer's own
+    ``keepalive`` wins over ``persistent_keepalive``; a peer's held endpoint is
+    not sent (the other side's handshake teaches it).
     """
     lines: list[tuple[str, str]] = []
     for peer in plan.remove:
@@ -143,10 +145,11 @@ def plan_lines(
         lines.append(("public_key", key_to_hex(peer.public_key)))
         if preshared_key is not None:
             lines.append(("preshared_key", key_to_hex(preshared_key, "preshared_key")))
-        if peer.endpoint is not None:
+        if peer.endpoint is not None and not peer.endpoint_held:
             lines.append(("endpoint", peer.endpoint))
         lines.append(("replace_allowed_ips", "true"))
         lines += [("allowed_ip", ip) for ip in peer.allowed_ips]
-        if persistent_keepalive:
-            lines.append(("persistent_keepalive_interval", str(persistent_keepalive)))
+        keepalive = keepalive_of(peer, persistent_keepalive)
+        if keepalive:
+            lines.append(("persistent_keepalive_interval", str(keepalive)))
     return lines
