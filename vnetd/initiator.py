@@ -39,6 +39,10 @@ class PairRule:
         registered: our own entry is in the view (we have claimed our rank).
             Before that no member knows us, so an initiation of ours would be
             dropped: every peer waits for the other side.
+        joining: our entry was created after this process first listed the
+            members (a join, where every member learns of us from the
+            registry and then starts the handshake), not taken over from a
+            previous process of this pod (whose peers know us already).
         self_created: our entry's create revision (``None``: not known).
         created: rank -> create revision of each member (``MemberView.created``).
         spec_keepalive: the spec's ``persistent_keepalive`` (0: none).
@@ -49,6 +53,7 @@ class PairRule:
     self_created: int | None
     created: Mapping[int, int]
     spec_keepalive: int = 0
+    joining: bool = True
 
     def initiates(self, peer: Peer) -> bool:
         """We start the handshakes with ``peer``: our registration is the earlier one."""
@@ -67,9 +72,12 @@ class PairRule:
 
     @property
     def holds_back(self) -> bool:
-        """New peers are added without their endpoint: we are not registered yet, so
-        each learns of us after we add it, and then starts the handshake."""
-        return not self.registered
+        """A new peer that starts the handshakes is added with its endpoint held: it
+        learns of us (or has just learned) from the registry and then initiates;
+        an initiation of ours would cross its own or be dropped. A daemon that
+        took its entry over adds peers with their endpoints: they know it already,
+        and re-add it once its new device id is registered."""
+        return not self.registered or self.joining
 
 
 @dataclass

@@ -84,6 +84,7 @@ class Reconciler:
         self._devices: dict[str, str] = {}  # public key -> device id when last written
         self._skipped_logged: set[tuple[int, str]] = set()
         self.handshakes = HandshakeWatch()
+        self._listed_at: int | None = None  # the view's revision at the first pass
         self._synced = trio.Event()
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
@@ -206,12 +207,16 @@ class Reconciler:
         """Which side of each pair starts its handshakes, from the view as it is now."""
         mine = self.view.members.get(self.self_rank)
         registered = mine is not None and mine.public_key == self.self_key
+        created = self.view.created.get(self.self_rank) if registered else None
+        if self._listed_at is None:
+            self._listed_at = self.view.revision
         return PairRule(
             self.self_key,
             registered,
-            self.view.created.get(self.self_rank) if registered else None,
+            created,
             self.view.created,
             self.spec.persistent_keepalive,
+            joining=created is None or created > self._listed_at,
         )
 
     async def check_handshakes(self) -> None:
@@ -269,7 +274,12 @@ class Reconciler:
                     peer.device_id,
                 )
             else:
-                log.info("peer joined: rank %s at %s", peer.rank, peer.endpoint or "no endpoint")
+                log.info(
+                    "peer joined: rank %s at %s%s",
+                    peer.rank,
+                    peer.endpoint or "no endpoint",
+                    " (waiting for its handshake)" if peer.endpoint_held else "",
+                )
         for peer in plan.remove:
             if peer.public_key not in readded:
                 log.info("peer left: rank %s", old_ranks.get(peer.public_key, "?"))

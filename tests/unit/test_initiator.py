@@ -41,8 +41,15 @@ def peer(rank: int) -> Peer:
 # --- the rule ----------------------------------------------------------------------------------
 
 
-def rule(rank: int, created: dict[int, int], *, registered: bool = True, keepalive: int = 0):
-    return PairRule(key(rank), registered, created.get(rank), created, keepalive)
+def rule(
+    rank: int,
+    created: dict[int, int],
+    *,
+    registered: bool = True,
+    keepalive: int = 0,
+    joining: bool = True,
+) -> PairRule:
+    return PairRule(key(rank), registered, created.get(rank), created, keepalive, joining)
 
 
 @pytest.mark.parametrize(
@@ -61,11 +68,15 @@ def test_exactly_one_side_of_each_pair_initiates(created):
         assert mine == order, "the earlier registration initiates"
 
 
-def test_before_its_claim_a_joiner_initiates_with_nobody_and_holds_endpoints_back():
+def test_a_joiner_initiates_with_nobody_before_its_claim_and_holds_endpoints_back():
     joiner = rule(3, {0: 4, 1: 5}, registered=False)
     assert not any(joiner.initiates(peer(r)) for r in (0, 1, 2))
     assert joiner.holds_back
-    assert not rule(3, {0: 4, 1: 5, 3: 9}).holds_back
+    # Registered, it still holds back a member seen late (registered before it, after
+    # its list): that member initiates as soon as it has seen the join.
+    assert rule(3, {0: 4, 1: 5, 3: 9}).holds_back
+    # A daemon that took its entry over holds nothing back: its peers know it.
+    assert not rule(3, {0: 4, 1: 5, 3: 9}, joining=False).holds_back
 
 
 @pytest.mark.parametrize(
@@ -116,7 +127,8 @@ async def test_the_initiator_starts_at_once_with_its_keepalive(autojump_clock):
     plan = await reconciler.reconcile_once()
     assert plan.handshake == (key(2), key(3))  # not with rank 0: it registered first
     added = {p.public_key: p for p in plan.add}
-    assert added[key(0)].endpoint == "198.18.1.0:51820" and not added[key(0)].endpoint_held
+    assert added[key(0)].endpoint == "198.18.1.0:51820" and added[key(0)].endpoint_held
+    assert not added[key(2)].endpoint_held
     assert device.keepalives == {key(0): 0, key(2): IDLE_KEEPALIVE, key(3): IDLE_KEEPALIVE}
 
 
@@ -233,7 +245,8 @@ async def test_a_registered_responder_adds_with_the_endpoint_and_waits_for_nothi
 ):
     """A daemon restarted within its lease is still registered: its peers know its key,
     so a new device adds them with their endpoints (its traffic may start a session)."""
-    reconciler, device, _ = setup(3)
+    reconciler, device, view = setup(3)
+    view.revision = 500  # its first list already held its entry: taken over, not created
     plan = await reconciler.reconcile_once()
     assert plan.handshake == ()
     assert not any(p.endpoint_held for p in plan.add)

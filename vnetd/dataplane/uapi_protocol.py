@@ -149,7 +149,11 @@ def plan_lines(
             lines.append(("endpoint", peer.endpoint))
         lines.append(("replace_allowed_ips", "true"))
         lines += [("allowed_ip", ip) for ip in peer.allowed_ips]
-        keepalive = keepalive_of(peer, persistent_keepalive)
-        if keepalive:
-            lines.append(("persistent_keepalive_interval", str(keepalive)))
+        # Always written, 0 too: wireguard-go (0.0.20220316 and later) keeps the "keepalive
+        # turned on" flag of the previous peer of a ``set`` until a peer writes this key,
+        # so a peer added after one whose keepalive turned on would send a keepalive, and
+        # start a handshake, at once (seen in the lab: a responder initiating).
+        lines.append(
+            ("persistent_keepalive_interval", str(keepalive_of(peer, persistent_keepalive)))
+        )
     return lines
