@@ -110,8 +110,9 @@ def diff(
             its handshake teaches the device the endpoint. ``None``: every
             peer is added with its endpoint and the device's keepalive, and
             restarted peers are re-added (as before the rule).
-        awaiting: peers added with their endpoint held that still wait for
-            the other side: their endpoint is not written, even if the
+        awaiting: peers added with their endpoint held that may still wait
+            for the other side: while the device has no endpoint for one (no
+            handshake from it yet), its endpoint is not written, even if the
             registry's changed (``written_after`` records it as written).
 
     Returns:
@@ -137,7 +138,8 @@ def diff(
             add.append(_as_added(want, pairs))
             handshake.append(key)
             continue
-        endpoint = None if key in awaiting else _endpoint_change(want, have, written)
+        waiting = key in awaiting and have.endpoint is None  # no handshake from it yet
+        endpoint = None if waiting else _endpoint_change(want, have, written)
         allowed = want.allowed_ips if tuple(sorted(have.allowed_ips)) != want.allowed_ips else None
         if endpoint is not None or allowed is not None:
             update.append(

@@ -233,6 +233,12 @@ async def test_a_waiting_peer_gets_no_endpoint_written(autojump_clock):
     view.members[1] = replace(view.members[1], endpoint="198.18.9.9:51820")
     assert not await reconciler.reconcile_once()
     assert device.device[key(1)].endpoint is None
+    # Once the initiator's handshake has taught the device an endpoint, a new one in the
+    # registry is written as for any peer (invariant 4).
+    device.device[key(2)] = replace(device.device[key(2)], endpoint="198.18.1.2:51820")
+    view.members[2] = replace(view.members[2], endpoint="198.18.7.7:51820")
+    (moved,) = (await reconciler.reconcile_once()).update
+    assert (moved.public_key, moved.endpoint) == (key(2), "198.18.7.7:51820")
     # The fallback, when it comes, writes the registry's endpoint of then.
     assert reconciler.handshakes.check(await device.peers(), math.inf).fallbacks == []
     reconciler.handshakes.registered(0.0)
