@@ -100,8 +100,9 @@ def diff(
             starts the pair's handshakes: that drops the session keys its old
             device had, which the new one does not know, and the plan starts
             a handshake with it at once (``Plan.handshake``). The other side
-            leaves it: the restarted device starts a handshake with it as soon
-            as it has added it, which replaces the stale session.
+            leaves it (``Plan.left_restarted``): the restarted device starts a
+            handshake with it as soon as it has added it, which replaces the
+            stale session.
         pairs: which side of each pair starts its handshakes (invariant 10).
             A peer we initiate with is added with its endpoint, our
             keepalive and a handshake (``Plan.handshake``); one the other
@@ -126,6 +127,7 @@ def diff(
     add: list[Peer] = []
     update: list[PeerUpdate] = []
     handshake: list[str] = []
+    left: list[Peer] = []
     for key, want in sorted(desired.items()):
         have = actual.get(key)
         if have is None:
@@ -133,11 +135,14 @@ def diff(
             if pairs is not None and pairs.initiates(want):
                 handshake.append(key)
             continue
-        if device_restarted(want, devices or {}) and (pairs is None or pairs.initiates(want)):
-            remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
-            add.append(_as_added(want, pairs))
-            handshake.append(key)
-            continue
+        if device_restarted(want, devices or {}):
+            if pairs is not None and not pairs.initiates(want):
+                left.append(want)
+            else:
+                remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
+                add.append(_as_added(want, pairs))
+                handshake.append(key)
+                continue
         waiting = key in awaiting and have.endpoint is None  # no handshake from it yet
         endpoint = None if waiting else _endpoint_change(want, have, written)
         allowed = want.allowed_ips if tuple(sorted(have.allowed_ips)) != want.allowed_ips else None
@@ -147,7 +152,11 @@ def diff(
             )
     remove.sort()
     return Plan(
-        remove=tuple(remove), update=tuple(update), add=tuple(add), handshake=tuple(handshake)
+        remove=tuple(remove),
+        update=tuple(update),
+        add=tuple(add),
+        handshake=tuple(handshake),
+        left_restarted=tuple(left),
     )
 
 

@@ -83,13 +83,16 @@ class Plan:
     instead of at our next packet for them: the peers whose handshakes this
     side starts (invariant 10), when they are added, re-added because their
     device was restarted, or re-added because a first handshake did not
-    complete.
+    complete. ``left_restarted`` changes nothing: it names peers whose device
+    was restarted and which this side leaves as they are, since the other
+    side starts their handshake (for the log).
     """
 
     remove: tuple[Peer, ...] = ()
     update: tuple[PeerUpdate, ...] = ()
     add: tuple[Peer, ...] = ()
     handshake: tuple[str, ...] = ()
+    left_restarted: tuple[Peer, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.remove or self.update or self.add)

@@ -21,15 +21,8 @@ from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
 from vnetd.initiator import FALLBACK_AFTER, RETRIES, RETRY_AFTER, HandshakeWatch, PairRule
-from vnetd.mesh import (
-    Skipped,
-    desired_peers,
-    device_restarted,
-    devices_after,
-    diff,
-    written_after,
-)
-from vnetd.model import Peer, Plan
+from vnetd.mesh import Skipped, desired_peers, devices_after, diff, written_after
+from vnetd.model import Plan
 from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
 
@@ -184,7 +177,7 @@ class Reconciler:
             if resync is None:
                 self._log_plan(plan, ranks, time.perf_counter() - started)
         if resync is None:
-            self._log_restarted_elsewhere(desired, pairs)
+            self._log_left_restarted(plan)
         if resync is not None:
             self.stats.resyncs += 1
             self._log_resync(resync, plan, len(desired), time.perf_counter() - started)
@@ -292,17 +285,15 @@ class Reconciler:
                 log.info("peer rank %s allowed IPs set to %s", rank, ",".join(upd.allowed_ips))
         log.info("plan applied: %d change(s) in %.1f ms", len(plan), elapsed * 1000)
 
-    def _log_restarted_elsewhere(self, desired: dict[str, Peer], pairs: PairRule) -> None:
-        """Log the restarted devices of peers the other side re-adds (see ``mesh.diff``)."""
-        for key, peer in desired.items():
-            if device_restarted(peer, self._devices) and not pairs.initiates(peer):
-                log.info(
-                    "peer rank %s restarted its device (device id %s -> %s); its own "
-                    "handshake replaces the old session",
-                    peer.rank,
-                    self._devices.get(key) or "?",
-                    peer.device_id,
-                )
+    def _log_left_restarted(self, plan: Plan) -> None:
+        for peer in plan.left_restarted:
+            log.info(
+                "peer rank %s restarted its device (device id %s -> %s); its own "
+                "handshake replaces the old session",
+                peer.rank,
+                self._devices.get(peer.public_key) or "?",
+                peer.device_id,
+            )
 
     def _log_resync(self, reason: str, plan: Plan, wanted: int, elapsed: float) -> None:
         if plan:
