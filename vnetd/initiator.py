@@ -6,8 +6,9 @@ public key). ``HandshakeWatch`` keeps the few peers whose first handshake is
 still due: the initiator's, retried by re-adding the peer when it has not
 completed within ``RETRY_AFTER``; and the responder's, waiting for the
 initiator, whose endpoint is written after ``FALLBACK_AFTER`` if it never
-came. Pure: times are passed in. The rule, and what was verified in
-wireguard-go and the kernel, is in docs/architecture.md, "Reconciler".
+came (our own packets for it then start a handshake). Pure: times are
+passed in. The rule, and what was verified in wireguard-go and the kernel,
+is in docs/architecture.md, "Reconciler".
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from vnetd.model import DevicePeer, Peer, Plan
+from vnetd.model import DevicePeer, Peer, PeerUpdate, Plan
 
 RETRY_AFTER = 1.0
 """Seconds the initiator gives a handshake before re-adding the peer and starting another."""
@@ -92,11 +93,13 @@ class Checked:
     """What a check of the watched peers found (``HandshakeWatch.check``)."""
 
     plan: Plan = field(default_factory=Plan)
-    """Re-adds with a handshake: initiators retrying, responders falling back."""
+    """Re-adds with a handshake (initiators retrying) and endpoint updates (responders
+    falling back)."""
     retried: list[tuple[Peer, int]] = field(default_factory=list)
     """Peers re-added by the initiator, with the try number (2 for the first retry)."""
     fallbacks: list[Peer] = field(default_factory=list)
-    """Peers whose initiator never came: their endpoint is written, we start."""
+    """Peers whose initiator never came: their endpoint is written, so our own packets
+    for them start a handshake (and none is sent when we have nothing to send)."""
     given_up: list[Peer] = field(default_factory=list)
     """Peers still without a handshake after every retry."""
 
@@ -161,6 +164,7 @@ class HandshakeWatch:
         found = Checked()
         remove: list[Peer] = []
         add: list[Peer] = []
+        update: list[PeerUpdate] = []
         for key, due in list(self.initiating.items()):
             have = device.get(key)
             if have is None or have.last_handshake:
@@ -181,15 +185,14 @@ class HandshakeWatch:
                 del self.awaiting[key]  # the initiator's handshake came (or is under way)
             elif self.registered_at is not None and self._fallback_at(due) <= now:
                 del self.awaiting[key]
-                remove.append(_as_removed(have, due.peer))
-                add.append(due.peer)
+                update.append(PeerUpdate(key, due.peer.endpoint))
                 found.fallbacks.append(due.peer)
-        if add:
-            found.plan = Plan(
-                remove=tuple(sorted(remove)),
-                add=tuple(add),
-                handshake=tuple(peer.public_key for peer in add),
-            )
+        found.plan = Plan(
+            remove=tuple(sorted(remove)),
+            update=tuple(update),
+            add=tuple(add),
+            handshake=tuple(peer.public_key for peer in add),
+        )
         return found
 
 

@@ -214,7 +214,7 @@ class Reconciler:
 
     async def check_handshakes(self) -> None:
         """Settle the peers whose first handshake is due (see ``initiator``): one device
-        read, then one transaction re-adding those still without a handshake."""
+        read, then one transaction for those still without a handshake."""
         now = trio.current_time()
         if self.handshakes.next_check() > now:
             return
@@ -233,8 +233,8 @@ class Reconciler:
             )
         for peer in found.fallbacks:
             log.info(
-                "peer rank %s: its handshake did not come within %.1f s; wrote its endpoint "
-                "and started one from this side",
+                "peer rank %s: its handshake did not come within %.1f s; wrote its endpoint, "
+                "so this side starts one when it has something to send",
                 peer.rank,
                 FALLBACK_AFTER,
             )
