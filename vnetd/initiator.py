@@ -24,7 +24,7 @@ RETRY_AFTER = 1.0
 RETRIES = 3
 """Re-adds after the first try; then WireGuard's own retry (every 5 s) is left to it."""
 FALLBACK_AFTER = 2.0
-"""Seconds a responder waits for the initiator (once registered) before starting itself."""
+"""Seconds a responder waits for the initiator (once registered) before writing its endpoint."""
 IDLE_KEEPALIVE = 25
 """The initiator's persistent keepalive (s): below the 60 s between WireGuard's rekey
 (120 s) and its key expiry (180 s), so an idle session is always renewed from the
@@ -136,7 +136,7 @@ class HandshakeWatch:
             key = peer.public_key
             if key in started:
                 self.initiating[key] = _Due(peer, now + RETRY_AFTER)
-            elif peer.endpoint_held:
+            elif peer.endpoint_held and peer.endpoint is not None:
                 self.awaiting[key] = _Due(replace(peer, endpoint_held=False), now + FALLBACK_AFTER)
 
     def registered(self, now: float) -> None:
@@ -160,7 +160,8 @@ class HandshakeWatch:
 
     def check(self, device: Mapping[str, DevicePeer], now: float) -> Checked:
         """Settle the watched peers against ``device``: those with a handshake are done;
-        those due without one are re-added with a handshake (or given up)."""
+        of those due without one, an initiator's are re-added with a handshake (or
+        given up), a responder's get their endpoint."""
         found = Checked()
         remove: list[Peer] = []
         add: list[Peer] = []
