@@ -114,7 +114,9 @@ def diff(
         awaiting: peers added with their endpoint held that may still wait
             for the other side: while the device has no endpoint for one (no
             handshake from it yet), its endpoint is not written, even if the
-            registry's changed (``written_after`` records it as written).
+            registry's changed (``written_after`` records it as written). One
+            that ``pairs`` now says we initiate with (we were not registered
+            when we added it) is re-added with its endpoint and a handshake.
 
     Returns:
         A plan that removes, updates and adds only what changed.
@@ -135,6 +137,14 @@ def diff(
             if pairs is not None and pairs.initiates(want):
                 handshake.append(key)
             continue
+        waiting = key in awaiting and have.endpoint is None  # no handshake from it yet
+        if waiting and pairs is not None and pairs.initiates(want):
+            # Held while we were not registered, ours to start now: our entry, taken
+            # over with a new key, came after we added it.
+            remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
+            add.append(_as_added(want, pairs))
+            handshake.append(key)
+            continue
         if device_restarted(want, devices or {}):
             if pairs is not None and not pairs.initiates(want):
                 left.append(want)
@@ -143,7 +153,6 @@ def diff(
                 add.append(_as_added(want, pairs))
                 handshake.append(key)
                 continue
-        waiting = key in awaiting and have.endpoint is None  # no handshake from it yet
         endpoint = None if waiting else _endpoint_change(want, have, written)
         allowed = want.allowed_ips if tuple(sorted(have.allowed_ips)) != want.allowed_ips else None
         if endpoint is not None or allowed is not None:

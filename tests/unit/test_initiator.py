@@ -248,6 +248,26 @@ async def test_a_waiting_peer_gets_no_endpoint_written(autojump_clock):
     assert {u.public_key: u.endpoint for u in found.plan.update}[key(1)] == "198.18.9.9:51820"
 
 
+async def test_a_held_peer_ours_to_start_once_registered_gets_a_handshake(autojump_clock):
+    """A daemon restarted with a new key (a rotation) is not registered until it has
+    taken its entry over: it holds every peer back, then starts the handshakes of
+    the pairs its (old) registration comes first in."""
+    reconciler, device, view = setup(1, registered=False)
+    device.answers = False
+    view.created[1] = 50  # its entry, still under the old key, registered first
+    view.members[1] = Member(1, key(8), "198.18.1.1:51820", "pod1")
+    view.revision = 500
+    plan = await reconciler.reconcile_once()
+    assert plan.handshake == () and all(p.endpoint_held for p in plan.add)
+    view.members[1] = Member(1, key(1), "198.18.1.1:51820", "pod1")  # taken over
+    plan = await reconciler.reconcile_once()
+    assert plan.handshake == (key(0), key(2), key(3))
+    assert [p.public_key for p in plan.remove] == [key(0), key(2), key(3)]
+    assert not any(p.endpoint_held for p in plan.add)
+    assert set(reconciler.handshakes.initiating) == {key(0), key(2), key(3)}
+    assert reconciler.handshakes.awaiting == {}
+
+
 async def test_a_registered_responder_adds_with_the_endpoint_and_waits_for_nothing(
     autojump_clock,
 ):
