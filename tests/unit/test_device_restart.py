@@ -301,6 +301,12 @@ class Daemons:
             kv.lease,
         )
 
+    async def start_mesh(self, size: int = 3) -> None:
+        """Ranks 0..size-1, started (so registered) in that order, each holding the others."""
+        for rank in range(size):
+            await self.start(rank)
+        await self.until(lambda: all(len(x.device) == size - 1 for x in self.devices.values()))
+
     async def until(self, condition: Callable[[], bool], timeout: float = 30) -> None:
         with trio.fail_after(timeout):
             while not condition():
@@ -312,9 +318,7 @@ async def test_wireguard_go_restart_rewrites_the_entry_and_peers_readd(tmp_path,
     handshakes of their pairs with it (invariant 10), so they re-add it."""
     async with trio.open_nursery() as nursery:
         d = Daemons(tmp_path, nursery)
-        for rank in range(3):
-            await d.start(rank)
-        await d.until(lambda: all(len(x.device) == 2 for x in d.devices.values()))
+        await d.start_mesh()
         entry, created, lease = await d.entry(2)
         assert entry.device_id == d.devices[2].device_id != ""
         applied = {r: len(d.devices[r].applied) for r in (0, 1)}
@@ -355,9 +359,7 @@ async def test_first_registration_restarting_its_wireguard_go_starts_the_handsha
     caplog.set_level(logging.INFO, logger="vnetd.reconcile")
     async with trio.open_nursery() as nursery:
         d = Daemons(tmp_path, nursery)
-        for rank in range(3):
-            await d.start(rank)
-        await d.until(lambda: all(len(x.device) == 2 for x in d.devices.values()))
+        await d.start_mesh()
         applied = {r: len(d.devices[r].applied) for r in (1, 2)}
         old_id = d.devices[0].device_id
         started = len(d.devices[0].handshakes)
@@ -387,9 +389,7 @@ async def test_killed_daemon_restarted_in_the_same_pod(tmp_path, autojump_clock,
     the handshakes of their pairs with it (invariant 10)."""
     async with trio.open_nursery() as nursery:
         d = Daemons(tmp_path, nursery)
-        for rank in range(3):
-            await d.start(rank)
-        await d.until(lambda: all(len(x.device) == 2 for x in d.devices.values()))
+        await d.start_mesh()
         applied = {r: len(d.devices[r].applied) for r in (0, 1)}
         started = {r: len(d.devices[r].handshakes) for r in (0, 1)}
         old_id = d.devices[2].device_id
