@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from vnetd.initiator import PairRule
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
 from vnetd.spec import MeshSpec
 
@@ -135,6 +136,9 @@ def diff(
     actual: Mapping[str, DevicePeer | Peer],
     written: Mapping[str, str | None],
     devices: Mapping[str, str] | None = None,
+    *,
+    pairs: PairRule | None = None,
+    awaiting: Collection[str] = (),
 ) -> Plan:
     """The changes that turn ``actual`` into ``desired``.
 
@@ -149,12 +153,27 @@ def diff(
         devices: for each peer, the device id it had when it was last
             written (``devices_after``). A peer on the device whose device id
             has changed since (its wireguard-go was started fresh with the
-            same key) is removed and added again in the plan: that drops the
-            session keys its old device had, which the new one does not know.
-            The plan also starts a handshake with it at once (``Plan.handshake``):
-            the new device may already have set up a session with us, which
-            the re-add drops too, and its traffic would otherwise go
-            unanswered until WireGuard's own timeout (~15 s).
+            same key) is removed and added again in the plan by the side that
+            starts the pair's handshakes: that drops the session keys its old
+            device had, which the new one does not know, and the plan starts
+            a handshake with it at once (``Plan.handshake``). The other side
+            leaves it (``Plan.left_restarted``): the restarted device starts a
+            handshake with it as soon as it has added it, which replaces the
+            stale session.
+        pairs: which side of each pair starts its handshakes (invariant 10).
+            A peer we initiate with is added with its endpoint, our
+            keepalive and a handshake (``Plan.handshake``); one the other
+            side initiates with is added without a handshake, and with its
+            endpoint held (``Peer.endpoint_held``) while ``pairs.holds_back``:
+            its handshake teaches the device the endpoint. ``None``: every
+            peer is added with its endpoint and the device's keepalive, and
+            restarted peers are re-added (as before the rule).
+        awaiting: peers added with their endpoint held that may still wait
+            for the other side: while the device has no endpoint for one (no
+            handshake from it yet), its endpoint is not written, even if the
+            registry's changed (``written_after`` records it as written). One
+            that ``pairs`` now says we initiate with (we were not registered
+            when we added it) is re-added with its endpoint and a handshake.
 
     Returns:
         A plan that removes, updates and adds only what changed.
@@ -167,17 +186,31 @@ def diff(
     add: list[Peer] = []
     update: list[PeerUpdate] = []
     handshake: list[str] = []
+    left: list[Peer] = []
     for key, want in sorted(desired.items()):
         have = actual.get(key)
         if have is None:
-            add.append(want)
+            add.append(_as_added(want, pairs))
+            if pairs is not None and pairs.initiates(want):
+                handshake.append(key)
             continue
-        if device_restarted(want, devices or {}):
+        waiting = key in awaiting and have.endpoint is None  # no handshake from it yet
+        if waiting and pairs is not None and pairs.initiates(want):
+            # Held while we were not registered, ours to start now: our entry, taken
+            # over with a new key, came after we added it.
             remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
-            add.append(want)
+            add.append(_as_added(want, pairs))
             handshake.append(key)
             continue
-        endpoint = _endpoint_change(want, have, written)
+        if device_restarted(want, devices or {}):
+            if pairs is not None and not pairs.initiates(want):
+                left.append(want)
+            else:
+                remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
+                add.append(_as_added(want, pairs))
+                handshake.append(key)
+                continue
+        endpoint = None if waiting else _endpoint_change(want, have, written)
         allowed = want.allowed_ips if tuple(sorted(have.allowed_ips)) != want.allowed_ips else None
         if endpoint is not None or allowed is not None:
             update.append(
@@ -185,8 +218,21 @@ def diff(
             )
     remove.sort()
     return Plan(
-        remove=tuple(remove), update=tuple(update), add=tuple(add), handshake=tuple(handshake)
+        remove=tuple(remove),
+        update=tuple(update),
+        add=tuple(add),
+        handshake=tuple(handshake),
+        left_restarted=tuple(left),
     )
+
+
+def _as_added(want: Peer, pairs: PairRule | None) -> Peer:
+    """``want`` as it is added: with the keepalive of its side of the pair, and its
+    endpoint held while we wait to be known (``PairRule``)."""
+    if pairs is None:
+        return want
+    held = pairs.holds_back and not pairs.initiates(want)
+    return replace(want, keepalive=pairs.keepalive(want), endpoint_held=held)
 
 
 def device_restarted(want: Peer, devices: Mapping[str, str]) -> bool:

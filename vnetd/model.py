@@ -31,13 +31,21 @@ class Member:
 
 @dataclass(frozen=True, order=True)
 class Peer:
-    """A WireGuard peer as vnetd wants it (or as a device reports it)."""
+    """A WireGuard peer as vnetd wants it (or as a device reports it).
+
+    ``keepalive`` is the persistent keepalive (s) to add it with; ``None``: the
+    device's default (``DeviceConfig.persistent_keepalive``). A peer added with
+    ``endpoint_held`` is added without its endpoint: it waits for the other
+    side's handshake, which teaches the device the endpoint (invariant 10).
+    """
 
     public_key: str
     allowed_ips: tuple[str, ...]
     endpoint: str | None = None
     rank: int | None = field(default=None, compare=False)
     device_id: str = field(default="", compare=False)
+    keepalive: int | None = field(default=None, compare=False)
+    endpoint_held: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, order=True)
@@ -72,15 +80,19 @@ class Plan:
     ``remove`` carries the removed peers' last known allowed IPs so the data
     plane can drop their routes. ``handshake`` names peers (public keys, all
     in ``add``) to start a handshake with as soon as the plan is applied
-    instead of at our next packet for them: peers re-added because their
-    device was restarted, whose own traffic may still use a session we have
-    just dropped.
+    instead of at our next packet for them: the peers whose handshakes this
+    side starts (invariant 10), when they are added, re-added because their
+    device was restarted, or re-added because a first handshake did not
+    complete. ``left_restarted`` changes nothing: it names peers whose device
+    was restarted and which this side leaves as they are, since the other
+    side starts their handshake (for the log).
     """
 
     remove: tuple[Peer, ...] = ()
     update: tuple[PeerUpdate, ...] = ()
     add: tuple[Peer, ...] = ()
     handshake: tuple[str, ...] = ()
+    left_restarted: tuple[Peer, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.remove or self.update or self.add)

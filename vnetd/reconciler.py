@@ -3,9 +3,10 @@
 A pass computes the peers of the ranks that changed (``MemberView.changed_since``)
 and diffs them against what it applied (``mesh.AppliedPeers``); a full pass
 computes everything and reads the device, at start and every
-``resync_interval``. Only a non-empty plan is applied. The rules it keeps
-(O(change) passes, crossed handshakes, restarted peers, resync requests) are
-in docs/architecture.md, "Reconciler".
+``resync_interval``. Only a non-empty plan is applied. Between passes it
+checks the few peers whose first handshake is due (``initiator.HandshakeWatch``).
+The rules it keeps (O(change) passes, one initiator per pair, restarted
+peers, resync requests) are in docs/architecture.md, "Reconciler".
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import trio
 from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
+from vnetd.initiator import FALLBACK_AFTER, RETRIES, RETRY_AFTER, HandshakeWatch, PairRule
 from vnetd.mesh import (
     AppliedPeers,
     Skipped,
@@ -35,9 +37,6 @@ from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.reconcile")
 
-NUDGE_AFTER = 1.0  # seconds after a join with no handshake before re-adding the peer
-NUDGE_WINDOW = 10.0  # only peers younger than this are watched
-
 
 @dataclass
 class ReconcileStats:
@@ -46,7 +45,10 @@ class ReconcileStats:
     changes: int = 0
     failures: int = 0
     last_duration: float = 0.0
-    nudges: int = 0
+    handshake_retries: int = 0
+    """Peers re-added because the handshake this side started did not complete."""
+    fallbacks: int = 0
+    """Peers whose initiator did not come: this side wrote the endpoint and started."""
     resyncs: int = 0
     skipped: int = 0
     """Members left out of the peers (a public key already registered earlier, our
@@ -83,11 +85,13 @@ class Reconciler:
         self._written: dict[str, str | None] = {}
         self._devices: dict[str, str] = {}  # public key -> device id when last written
         self._skipped_logged: set[tuple[int, str]] = set()
-        self._young: dict[str, float] = {}  # public key -> when it was added
         self._applied = AppliedPeers()  # what the passes applied (invariant 11)
         self._seen = -1  # the view's version the last pass computed from
         self._full_due = True  # the next pass reads the device and diffs every peer
         self._full_at = -math.inf  # when the last full pass ran
+        self.handshakes = HandshakeWatch()
+        self._listed_at: int | None = None  # the view's revision at the first pass
+        self._rule: tuple[bool, int | None, bool] | None = None  # our side at the last pass
         self._synced = trio.Event()
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
@@ -125,9 +129,7 @@ class Reconciler:
                 # otherwise (a new device has none to lose).
                 await self.view.wait_changed(self.view.version)
                 continue
-            wake = next_resync
-            if self._young:
-                wake = min(wake, trio.current_time() + NUDGE_AFTER / 4)
+            wake = min(next_resync, self.handshakes.next_check())
             if self._resync_reason is None:
                 with trio.move_on_at(wake) as self._waiting:
                     await self.view.wait_changed(seen)
@@ -137,7 +139,7 @@ class Reconciler:
             try:
                 if resync is None and self.view.version == seen:
                     if trio.current_time() < next_resync:
-                        await self.nudge_handshakes()
+                        await self.check_handshakes()
                         continue
                 seen = self.view.version
                 next_resync = trio.current_time() + self.resync_interval
@@ -173,7 +175,17 @@ class Reconciler:
         started = time.perf_counter()
         self.stats.runs += 1
         now = trio.current_time()
-        full = self._full_due or resync is not None or now >= self._full_at + self.resync_interval
+        pairs = self.pair_rule()
+        # Our own registration decides which side of every pair starts (invariant 10):
+        # when it changes (our claim, a takeover), every peer is looked at again.
+        rule = (pairs.registered, pairs.self_created, pairs.joining)
+        full = (
+            self._full_due
+            or resync is not None
+            or now >= self._full_at + self.resync_interval
+            or rule != self._rule
+        )
+        self._rule = rule
         changed = None if full else self.view.changed_since(self._seen)
         self._seen, self._full_due = self.view.version, True  # until this pass is through
         created = self.view.created
@@ -190,9 +202,16 @@ class Reconciler:
             desired, skipped = desired_peers(
                 members, self.self_rank, self.spec, self.self_key, created
             )
-            actual = self._applied.of(keys)
+            actual = await self._applied_or_waiting(keys)
         self._log_skipped(skipped)
-        plan = diff(desired, actual, self._written, self._devices)
+        watch = self.handshakes
+        if pairs.registered:
+            watch.registered(trio.current_time())
+        else:
+            watch.unregistered()
+        plan = diff(
+            desired, actual, self._written, self._devices, pairs=pairs, awaiting=watch.awaiting
+        )
         ranks = {key: peer.rank for key, peer in desired.items() if peer.rank is not None}
         if plan:
             await self.dataplane.apply(plan)
@@ -201,22 +220,34 @@ class Reconciler:
             self.stats.device_restarts += len(_readded(plan))
             if resync is None:
                 self._log_plan(plan, ranks, time.perf_counter() - started)
+        if resync is None:
+            self._log_left_restarted(plan)
         if resync is not None:
             self.stats.resyncs += 1
             self._log_resync(resync, plan, len(desired), time.perf_counter() - started)
         self._record(desired, keys, ranks)
         self._full_due = False
-        now = trio.current_time()
-        for peer in plan.remove:
-            self._young.pop(peer.public_key, None)
-        for peer in plan.add:  # a peer re-added after a device restart is young again
-            self._young[peer.public_key] = now
+        watch.note(plan, desired, trio.current_time())
         self.stats.last_duration = time.perf_counter() - started
         if self.on_pass is not None:
             self.on_pass(self.stats.last_duration, len(plan))
         if self.view.synced:
             self._synced.set()
         return plan
+
+    async def _applied_or_waiting(self, keys: set[str]) -> dict[str, DevicePeer | Peer]:
+        """What a pass over ``keys`` diffs against: what it applied, except for peers
+        still waiting for their initiator's handshake, which are read from the device
+        (whether it has learned their endpoint decides what may be written; one read,
+        and only in the join window)."""
+        applied: dict[str, DevicePeer | Peer] = dict(self._applied.of(keys))
+        waiting = keys & self.handshakes.awaiting.keys()
+        if waiting:
+            device = await self.dataplane.peers()
+            for key in waiting:
+                if key in device:
+                    applied[key] = device[key]
+        return applied
 
     def _record(
         self, desired: dict[str, Peer], keys: set[str] | None, ranks: dict[str, int]
@@ -244,34 +275,55 @@ class Reconciler:
         """Return once a pass has applied the peers of a full list of the members."""
         await self._synced.wait()
 
-    async def nudge_handshakes(self) -> None:
-        """Re-add young peers stuck without a handshake (see the module doc)."""
+    def pair_rule(self) -> PairRule:
+        """Which side of each pair starts its handshakes, from the view as it is now."""
+        mine = self.view.members.get(self.self_rank)
+        registered = mine is not None and mine.public_key == self.self_key
+        created = self.view.created.get(self.self_rank) if registered else None
+        if self._listed_at is None:
+            self._listed_at = self.view.revision
+        return PairRule(
+            self.self_key,
+            registered,
+            created,
+            self.view.created,
+            self.spec.persistent_keepalive,
+            joining=created is None or created > self._listed_at,
+        )
+
+    async def check_handshakes(self) -> None:
+        """Settle the peers whose first handshake is due (see ``initiator``): one device
+        read, then one transaction for those still without a handshake."""
         now = trio.current_time()
-        self._young = {k: t for k, t in self._young.items() if now - t < NUDGE_WINDOW}
-        if not self._young:
+        if self.handshakes.next_check() > now:
             return
-        device = await self.dataplane.peers()
-        stuck = []
-        for key, added in list(self._young.items()):
-            peer = device.get(key)
-            rank = self.stats.peer_ranks.get(key)
-            if peer is None or rank is None or peer.last_handshake:
-                self._young.pop(key, None)
-                continue
-            wait = NUDGE_AFTER if self.self_rank < rank else 2 * NUDGE_AFTER
-            if now - added >= wait and peer.tx_bytes:
-                stuck.append(Peer(key, peer.allowed_ips, peer.endpoint, rank))
-                self._young.pop(key, None)  # once per join
-        if stuck:
-            await self.dataplane.apply(Plan(remove=tuple(stuck), add=tuple(stuck)))
-            self.stats.nudges += len(stuck)
-            for nudged in stuck:
-                log.info(
-                    "peer rank %s: no handshake %.1f s after joining; re-added it to restart "
-                    "the handshake",
-                    nudged.rank,
-                    NUDGE_AFTER,
-                )
+        found = self.handshakes.check(await self.dataplane.peers(), now)
+        if found.plan:
+            await self.dataplane.apply(found.plan)
+        self.stats.handshake_retries += len(found.retried)
+        self.stats.fallbacks += len(found.fallbacks)
+        for peer, attempt in found.retried:
+            log.info(
+                "peer rank %s: no handshake %.1f s after starting one; re-added it and "
+                "started another (try %d)",
+                peer.rank,
+                RETRY_AFTER,
+                attempt,
+            )
+        for peer in found.fallbacks:
+            log.info(
+                "peer rank %s: its handshake did not come within %.1f s; wrote its endpoint, "
+                "so this side starts one when it has something to send",
+                peer.rank,
+                FALLBACK_AFTER,
+            )
+        for peer in found.given_up:
+            log.warning(
+                "peer rank %s: still no handshake after %d tries; leaving it to WireGuard's "
+                "own retry",
+                peer.rank,
+                1 + RETRIES,
+            )
 
     def _log_plan(self, plan: Plan, ranks: dict[str, int], elapsed: float) -> None:
         old_ranks = self.stats.peer_ranks
@@ -294,7 +346,12 @@ class Reconciler:
                     peer.device_id,
                 )
             else:
-                log.info("peer joined: rank %s at %s", peer.rank, peer.endpoint or "no endpoint")
+                log.info(
+                    "peer joined: rank %s at %s%s",
+                    peer.rank,
+                    peer.endpoint or "no endpoint",
+                    " (waiting for its handshake)" if peer.endpoint_held else "",
+                )
         for peer in plan.remove:
             if peer.public_key not in readded:
                 log.info("peer left: rank %s", old_ranks.get(peer.public_key, "?"))
@@ -306,6 +363,16 @@ class Reconciler:
             if upd.allowed_ips is not None:
                 log.info("peer rank %s allowed IPs set to %s", rank, ",".join(upd.allowed_ips))
         log.info("plan applied: %d change(s) in %.1f ms", len(plan), elapsed * 1000)
+
+    def _log_left_restarted(self, plan: Plan) -> None:
+        for peer in plan.left_restarted:
+            log.info(
+                "peer rank %s restarted its device (device id %s -> %s); its own "
+                "handshake replaces the old session",
+                peer.rank,
+                self._devices.get(peer.public_key) or "?",
+                peer.device_id,
+            )
 
     def _log_resync(self, reason: str, plan: Plan, wanted: int, elapsed: float) -> None:
         if plan:

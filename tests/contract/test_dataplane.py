@@ -520,6 +520,28 @@ async def test_absent_rank_fails_fast_present_rank_is_routed(uapi_device: Device
 
 
 @needs_lab
+async def test_only_the_peers_a_plan_starts_a_handshake_with_send_one(uapi_device: Device) -> None:
+    """Invariant 10: an added peer sends nothing unless the plan starts its handshake,
+    whatever the peer before it in the same transaction does (wireguard-go carries a
+    peer's "keepalive turned on" over to the next peer of a ``set`` unless that one
+    writes its own). Endpoints on the namespace's loopback: nothing leaves it."""
+    ns = uapi_device.netns
+    assert ns is not None
+    await trio.run_process(["ip", "-n", ns, "link", "set", "lo", "up"])
+    starts = Peer(public_key(), (A_IP,), "127.0.0.1:40001", rank=1, keepalive=25)
+    waits = Peer(public_key(), (B_IP,), "127.0.0.1:40002", rank=2, keepalive=0)
+    held = Peer(public_key(), ("10.250.0.4/32",), "127.0.0.1:40003", rank=3, endpoint_held=True)
+    with trio.fail_after(15):
+        await uapi_device.dp.apply(Plan(add=(starts, waits, held), handshake=(starts.public_key,)))
+        await trio.sleep(0.3)
+        peers = await uapi_device.dp.peers()
+    assert peers[starts.public_key].tx_bytes >= 148, "no handshake initiation went out"
+    assert peers[waits.public_key].tx_bytes == 0
+    assert peers[held.public_key].tx_bytes == 0
+    assert peers[held.public_key].endpoint is None
+
+
+@needs_lab
 async def test_exit_stops_wireguard_go_and_removes_the_link(netns: str) -> None:
     config = device_config(next(_names))
     with trio.fail_after(20):

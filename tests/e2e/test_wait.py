@@ -7,13 +7,17 @@ in its network, mount and UTS namespaces, where its /run/wireguard is.
 
 from __future__ import annotations
 
+import base64
+import os
 import subprocess
 import sys
 
 import trio
 
+from vnetd.control.membership import encode_member, member_key
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import Lab, LabProcess
+from vnetd.model import Member
 
 
 async def vnetd_wait(
@@ -22,6 +26,11 @@ async def vnetd_wait(
     """``vnetd wait --config <spec> ARGS`` in ``pod``; ``limit`` bounds the process."""
     argv = [sys.executable, "-m", "vnetd", "wait", "--config", str(mesh.spec_path), *args]
     return await mesh.lab.run(mesh.pod(pod), argv, limit, beside=beside)
+
+
+def public_key() -> str:
+    """A well-formed public key no device holds."""
+    return base64.b64encode(os.urandom(32)).decode()
 
 
 def text(result: subprocess.CompletedProcess[bytes]) -> tuple[str, str]:
@@ -67,13 +76,19 @@ async def test_wait_times_out_on_a_missing_rank_then_passes_when_it_joins(lab: L
 async def test_reachable_needs_a_handshake_with_this_rank(lab: Lab) -> None:
     with trio.fail_after(120):
         mesh = MeshLab.create(lab)
-        daemons = {rank: await mesh.start_rank(rank) for rank in range(3)}
+        daemons = {0: await mesh.start_rank(0)}
+        first = await vnetd_wait(mesh, 0, "--ranks", "0", "--timeout", "30", limit=40)
+        assert first.returncode == 0, text(first)
+        # Ranks 1 and 2 registered under keys no device holds: rank 0, registered
+        # first, starts a handshake with each (invariant 10) that nothing answers.
+        for rank in (1, 2):
+            ghost = Member(rank, public_key(), f"{mesh.pod(rank).underlay_ip}:51820", "ghost")
+            await lab.etcdctl("put", member_key(mesh.spec, rank), encode_member(ghost).decode())
         registered = await vnetd_wait(mesh, 0, "--ranks", "all", "--timeout", "30", limit=40)
         assert registered.returncode == 0, text(registered)
         reachable = ["--ranks", "all", "--reachable", "--rank", "0",
                      "--wireguard-dir", "/run/wireguard"]  # fmt: skip
 
-        # With no persistent keepalive and no traffic yet, nothing has shaken hands.
         silent = await vnetd_wait(
             mesh, 0, *reachable, "--timeout", "3", limit=15, beside=daemons[0]
         )
@@ -89,8 +104,10 @@ async def test_reachable_needs_a_handshake_with_this_rank(lab: Lab) -> None:
         assert elsewhere.returncode == 1
         assert "no WireGuard device at /run/wireguard/vnet0.sock" in text(elsewhere)[1]
 
-        for rank in (1, 2):  # traffic starts the handshakes; one ping each is enough
-            await lab.run(mesh.pod(0), ["ping", "-c", "1", "-W", "1", mesh.address(rank)], 5)
+        # The real ranks join: rank 0 starts their handshakes, no traffic needed.
+        for rank in (1, 2):
+            await lab.etcdctl("del", member_key(mesh.spec, rank))
+            daemons[rank] = await mesh.start_rank(rank)
         ready = await vnetd_wait(
             mesh, 0, *reachable, "--timeout", "30", limit=40, beside=daemons[0]
         )

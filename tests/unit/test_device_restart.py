@@ -166,14 +166,18 @@ def device_config(rank: int) -> DeviceConfig:
 
 
 def rewrite(view: MemberView, new: Member) -> None:
-    """``new`` rewrites its rank's entry, as the member watch delivers it."""
-    view.apply(SPEC, WatchEvent("put", member_key(SPEC, new.rank), encode_member(new), 0))
+    """``new`` rewrites its rank's entry (same create revision), as the member watch
+    delivers it."""
+    created = view.created.get(new.rank, 0)
+    event = WatchEvent("put", member_key(SPEC, new.rank), encode_member(new), 0, created)
+    view.apply(SPEC, event)
 
 
 async def test_reconciler_readds_only_the_restarted_peer_and_starts_a_handshake(caplog):
     caplog.set_level(logging.INFO, logger="vnetd.reconcile")
     view, device = MemberView(), FakeDataplane(device_config(0))
     view.members = {r: member(r, f"dev{r}") for r in range(4)}
+    view.created = {r: r + 1 for r in range(4)}  # registered in rank order
     view.version = 1
     view.synced = True
     reconciler = Reconciler(SPEC, 0, key(0), view, device)
@@ -182,11 +186,13 @@ async def test_reconciler_readds_only_the_restarted_peer_and_starts_a_handshake(
         device.device[k] = replace(p, last_handshake=1234.0, rx_bytes=500, tx_bytes=500)
     sessions = dict(device.device)
     caplog.clear()
+    device.answers = False  # the session with the new device is not there yet
+    started = len(device.handshakes)  # rank 0 started those of the pairs at the joins
 
     rewrite(view, member(2, "dev2-new"))
     plan = await reconciler.reconcile_once()
     assert [p.public_key for p in plan.remove] == [key(2)] and plan.add[0].public_key == key(2)
-    assert device.handshakes == [key(2)]
+    assert device.handshakes[started:] == [key(2)]
     assert device.device[key(2)] == DevicePeer(key(2), ("10.250.0.3/32",), "198.18.1.2:51820")
     assert {k: device.device[k] for k in (key(1), key(3))} == {
         k: sessions[k] for k in (key(1), key(3))
@@ -202,7 +208,7 @@ async def test_reconciler_readds_only_the_restarted_peer_and_starts_a_handshake(
     # The daemon restarted and adopted its device: a new record, the same device id.
     rewrite(view, replace(member(2, "dev2-new"), started=2.0))
     assert not await reconciler.reconcile_once()
-    assert device.handshakes == [key(2)]
+    assert device.handshakes[started:] == [key(2)]
 
 
 class FlakyFake(FakeDataplane):
@@ -306,6 +312,12 @@ class Daemons:
             kv.lease,
         )
 
+    async def start_mesh(self, size: int = 3) -> None:
+        """Ranks 0..size-1, started (so registered) in that order, each holding the others."""
+        for rank in range(size):
+            await self.start(rank)
+        await self.until(lambda: all(len(x.device) == size - 1 for x in self.devices.values()))
+
     async def until(self, condition: Callable[[], bool], timeout: float = 30) -> None:
         with trio.fail_after(timeout):
             while not condition():
@@ -313,38 +325,69 @@ class Daemons:
 
 
 async def test_wireguard_go_restart_rewrites_the_entry_and_peers_readd(tmp_path, autojump_clock):
+    """Rank 2, the last to register, restarts its wireguard-go: ranks 0 and 1 start the
+    handshakes of their pairs with it (invariant 10), so they re-add it."""
     async with trio.open_nursery() as nursery:
         d = Daemons(tmp_path, nursery)
-        for rank in range(3):
-            await d.start(rank)
-        await d.until(lambda: all(len(x.device) == 2 for x in d.devices.values()))
-        entry, created, lease = await d.entry(0)
-        assert entry.device_id == d.devices[0].device_id != ""
-        applied = {r: len(d.devices[r].applied) for r in (1, 2)}
+        await d.start_mesh()
+        entry, created, lease = await d.entry(2)
+        assert entry.device_id == d.devices[2].device_id != ""
+        applied = {r: len(d.devices[r].applied) for r in (0, 1)}
+        started = {r: len(d.devices[r].handshakes) for r in (0, 1)}
 
         peers_at_update: list[int] = []
         replace_entry = d.registry.replace
 
         async def spying_replace(k: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
-            peers_at_update.append(len(d.devices[0].device))
+            peers_at_update.append(len(d.devices[2].device))
             return await replace_entry(k, value, mod_revision, lease)
 
         d.registry.replace = spying_replace  # type: ignore[method-assign]
-        old_id = d.devices[0].device_id
-        d.devices[0].restart()
-        new_id = d.devices[0].device_id
-        await d.until(lambda: all(len(d.devices[r].applied) == applied[r] + 1 for r in (1, 2)))
-        after, created_after, lease_after = await d.entry(0)
+        old_id = d.devices[2].device_id
+        d.devices[2].restart()
+        new_id = d.devices[2].device_id
+        await d.until(lambda: all(len(d.devices[r].applied) == applied[r] + 1 for r in (0, 1)))
+        after, created_after, lease_after = await d.entry(2)
         assert (after.device_id, created_after, lease_after) == (new_id, created, lease)
         assert peers_at_update == [2], "the entry was rewritten before the peers were back"
-        claim = d.running[0].claim
+        claim = d.running[2].claim
         assert (claim.claims, claim.record_updates) == (1, 1)
-        for r in (1, 2):
+        for r in (0, 1):
             (plan,) = d.devices[r].applied[applied[r] :]
             assert [p.public_key for p in plan.remove] == [p.public_key for p in plan.add]
-            assert plan.handshake == (d.running[0].me.public_key,)
-            assert d.devices[r].handshakes == [d.running[0].me.public_key]
+            assert plan.handshake == (d.running[2].me.public_key,)
+            assert d.devices[r].handshakes[started[r] :] == [d.running[2].me.public_key]
         assert new_id != old_id
+        nursery.cancel_scope.cancel()
+
+
+async def test_first_registration_restarting_its_wireguard_go_starts_the_handshakes(
+    tmp_path, autojump_clock, caplog
+):
+    """Rank 0, the first to register, restarts its wireguard-go: its new device starts a
+    handshake with each peer as it adds it back, which replaces their stale sessions;
+    ranks 1 and 2 only log the new device id (a re-add would drop the new session)."""
+    caplog.set_level(logging.INFO, logger="vnetd.reconcile")
+    async with trio.open_nursery() as nursery:
+        d = Daemons(tmp_path, nursery)
+        await d.start_mesh()
+        applied = {r: len(d.devices[r].applied) for r in (1, 2)}
+        old_id = d.devices[0].device_id
+        started = len(d.devices[0].handshakes)
+        d.devices[0].restart()
+        await d.until(lambda: d.running[0].claim.record_updates == 1)
+        await trio.sleep(5)
+        new_id = d.devices[0].device_id
+        assert sorted(d.devices[0].handshakes[started:]) == sorted(
+            d.running[r].me.public_key for r in (1, 2)
+        ), "the restarted device did not start the handshakes"
+        for r in (1, 2):
+            assert len(d.devices[r].applied) == applied[r], "a responder re-added rank 0"
+        line = (
+            f"peer rank 0 restarted its device (device id {old_id} -> {new_id}); its own "
+            "handshake replaces the old session"
+        )
+        assert caplog.text.count(line) == 2
         nursery.cancel_scope.cancel()
 
 
@@ -353,18 +396,19 @@ async def test_wireguard_go_restart_rewrites_the_entry_and_peers_readd(tmp_path,
     [pytest.param(True, False, id="device-adopted"), pytest.param(False, True, id="fresh-device")],
 )
 async def test_killed_daemon_restarted_in_the_same_pod(tmp_path, autojump_clock, adopted, readded):
+    """Rank 2, the last to register, is killed and started again; ranks 0 and 1 start
+    the handshakes of their pairs with it (invariant 10)."""
     async with trio.open_nursery() as nursery:
         d = Daemons(tmp_path, nursery)
-        for rank in range(3):
-            await d.start(rank)
-        await d.until(lambda: all(len(x.device) == 2 for x in d.devices.values()))
-        applied = {r: len(d.devices[r].applied) for r in (1, 2)}
-        old_id = d.devices[0].device_id
-        _, created, _ = await d.entry(0)
+        await d.start_mesh()
+        applied = {r: len(d.devices[r].applied) for r in (0, 1)}
+        started = {r: len(d.devices[r].handshakes) for r in (0, 1)}
+        old_id = d.devices[2].device_id
+        _, created, _ = await d.entry(2)
 
-        old_lease = d.running[0].claim.lease
+        old_lease = d.running[2].claim.lease
         d.registry.revokes = False  # SIGKILL: the lease lives on, the entry stays
-        d.scopes[0].cancel()
+        d.scopes[2].cancel()
         await trio.sleep(1)
         d.registry.revokes = True
 
@@ -376,18 +420,20 @@ async def test_killed_daemon_restarted_in_the_same_pod(tmp_path, autojump_clock,
                 await trio.sleep(1)
 
         nursery.start_soon(within_the_ttl)
-        restarted = await d.start(0, device_id=old_id if adopted else None)
+        restarted = await d.start(2, device_id=old_id if adopted else None)
         await d.until(lambda: restarted.claim.claimed_at is not None)
         assert restarted.claim.claims == 1
         await d.registry.revoke(old_lease)
         await trio.sleep(10)  # past the old lease's end
-        entry, created_after, _ = await d.entry(0)
-        assert entry.device_id == d.devices[0].device_id
+        entry, created_after, _ = await d.entry(2)
+        assert entry.device_id == d.devices[2].device_id
         assert created_after == created, "taken over, not deleted and created again"
-        for r in (1, 2):
+        for r in (0, 1):
             plans = d.devices[r].applied[applied[r] :]
             assert len(plans) == (1 if readded else 0), plans
-            assert d.devices[r].handshakes == ([d.running[0].me.public_key] if readded else [])
+            assert d.devices[r].handshakes[started[r] :] == (
+                [d.running[2].me.public_key] if readded else []
+            )
         nursery.cancel_scope.cancel()
 
 

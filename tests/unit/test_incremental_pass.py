@@ -169,7 +169,7 @@ async def test_after_a_failed_apply_the_next_pass_reads_the_device(autojump_cloc
 async def test_a_copy_of_a_key_in_a_changed_rank_follows_the_earliest_registration(
     autojump_clock,
 ):
-    reconciler, device, registry = setup(range(1, 8))
+    reconciler, device, registry = setup(range(8))  # registered: no peer waits (invariant 10)
     await reconciler.reconcile_once()
     rank3 = device.device[key(3)]
 
@@ -197,7 +197,7 @@ async def test_a_copy_of_a_key_in_a_changed_rank_follows_the_earliest_registrati
 async def test_a_rewrite_to_a_key_registered_later_takes_it_and_frees_the_old(autojump_clock):
     # Rank 1's entry (created first) is rewritten with rank 2's key: rank 1 is the
     # earliest registration of that key now, and its own old key has no member.
-    reconciler, device, registry = setup(range(1, 4))
+    reconciler, device, registry = setup(range(4))  # registered: no peer waits (invariant 10)
     await reconciler.reconcile_once()
     registry.batch(member(1, key_of=2))
     plan = await reconciler.reconcile_once()
@@ -211,7 +211,7 @@ async def test_a_rewrite_to_a_key_registered_later_takes_it_and_frees_the_old(au
 
 # Whatever the batches, incremental passes leave the device where a full pass would.
 
-RANKS = st.integers(min_value=0, max_value=11)
+RANKS = st.integers(min_value=1, max_value=11)  # not SELF: its registration is not a peer's
 CHANGE = st.one_of(
     RANKS,  # a delete
     st.builds(lambda r, k, p: member(r, key_of=k, port=p), RANKS, RANKS, st.sampled_from([1, 2])),

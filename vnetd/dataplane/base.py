@@ -26,7 +26,7 @@ from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network, ip
 from typing import Protocol, runtime_checkable
 
 from vnetd.errors import DataplaneError
-from vnetd.model import DevicePeer, Plan
+from vnetd.model import DevicePeer, Peer, Plan
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,22 @@ def route_changes(plan: Plan, live: set[str]) -> tuple[set[str], set[str]]:
     gone = {_cidr(ip) for ip in gone}
     new = {_cidr(ip) for ip in new}
     return gone - live - new, new & live
+
+
+def keepalive_of(peer: Peer, default: int) -> int:
+    """The persistent keepalive ``peer`` is added with: its own, else the device's."""
+    return default if peer.keepalive is None else peer.keepalive
+
+
+def handshake_keepalives(plan: Plan, default: int) -> dict[str, int]:
+    """The keepalive each peer of ``plan.handshake`` ends with after its handshake is
+    started: the one it is added with in the plan."""
+    handshake = set(plan.handshake)
+    return {
+        peer.public_key: keepalive_of(peer, default)
+        for peer in plan.add
+        if peer.public_key in handshake
+    }
 
 
 def _cidr(ip: str) -> str:

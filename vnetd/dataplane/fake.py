@@ -6,18 +6,28 @@ touches only existing peers, ``remove`` of an absent peer is a no-op, and
 routes follow the peers exactly as ``UapiDataplane`` moves them. A removed
 peer loses its session: added again, it starts with no handshake and zero
 counters. ``restart`` rebuilds the device as a restarted wireguard-go does.
+The far side of each peer is simulated (``answers``): a handshake this
+device starts completes at once, and so does the other side's with a peer
+whose endpoint is held (invariant 10).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from ipaddress import ip_network
 
-from vnetd.dataplane.base import DeviceConfig, LinkState, key_to_hex, route_changes
+from vnetd.dataplane.base import (
+    DeviceConfig,
+    LinkState,
+    keepalive_of,
+    key_to_hex,
+    route_changes,
+)
 from vnetd.model import DevicePeer, Plan
 
 log = logging.getLogger("vnetd.dataplane")
@@ -35,10 +45,15 @@ class FakeDataplane:
         self.device_routes: set[str] = set()
         self.unreachable: set[str] = {str(net) for net in config.networks}
         self.closed = False
+        self.keepalives: dict[str, int] = {}
+        """The persistent keepalive each peer was added with (s; 0: none)."""
         self.preshared_keys: dict[str, str | None] = {}
         """The pre-shared key each peer was added with (base64, or None)."""
         self.device_id = secrets.token_hex(8)
         self.handshakes: list[str] = []
+        self.answers = True
+        """Simulate each peer's far side (``_far_side``); False: it never answers nor
+        starts a handshake, so no peer gets one."""
         self.restarts = 0
         self.on_restart: Callable[[str], None] | None = None
         self.peer_reads = 0
@@ -69,15 +84,20 @@ class FakeDataplane:
         for added in plan.add:
             self.preshared_keys[added.public_key] = self.config.preshared_key
             current = self.device.get(added.public_key, DevicePeer(added.public_key, ()))
-            if added.endpoint is not None:
+            if added.endpoint is not None and not added.endpoint_held:
                 current = replace(current, endpoint=added.endpoint)
             self.device[added.public_key] = current
+            self.keepalives[added.public_key] = keepalive_of(
+                added, self.config.persistent_keepalive
+            )
             self._assign(added.public_key, added.allowed_ips)
         live = {ip for peer in self.device.values() for ip in peer.allowed_ips}
         gone, new = route_changes(plan, live)
         self.device_routes = (self.device_routes - gone) | new
         self.applied.append(plan)
         self.handshakes += [key for key in plan.handshake if key in self.device]
+        if self.answers:
+            self._far_side(plan)
         log.debug(
             "%s: applied %s (routes -%d +%d)",
             self.config.interface,
@@ -85,6 +105,18 @@ class FakeDataplane:
             len(gone),
             len(new),
         )
+
+    def _far_side(self, plan: Plan) -> None:
+        """The simulated far side of each peer: it answers the handshakes we start, and
+        starts one with a peer whose endpoint we hold (which teaches us the endpoint)."""
+        started = set(plan.handshake)
+        now = time.time()
+        for added in plan.add:
+            if added.public_key in started or added.endpoint_held:
+                current = self.device[added.public_key]
+                self.device[added.public_key] = replace(
+                    current, endpoint=added.endpoint, last_handshake=now
+                )
 
     async def routes(self) -> set[str]:
         return set(self.device_routes)

@@ -22,7 +22,7 @@ import base64
 import hmac
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from ipaddress import ip_address, ip_network
@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 from pyroute2.netlink.exceptions import NetlinkError
 
-from vnetd.dataplane.base import DeviceConfig, key_to_hex
+from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, keepalive_of, key_to_hex
 from vnetd.dataplane.link import (
     LinkedDevice,
     configure_link,
@@ -146,26 +146,30 @@ def peer_messages(
         msg = {"public_key": _key(peer.public_key)}
         if preshared_key is not None:
             msg["preshared_key"] = _key(preshared_key)
-        msg.update(_endpoint_fields(peer.endpoint))
+        msg.update(_endpoint_fields(None if peer.endpoint_held else peer.endpoint))
         msg["replace_allowed_ips"] = True
         msg["allowed_ips"] = list(peer.allowed_ips)
-        if persistent_keepalive:
-            msg["persistent_keepalive"] = persistent_keepalive
+        keepalive = keepalive_of(peer, persistent_keepalive)
+        if keepalive:
+            msg["persistent_keepalive"] = keepalive
         messages.append(msg)
     return messages
 
 
-def handshake_messages(keys: Sequence[str], persistent_keepalive: int) -> list[PeerMessage]:
+def handshake_messages(
+    keys: Sequence[str], persistent_keepalive: int = 0, ending: Mapping[str, int] | None = None
+) -> list[PeerMessage]:
     """Messages that make the kernel start a handshake with each peer now.
 
     As in wireguard-go, a persistent keepalive going from off to on sends a
     keepalive at once (``wg_packet_send_keepalive`` in the kernel's
-    netlink.c), which with no session starts a handshake.
+    netlink.c), which with no session starts a handshake; each peer's ends at
+    its value (``ending``, else ``persistent_keepalive``).
     """
     return [
         {"public_key": _key(key), "update_only": True, "persistent_keepalive": seconds}
         for key in keys
-        for seconds in (0, 1, persistent_keepalive)
+        for seconds in (0, 1, (ending or {}).get(key, persistent_keepalive))
     ]
 
 
@@ -281,7 +285,9 @@ class KernelDataplane(LinkedDevice):
             return
         keepalive = self.config.persistent_keepalive
         messages = peer_messages(plan, keepalive, self.config.preshared_key)
-        messages += handshake_messages(plan.handshake, keepalive)
+        messages += handshake_messages(
+            plan.handshake, keepalive, handshake_keepalives(plan, keepalive)
+        )
         await self._apply_then_route(
             plan, lambda reread: run_netlink(lambda: self._send(messages, reread))
         )

@@ -13,13 +13,13 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from functools import partial
 
 import trio
 
-from vnetd.dataplane.base import DeviceConfig, key_to_hex
+from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, key_to_hex
 from vnetd.dataplane.link import (
     LinkedDevice,
     configure_link,
@@ -121,7 +121,7 @@ class UapiDataplane(LinkedDevice):
             return
         keepalive = self.config.persistent_keepalive
         lines = plan_lines(plan, keepalive, self.config.preshared_key)
-        lines += handshake_lines(plan.handshake, keepalive)
+        lines += handshake_lines(plan.handshake, keepalive, handshake_keepalives(plan, keepalive))
         await self._apply_then_route(plan, partial(self._set, lines))
 
     async def _set(self, lines: list[tuple[str, str]], reread: bool) -> set[str]:
@@ -220,19 +220,22 @@ class UapiDataplane(LinkedDevice):
         return None
 
 
-def handshake_lines(keys: Sequence[str], persistent_keepalive: int) -> list[tuple[str, str]]:
+def handshake_lines(
+    keys: Sequence[str], persistent_keepalive: int = 0, ending: Mapping[str, int] | None = None
+) -> list[tuple[str, str]]:
     """``set`` lines that make wireguard-go start a handshake with each peer now.
 
     The UAPI has no "handshake" command, but wireguard-go sends a keepalive at
     once when a peer's persistent keepalive goes from off to on, and with no
     session that keepalive starts a handshake (checked here with wireguard-go
-    0.0.20220316). So each peer's is turned off, on, and back to the
-    configured value, in the same transaction as the plan.
+    0.0.20220316). So each peer's is turned off, on, and back to its value
+    (``ending``, else ``persistent_keepalive``), in the same transaction as the
+    plan.
     """
     lines: list[tuple[str, str]] = []
     for key in keys:
         hexkey = key_to_hex(key)
-        for seconds in (0, 1, persistent_keepalive):
+        for seconds in (0, 1, (ending or {}).get(key, persistent_keepalive)):
             lines += [("public_key", hexkey), ("update_only", "true")]
             lines.append(("persistent_keepalive_interval", str(seconds)))
     return lines

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from vnetd.dataplane.base import key_from_hex, key_to_hex
+from vnetd.dataplane.base import keepalive_of, key_from_hex, key_to_hex
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
@@ -129,7 +129,9 @@ def plan_lines(
 
     Never ``replace_peers``: only the named peers are touched. Adds also send
     ``replace_allowed_ips`` so re-adding an existing peer is exact, not a union,
-    and the mesh's pre-shared key (base64) when there is one.
+    and the mesh's pre-shared key (base64) when there is one. A peer's own
+    ``keepalive`` wins over ``persistent_keepalive``; a peer's held endpoint is
+    not sent (the other side's handshake teaches it).
     """
     lines: Lines = []
     for peer in plan.remove:
@@ -145,10 +147,15 @@ def plan_lines(
         lines.append(("public_key", key_to_hex(peer.public_key)))
         if preshared_key is not None:
             lines.append(("preshared_key", key_to_hex(preshared_key, "preshared_key")))
-        if peer.endpoint is not None:
+        if peer.endpoint is not None and not peer.endpoint_held:
             lines.append(("endpoint", peer.endpoint))
         lines.append(("replace_allowed_ips", "true"))
         lines += [("allowed_ip", ip) for ip in peer.allowed_ips]
-        if persistent_keepalive:
-            lines.append(("persistent_keepalive_interval", str(persistent_keepalive)))
+        # Always written, 0 too: wireguard-go (0.0.20220316 and later) keeps the "keepalive
+        # turned on" flag of the previous peer of a ``set`` until a peer writes this key,
+        # so a peer added after one whose keepalive turned on would send a keepalive, and
+        # start a handshake, at once (seen in the lab: a responder initiating).
+        lines.append(
+            ("persistent_keepalive_interval", str(keepalive_of(peer, persistent_keepalive)))
+        )
     return lines
