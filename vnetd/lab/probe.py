@@ -276,13 +276,16 @@ def probe_command(
     port: int = DEFAULT_PORT,
     interval: float = 0.1,
     report_every: float = 0.0,
+    lost_after: float | None = None,
 ) -> list[str]:
-    """The argv that runs this prober with the current Python (for ``Lab.start``)."""
+    """The argv that runs this prober with the current Python (for ``Lab.start``);
+    ``lost_after`` None keeps the probe's default (10 rounds, at least 1 s)."""
+    lost = ["--lost-after", str(lost_after)] if lost_after is not None else []
     return [
         sys.executable, "-m", "vnetd.lab.probe",
         "--self-addr", self_addr, "--targets", ",".join(targets),
         "--port", str(port), "--interval", str(interval), "--duration", str(duration),
-        "--report-every", str(report_every),
+        "--report-every", str(report_every), *lost,
     ]  # fmt: skip
 
 
