@@ -4,7 +4,8 @@ Each rank holds an IPv4 and an IPv6 overlay address on one device; each peer
 carries both host routes (/32 and /128) as allowed IPs, and both overlay
 networks are routed ``unreachable``, so a rank that has not joined fails at
 once in either family. Over an IPv4 underlay (three pods) and an IPv6 one
-(two pods), every pod pings every other pod's address in both families.
+(two pods), every pod pings every other pod's address in both families, within
+the formation bounds of ``bounds.py``.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import time
 from pathlib import Path
 
 import trio
+from bounds import AFTER_CLAIM, FORMATION
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
 
 NETWORK, NETWORK6 = "10.250.0.0/24", "fd00:250::/64"
-FORM_BOUND = 60.0
-"""Every pod pings every other in both families (measured 0.4-1.9 s here, from the first start)."""
 PING = ["ping", "-c", "1", "-W", "2"]
 
 
@@ -46,31 +46,48 @@ def addresses(rank: int) -> tuple[str, str]:
     return f"10.250.0.{rank + 1}", f"fd00:250::{rank + 1:x}"
 
 
-async def ping_until_answered(lab: Lab, pod: Pod, address: str, deadline: float) -> int:
-    """Ping ``address`` from ``pod`` until one ping is answered; returns the attempts."""
+async def ping_until_answered(lab: Lab, pod: Pod, address: str, deadline: float) -> float:
+    """Ping ``address`` from ``pod`` until one ping is answered; returns when (monotonic)."""
     attempts = 0
     while True:
         attempts += 1
         result = await lab.run(pod, [*PING, address], timeout=10)
         if result.returncode == 0:
-            return attempts
-        assert trio.current_time() < deadline, (
+            return time.monotonic()
+        assert time.monotonic() < deadline, (
             f"{pod.name} -> {address}: no answer after {attempts} pings: "
             f"{result.stdout.decode()[-300:]} {result.stderr.decode()[-300:]}"
         )
         await trio.sleep(0.2)
 
 
-async def ping_full_mesh(lab: Lab, ranks: int) -> float:
-    """Every pod pings every other pod's IPv4 and IPv6 overlay address; seconds taken."""
-    started = trio.current_time()
-    deadline = started + FORM_BOUND
-    for rank in range(ranks):
-        for other in range(ranks):
-            if other != rank:
-                for address in addresses(other):
-                    await ping_until_answered(lab, lab.pods[rank], address, deadline)
-    return trio.current_time() - started
+async def ping_full_mesh(mesh: MeshLab, ranks: int, begun: float, what: str) -> None:
+    """Every pod pings every other pod's IPv4 and IPv6 overlay address (all pairs at
+    once), and the last answer is bounded as ``bounds.form`` bounds a formation."""
+    answered: list[float] = []
+
+    async def pair(rank: int, address: str) -> None:
+        answered.append(
+            await ping_until_answered(mesh.lab, mesh.lab.pods[rank], address, begun + FORMATION)
+        )
+
+    async with trio.open_nursery() as nursery:
+        for rank in range(ranks):
+            for other in range(ranks):
+                if other != rank:
+                    for address in addresses(other):
+                        nursery.start_soon(pair, rank, address)
+    claims = [mesh.claimed_at(rank) for rank in range(ranks)]
+    assert None not in claims, claims
+    last_claim = max(t for t in claims if t is not None)
+    after_claim = max(answered) - last_claim
+    print(
+        f"{what}: {ranks} pods ping each other in both families {max(answered) - begun:.2f} s "
+        f"after the first start, {after_claim:.2f} s after the last claim"
+    )
+    assert after_claim <= AFTER_CLAIM, (
+        f"the last pair answered {after_claim:.2f} s after the last claim (bound {AFTER_CLAIM} s)"
+    )
 
 
 async def allowed_ips(lab: Lab, rank: int, daemon: LabProcess) -> set[tuple[str, ...]]:
@@ -117,19 +134,14 @@ async def check_device_addresses(lab: Lab, rank: int) -> None:
 
 async def test_dual_stack_overlay_over_an_ipv4_underlay() -> None:
     ranks = 3
-    with trio.fail_after(FORM_BOUND + 60):
+    with trio.fail_after(FORMATION + 60):
         async with open_lab(ranks + 1) as lab:
             # A spec of 4 ranks, 3 started: rank 3's addresses must fail at once.
             spec = write_spec(lab.workdir / "ds.toml", lab.etcd_url, ranks + 1)
             mesh = MeshLab.create(lab)
             begun = time.monotonic()
             daemons = [await mesh.start_rank(rank, config=spec) for rank in range(ranks)]
-            seconds = await ping_full_mesh(lab, ranks)
-            print(
-                f"dual stack over IPv4: {ranks} pods ping each other in both families "
-                f"{time.monotonic() - begun:.2f} s after the first start "
-                f"({seconds:.2f} s of pinging)"
-            )
+            await ping_full_mesh(mesh, ranks, begun, "dual stack over IPv4")
             for rank, daemon in enumerate(daemons):
                 assert await allowed_ips(lab, rank, daemon) == expected_allowed(rank, ranks)
                 await check_routes(lab, rank, ranks)
@@ -150,7 +162,7 @@ async def test_dual_stack_overlay_over_an_ipv4_underlay() -> None:
 
 async def test_dual_stack_overlay_over_an_ipv6_underlay() -> None:
     ranks = 2
-    with trio.fail_after(FORM_BOUND + 60):
+    with trio.fail_after(FORMATION + 60):
         async with open_lab(ranks, ipv6=True) as lab:
             spec = write_spec(lab.workdir / "ds6.toml", lab.etcd_url, ranks)
             mesh = MeshLab.create(lab)
@@ -160,12 +172,7 @@ async def test_dual_stack_overlay_over_an_ipv6_underlay() -> None:
                 await mesh.start_rank(rank, "--endpoint", endpoints[rank], config=spec)
                 for rank in range(ranks)
             ]
-            seconds = await ping_full_mesh(lab, ranks)
-            print(
-                f"dual stack over IPv6: {ranks} pods ping each other in both families "
-                f"{time.monotonic() - begun:.2f} s after the first start "
-                f"({seconds:.2f} s of pinging)"
-            )
+            await ping_full_mesh(mesh, ranks, begun, "dual stack over IPv6")
             for rank, daemon in enumerate(daemons):
                 dump = await lab.run(lab.pods[rank], ["wg", "show", "vnet0", "dump"], beside=daemon)
                 (peer,) = [line.split("\t") for line in dump.stdout.decode().splitlines()[1:]]
