@@ -4,8 +4,8 @@ Each rank holds an IPv4 and an IPv6 overlay address on one device; each peer
 carries both host routes (/32 and /128) as allowed IPs, and both overlay
 networks are routed ``unreachable``, so a rank that has not joined fails at
 once in either family. Over an IPv4 underlay (three pods) and an IPv6 one
-(two pods), every pod pings every other pod's address in both families, within
-the formation bounds of ``bounds.py``.
+(two pods), every pod's probe reaches every other pod's address in both
+families, within the formation bounds of ``bounds.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from bounds import AFTER_CLAIM, FORMATION
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
+from vnetd.lab.probe import parse_events, probe_command
 
 NETWORK, NETWORK6 = "10.250.0.0/24", "fd00:250::/64"
 PING = ["ping", "-c", "1", "-W", "2"]
@@ -46,48 +47,44 @@ def addresses(rank: int) -> tuple[str, str]:
     return f"10.250.0.{rank + 1}", f"fd00:250::{rank + 1:x}"
 
 
-async def ping_until_answered(lab: Lab, pod: Pod, address: str, deadline: float) -> float:
-    """Ping ``address`` from ``pod`` until one ping is answered; returns when (monotonic)."""
-    attempts = 0
-    while True:
-        attempts += 1
-        result = await lab.run(pod, [*PING, address], timeout=10)
-        if result.returncode == 0:
-            return time.monotonic()
-        assert time.monotonic() < deadline, (
-            f"{pod.name} -> {address}: no answer after {attempts} pings: "
-            f"{result.stdout.decode()[-300:]} {result.stderr.decode()[-300:]}"
+async def probe_full_mesh(mesh: MeshLab, ranks: int, what: str) -> None:
+    """Until every pod's probe has an answer from every other pod's IPv4 and IPv6 overlay
+    address; bounded as ``bounds.form`` bounds a formation (probes started first)."""
+    wanted = {(rank, a) for rank in range(ranks) for o in range(ranks) if o != rank
+              for a in addresses(o)}  # fmt: skip
+    begun = min(mesh.started_at.values())
+    reached: dict[tuple[int, str], float] = {}
+    while missing := wanted - set(reached):
+        assert time.monotonic() < begun + FORMATION, (
+            f"{what}: not reached within {FORMATION} s: {sorted(missing)}; "
+            f"exited daemons: {mesh.dead_daemons()}"
         )
-        await trio.sleep(0.2)
-
-
-async def ping_full_mesh(mesh: MeshLab, ranks: int, begun: float, what: str) -> None:
-    """Every pod pings every other pod's IPv4 and IPv6 overlay address (all pairs at
-    once), and the last answer is bounded as ``bounds.form`` bounds a formation."""
-    answered: list[float] = []
-
-    async def pair(rank: int, address: str) -> None:
-        answered.append(
-            await ping_until_answered(mesh.lab, mesh.lab.pods[rank], address, begun + FORMATION)
-        )
-
-    async with trio.open_nursery() as nursery:
-        for rank in range(ranks):
-            for other in range(ranks):
-                if other != rank:
-                    for address in addresses(other):
-                        nursery.start_soon(pair, rank, address)
+        await trio.sleep(0.1)
+        for rank, probe in mesh.probes.items():
+            for event in parse_events(probe.log_text()):
+                if event.get("event") == "reached":
+                    reached.setdefault((rank, event["target"]), float(event["t"]))
     claims = [mesh.claimed_at(rank) for rank in range(ranks)]
     assert None not in claims, claims
-    last_claim = max(t for t in claims if t is not None)
-    after_claim = max(answered) - last_claim
+    full = max(reached.values())
+    start = max([t for t in claims if t is not None] + [mesh.probes_started(set(range(ranks)))])
+    after_claim = full - start
     print(
-        f"{what}: {ranks} pods ping each other in both families {max(answered) - begun:.2f} s "
-        f"after the first start, {after_claim:.2f} s after the last claim"
+        f"{what}: {ranks} pods reach each other in both families {full - begun:.2f} s after "
+        f"the first start, {after_claim:.2f} s after the last claim"
     )
     assert after_claim <= AFTER_CLAIM, (
         f"the last pair answered {after_claim:.2f} s after the last claim (bound {AFTER_CLAIM} s)"
     )
+
+
+async def start_probes(mesh: MeshLab, ranks: int) -> None:
+    """A probe per pod answering on its IPv4 and IPv6 overlay addresses and probing
+    every other pod's, both families, every 100 ms."""
+    for rank in range(ranks):
+        targets = [a for other in range(ranks) if other != rank for a in addresses(other)]
+        argv = probe_command(addresses(rank)[0], targets, duration=120)
+        mesh.probes[rank] = await mesh.lab.start(mesh.pod(rank), argv, private_mount=False)
 
 
 async def allowed_ips(lab: Lab, rank: int, daemon: LabProcess) -> set[tuple[str, ...]]:
@@ -139,9 +136,9 @@ async def test_dual_stack_overlay_over_an_ipv4_underlay() -> None:
             # A spec of 4 ranks, 3 started: rank 3's addresses must fail at once.
             spec = write_spec(lab.workdir / "ds.toml", lab.etcd_url, ranks + 1)
             mesh = MeshLab.create(lab)
-            begun = time.monotonic()
+            await start_probes(mesh, ranks)
             daemons = [await mesh.start_rank(rank, config=spec) for rank in range(ranks)]
-            await ping_full_mesh(mesh, ranks, begun, "dual stack over IPv4")
+            await probe_full_mesh(mesh, ranks, "dual stack over IPv4")
             for rank, daemon in enumerate(daemons):
                 assert await allowed_ips(lab, rank, daemon) == expected_allowed(rank, ranks)
                 await check_routes(lab, rank, ranks)
@@ -167,12 +164,12 @@ async def test_dual_stack_overlay_over_an_ipv6_underlay() -> None:
             spec = write_spec(lab.workdir / "ds6.toml", lab.etcd_url, ranks)
             mesh = MeshLab.create(lab)
             endpoints = [f"[{pod.underlay_ip6}]:51820" for pod in lab.pods]
-            begun = time.monotonic()
+            await start_probes(mesh, ranks)
             daemons = [
                 await mesh.start_rank(rank, "--endpoint", endpoints[rank], config=spec)
                 for rank in range(ranks)
             ]
-            await ping_full_mesh(mesh, ranks, begun, "dual stack over IPv6")
+            await probe_full_mesh(mesh, ranks, "dual stack over IPv6")
             for rank, daemon in enumerate(daemons):
                 dump = await lab.run(lab.pods[rank], ["wg", "show", "vnet0", "dump"], beside=daemon)
                 (peer,) = [line.split("\t") for line in dump.stdout.decode().splitlines()[1:]]
