@@ -406,6 +406,7 @@ async def test_dead_wireguard_go_is_restarted_and_the_state_reapplied() -> None:
                         break
                     await trio.sleep(0.02)
             seen_back = time.monotonic() - killed
+            await wait_log(daemon, "after wireguard-go restart: re-applied", 5)
             (logged,) = [t for t, m in log_lines(daemon) if "after wireguard-go restart" in m]
             reapplied = logged - killed_wall
             gaps = await measure_outages(mesh, k, killed, timeout=10)
