@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from bounds import AFTER_CLAIM, FORMATION
+from bounds import FORMATION, WG_RETRY
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
@@ -35,8 +35,12 @@ UNDERLAY_MTU = 1400
 TRANSFER_BYTES = 4 * 1024 * 1024
 PORT = 5201
 START_BOUND = FORMATION
-"""Both daemons up and the first connect through, from the start (``bounds.FORMATION``);
-the connect is also bounded after the last claim (``bounds.AFTER_CLAIM``)."""
+"""Both daemons up and the first connect through, from the start (``bounds.FORMATION``)."""
+CONNECT_AFTER_CLAIM = WG_RETRY - 1.0
+"""The first connect through, from the last claim. A first SYN can leave while the peer
+has not added this rank yet: it is dropped, and the nudge re-adds the peer after 1 s
+(lower rank) or 2 s, then the next connect attempt (every 0.5 s) gets through: ~2.5 s,
+measured up to 2.25 s loaded. A handshake left to WireGuard's retry takes 5 s."""
 TRANSFER_BOUND = 10.0
 """4 MB over the overlay (measured 0.07-0.3 s); a black hole never completes, and the
 same 10 s are all a black-holed transfer gets (BLACK_HOLE_BOUND)."""
@@ -73,7 +77,7 @@ family = socket.AF_INET6 if ":" in host else socket.AF_INET
 start = time.monotonic()
 while True:  # the server's rank may not be a peer yet: "No route to host" at once
     s = socket.socket(family)
-    s.settimeout(1.0)
+    s.settimeout(0.5)
     try:
         s.connect((host, port))
         break
@@ -150,12 +154,12 @@ async def start_pair(mesh: MeshLab, spec: Path, endpoints: list[str] | None) -> 
 
 
 def check_connect_after_claim(mesh: MeshLab, figures: dict[str, float]) -> None:
-    """The first connect went through within ``AFTER_CLAIM`` of the last claim."""
+    """The first connect went through within ``CONNECT_AFTER_CLAIM`` of the last claim."""
     claims = [mesh.claimed_at(rank) for rank in (0, 1)]
     assert None not in claims, claims
     after_claim = figures["connected"] - max(t for t in claims if t is not None)
     print(f"connected {after_claim:.2f} s after the last claim")
-    assert after_claim <= AFTER_CLAIM, f"connected {after_claim:.2f} s after the last claim"
+    assert after_claim <= CONNECT_AFTER_CLAIM, f"connected {after_claim:.2f} s after the claim"
 
 
 async def test_auto_mtu_carries_full_size_tcp_and_auto_falls_back_to_wireguard_go() -> None:
