@@ -17,7 +17,6 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import datetime
 
 import trio
 from bounds import (
@@ -30,7 +29,7 @@ from bounds import (
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from vnetd.lab.cluster import MeshLab, monotonic_of
+from vnetd.lab.cluster import MeshLab, log_lines, monotonic_of
 from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
 from vnetd.lab.probe import probe_command
 
@@ -41,21 +40,8 @@ EXPIRY_SLACK = 0.5
 """A keepalive lands a little later than TTL/3 after the previous one (its own call,
 a loaded event loop): the earliest expiry after a kill, less this, is a lower bound."""
 
-_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) vnetd rank=\S+ [A-Z]+ (.*)$")
-
 
 # --- reading the daemons' logs -------------------------------------------------------------
-
-
-def log_lines(process: LabProcess) -> list[tuple[float, str]]:
-    """``(wall-clock time, message)`` of each log line the daemon wrote so far."""
-    lines = []
-    for line in process.log_text().splitlines():
-        match = _LINE.match(line)
-        if match:
-            stamp = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S.%f").timestamp()
-            lines.append((stamp, match.group(2)))
-    return lines
 
 
 def times_of(process: LabProcess, pattern: str, after: float = 0.0) -> list[float]:

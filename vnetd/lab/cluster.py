@@ -33,8 +33,7 @@ from vnetd.spec import MeshSpec, load_spec
 OVERLAY = "10.250.0.0/16"
 PROBE_DURATION = 600.0
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) vnetd rank=\S+ [A-Z]+ (.*)$")
-
-
+"""A line of the daemon's text log: local time to the millisecond, then the message."""
 _HTTP_GET = (
     "import sys, urllib.request, urllib.error\n"
     "try:\n"
@@ -290,8 +289,8 @@ class MeshLab:
 
     def claimed_at(self, rank: int) -> float | None:
         """When ``rank``'s current daemon logged its (last) claim, monotonic; None before."""
-        found = [t for t, message in log_lines(self.daemons[rank]) if message.startswith(
-            f"claimed rank {rank} ")]  # fmt: skip
+        prefix = f"claimed rank {rank} "
+        found = [t for t, message in log_lines(self.daemons[rank]) if message.startswith(prefix)]
         return monotonic_of(found[-1]) if found else None
 
     def probes_started(self, ranks: set[int] | None = None) -> float:
