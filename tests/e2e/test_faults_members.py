@@ -36,6 +36,8 @@ from vnetd.lab.probe import probe_command
 SIGTERM_DROP = 1.0
 """SIGTERM revokes the lease: peers drop the rank within this long (measured 8-17 ms);
 below the earliest expiry of the lease (2/3 of the TTL), which a missed revoke waits for."""
+CLAIM_RETRY = 1.0
+"""A daemon waiting for a held rank tries to claim it every second (TTL/3 at most)."""
 EXPIRY_SLACK = 0.5
 """A keepalive lands a little later than TTL/3 after the previous one (its own call,
 a loaded event loop): the earliest expiry after a kill, less this, is a lower bound."""
@@ -437,8 +439,10 @@ async def test_two_daemons_claiming_one_rank():
             killed, killed_mono = time.time(), time.monotonic()
             await lab.kill_pod(mesh.pod(2))
             # Not before the holder's lease can have expired; at most one claim retry
-            # (1 s) after the latest drop (TTL + 1 s).
-            earliest, latest = earliest_lease_expiry(ttl) - EXPIRY_SLACK, latest_lease_drop(ttl) + 1
+            # (1 s) and the claim itself after the latest drop (TTL + 1 s): measured
+            # 4.0-6.0 s; a takeover that waited for a second TTL would take 10 s.
+            earliest = earliest_lease_expiry(ttl) - EXPIRY_SLACK
+            latest = latest_lease_drop(ttl) + CLAIM_RETRY + 0.5
             claimed = await wait_for_line(
                 second, r"claimed rank 2 as pod3 \(created the entry", timeout=latest + 1
             )
