@@ -1,7 +1,8 @@
 """The e2e suite runs in the netns lab: root, ``ip``, etcd and wireguard-go are needed.
 
-Without them every e2e test is skipped with the reason (shown by ``-rs`` and
-in the report header), never failed.
+Without them every e2e test is skipped with the reason (shown by ``-rs``, in
+the report header and in the run's last line), never failed; under ``CI`` they
+run and fail instead. Bounds in these tests follow ``tests/README.md``.
 """
 
 from __future__ import annotations

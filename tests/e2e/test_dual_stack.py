@@ -4,7 +4,8 @@ Each rank holds an IPv4 and an IPv6 overlay address on one device; each peer
 carries both host routes (/32 and /128) as allowed IPs, and both overlay
 networks are routed ``unreachable``, so a rank that has not joined fails at
 once in either family. Over an IPv4 underlay (three pods) and an IPv6 one
-(two pods), every pod pings every other pod's address in both families.
+(two pods), every pod's probe reaches every other pod's address in both
+families, within the formation bounds of ``bounds.py``.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import time
 from pathlib import Path
 
 import trio
+from bounds import AFTER_CLAIM, FORMATION
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
+from vnetd.lab.probe import parse_events, probe_command
 
 NETWORK, NETWORK6 = "10.250.0.0/24", "fd00:250::/64"
-FORM_BOUND = 60.0
-"""Every pod pings every other in both families (measured 0.4-1.9 s here, from the first start)."""
 PING = ["ping", "-c", "1", "-W", "2"]
 
 
@@ -46,31 +47,44 @@ def addresses(rank: int) -> tuple[str, str]:
     return f"10.250.0.{rank + 1}", f"fd00:250::{rank + 1:x}"
 
 
-async def ping_until_answered(lab: Lab, pod: Pod, address: str, deadline: float) -> int:
-    """Ping ``address`` from ``pod`` until one ping is answered; returns the attempts."""
-    attempts = 0
-    while True:
-        attempts += 1
-        result = await lab.run(pod, [*PING, address], timeout=10)
-        if result.returncode == 0:
-            return attempts
-        assert trio.current_time() < deadline, (
-            f"{pod.name} -> {address}: no answer after {attempts} pings: "
-            f"{result.stdout.decode()[-300:]} {result.stderr.decode()[-300:]}"
+async def probe_full_mesh(mesh: MeshLab, ranks: int, what: str) -> None:
+    """Until every pod's probe has an answer from every other pod's IPv4 and IPv6 overlay
+    address; bounded as ``bounds.form`` bounds a formation (probes started first)."""
+    wanted = {(rank, a) for rank in range(ranks) for o in range(ranks) if o != rank
+              for a in addresses(o)}  # fmt: skip
+    begun = min(mesh.started_at.values())
+    reached: dict[tuple[int, str], float] = {}
+    while missing := wanted - set(reached):
+        assert time.monotonic() < begun + FORMATION, (
+            f"{what}: not reached within {FORMATION} s: {sorted(missing)}; "
+            f"exited daemons: {mesh.dead_daemons()}"
         )
-        await trio.sleep(0.2)
+        await trio.sleep(0.1)
+        for rank, probe in mesh.probes.items():
+            for event in parse_events(probe.log_text()):
+                if event.get("event") == "reached":
+                    reached.setdefault((rank, event["target"]), float(event["t"]))
+    claims = [mesh.claimed_at(rank) for rank in range(ranks)]
+    assert None not in claims, claims
+    full = max(reached.values())
+    start = max([t for t in claims if t is not None] + [mesh.probes_started(set(range(ranks)))])
+    after_claim = full - start
+    print(
+        f"{what}: {ranks} pods reach each other in both families {full - begun:.2f} s after "
+        f"the first start, {after_claim:.2f} s after the last claim"
+    )
+    assert after_claim <= AFTER_CLAIM, (
+        f"the last pair answered {after_claim:.2f} s after the last claim (bound {AFTER_CLAIM} s)"
+    )
 
 
-async def ping_full_mesh(lab: Lab, ranks: int) -> float:
-    """Every pod pings every other pod's IPv4 and IPv6 overlay address; seconds taken."""
-    started = trio.current_time()
-    deadline = started + FORM_BOUND
+async def start_probes(mesh: MeshLab, ranks: int) -> None:
+    """A probe per pod answering on its IPv4 and IPv6 overlay addresses and probing
+    every other pod's, both families, every 100 ms."""
     for rank in range(ranks):
-        for other in range(ranks):
-            if other != rank:
-                for address in addresses(other):
-                    await ping_until_answered(lab, lab.pods[rank], address, deadline)
-    return trio.current_time() - started
+        targets = [a for other in range(ranks) if other != rank for a in addresses(other)]
+        argv = probe_command(addresses(rank)[0], targets, duration=120)
+        mesh.probes[rank] = await mesh.lab.start(mesh.pod(rank), argv, private_mount=False)
 
 
 async def allowed_ips(lab: Lab, rank: int, daemon: LabProcess) -> set[tuple[str, ...]]:
@@ -117,19 +131,14 @@ async def check_device_addresses(lab: Lab, rank: int) -> None:
 
 async def test_dual_stack_overlay_over_an_ipv4_underlay() -> None:
     ranks = 3
-    with trio.fail_after(FORM_BOUND + 60):
+    with trio.fail_after(FORMATION + 60):
         async with open_lab(ranks + 1) as lab:
             # A spec of 4 ranks, 3 started: rank 3's addresses must fail at once.
             spec = write_spec(lab.workdir / "ds.toml", lab.etcd_url, ranks + 1)
             mesh = MeshLab.create(lab)
-            begun = time.monotonic()
+            await start_probes(mesh, ranks)
             daemons = [await mesh.start_rank(rank, config=spec) for rank in range(ranks)]
-            seconds = await ping_full_mesh(lab, ranks)
-            print(
-                f"dual stack over IPv4: {ranks} pods ping each other in both families "
-                f"{time.monotonic() - begun:.2f} s after the first start "
-                f"({seconds:.2f} s of pinging)"
-            )
+            await probe_full_mesh(mesh, ranks, "dual stack over IPv4")
             for rank, daemon in enumerate(daemons):
                 assert await allowed_ips(lab, rank, daemon) == expected_allowed(rank, ranks)
                 await check_routes(lab, rank, ranks)
@@ -150,22 +159,17 @@ async def test_dual_stack_overlay_over_an_ipv4_underlay() -> None:
 
 async def test_dual_stack_overlay_over_an_ipv6_underlay() -> None:
     ranks = 2
-    with trio.fail_after(FORM_BOUND + 60):
+    with trio.fail_after(FORMATION + 60):
         async with open_lab(ranks, ipv6=True) as lab:
             spec = write_spec(lab.workdir / "ds6.toml", lab.etcd_url, ranks)
             mesh = MeshLab.create(lab)
             endpoints = [f"[{pod.underlay_ip6}]:51820" for pod in lab.pods]
-            begun = time.monotonic()
+            await start_probes(mesh, ranks)
             daemons = [
                 await mesh.start_rank(rank, "--endpoint", endpoints[rank], config=spec)
                 for rank in range(ranks)
             ]
-            seconds = await ping_full_mesh(lab, ranks)
-            print(
-                f"dual stack over IPv6: {ranks} pods ping each other in both families "
-                f"{time.monotonic() - begun:.2f} s after the first start "
-                f"({seconds:.2f} s of pinging)"
-            )
+            await probe_full_mesh(mesh, ranks, "dual stack over IPv6")
             for rank, daemon in enumerate(daemons):
                 dump = await lab.run(lab.pods[rank], ["wg", "show", "vnet0", "dump"], beside=daemon)
                 (peer,) = [line.split("\t") for line in dump.stdout.decode().splitlines()[1:]]

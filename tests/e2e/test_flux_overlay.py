@@ -25,7 +25,14 @@ from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import Lab, LabProcess, open_lab
 
 PODS = 8
-HELLO_WITHIN = 20.0
+HELLO_WITHIN = 10.0
+"""Every hello (and every beat after the restart) arrives within this long of the claim of
+the rank that came last, measured 0.6-2.2 s after rank 0's start: below the watch's 60 s
+restart. There is no window below WireGuard's 5 s retry here: a first TCP SYN dropped
+with a crossed handshake waits for the nudge (up to 2 s) and the SYN's own retransmission
+(1 s, then 2 s), so a normal hello can come 3-5 s after the claim, as late as a retried
+handshake would. The launcher bench carries that figure (bench/launcher.py,
+docs/benchmarks.md section 3)."""
 BROKER = Path(__file__).with_name("zmq_broker.py")
 
 
@@ -105,8 +112,11 @@ async def test_every_rank_says_hello_to_rank0_and_again_after_moving(
                 HELLO_WITHIN,
             )
             last_hello = max(e["t"] for got in hellos(root).values() for e in got)
-            print(f"all hellos {last_hello - mesh.started_at[0]:.2f} s after rank 0 started")
-            assert last_hello - mesh.started_at[0] < HELLO_WITHIN
+            claimed = mesh.claimed_at(0)
+            assert claimed is not None
+            print(f"all hellos {last_hello - mesh.started_at[0]:.2f} s after rank 0 started, "
+                  f"{last_hello - claimed:.2f} s after its claim")  # fmt: skip
+            assert last_hello - claimed < HELLO_WITHIN
 
             root_pids = (mesh.daemons[0].pid, root.pid)
             old_boot = hellos(root)[restarted][-1]["boot"]
@@ -120,6 +130,10 @@ async def test_every_rank_says_hello_to_rank0_and_again_after_moving(
 
             await wait_until(said_hello_again, f"rank {restarted} hello again", HELLO_WITHIN)
             again = next(e for e in hellos(root)[restarted] if e["boot"] != old_boot)
+            claimed = mesh.claimed_at(restarted)
+            assert claimed is not None
+            print(f"rank {restarted} hello again {again['t'] - claimed:.2f} s after its claim")
+            assert again["t"] - claimed < HELLO_WITHIN
 
             def beats_from_all_after(t: float) -> set[int]:
                 return {e["rank"] for e in events(root) if e["event"] == "beat" and e["t"] > t}

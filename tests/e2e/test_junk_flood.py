@@ -1,20 +1,27 @@
 """A flood of junk keys under the mesh's members prefix leaves a daemon's memory
-bounded and its real peers untouched."""
+bounded and its real peers untouched, and the daemon counts every junk key."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import trio
+from bounds import WATCH_RESTART, form
 
 from vnetd.control.membership import members_prefix
-from vnetd.lab.cluster import MeshLab
+from vnetd.lab.cluster import MeshLab, http_get
 from vnetd.lab.lab import open_lab
 
 JUNK = 100_000
 RSS_GROWTH_LIMIT_KB = 10 * 1024  # measured +0.4 MB; +21 MB when every bad key was kept
+COUNTED_WITHIN = 10.0
+"""From the writer's end until the daemon has counted every junk key (it takes them in
+from its watch while they are written: measured 0.05-0.1 s); below WATCH_RESTART, whose
+re-list would count them too."""
+PORT = 9090
 WRITER = Path(__file__).with_name("junk_writer.py")
 
 
@@ -33,26 +40,43 @@ def rss_kb(pid: int) -> int:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
+async def bad_entries_counted(mesh: MeshLab, rank: int) -> int:
+    """The bad registry entries ``rank``'s daemon has counted (its ``/status``)."""
+    status, body = await http_get(mesh.lab, mesh.pod(rank), f"http://127.0.0.1:{PORT}/status")
+    assert status == 200, (status, body)
+    return int(json.loads(body)["bad_entries"])
+
+
 async def test_a_flood_of_junk_keys_leaves_memory_bounded_and_peers_untouched() -> None:
+    assert COUNTED_WITHIN < WATCH_RESTART
     with trio.fail_after(150):
         async with open_lab(2) as lab:
             mesh = MeshLab.create(lab)
             await mesh.start_probes()
-            for rank in (0, 1):
-                await mesh.start_rank(rank)
-            await mesh.wait_full_mesh(60)
+            await mesh.start_rank(0, "--http-listen", f"127.0.0.1:{PORT}")
+            await mesh.start_rank(1)
+            await form(mesh)
             pid = daemon_pid(mesh, 0)
             await trio.sleep(1)
             before_rss = rss_kb(pid)
             before = await mesh.device_dump(0)
+            assert await bad_entries_counted(mesh, 0) == 0
 
             argv = ["ip", "netns", "exec", lab.etcd_netns, sys.executable, str(WRITER),
                     lab.etcd_url, members_prefix(mesh.spec), str(JUNK)]  # fmt: skip
             with trio.fail_after(90):
                 result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True)
+            written = time.monotonic()
             print(f"junk written: {result.stdout.decode().strip()}")
-            # let the daemon take in the watch events, then a full re-list
-            await trio.sleep(5)
+            # The daemon takes the junk in from its watch and counts each key once.
+            counted = 0
+            with trio.move_on_after(COUNTED_WITHIN):
+                while (counted := await bad_entries_counted(mesh, 0)) < JUNK:
+                    await trio.sleep(0.2)
+            took = time.monotonic() - written
+            print(f"the daemon counted {counted} bad entries {took:.2f} s after the writer's end")
+            assert counted >= JUNK, f"the daemon counted {counted} of {JUNK} junk keys"
+            await trio.sleep(1)  # room for the memory of a late pass to show
             after_rss = rss_kb(pid)
             after = await mesh.device_dump(0)
             log_lines = mesh.daemons[0].log_text().splitlines()
@@ -71,3 +95,4 @@ async def test_a_flood_of_junk_keys_leaves_memory_bounded_and_peers_untouched() 
                  ).stdout
             )  # fmt: skip
             print(f"vnetd status: bad_entries {status.get('bad_entries')}")
+            assert status["bad_entries"] == JUNK, "vnetd status reads every junk key as bad"

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import trio
+from bounds import form
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.lab import open_lab
@@ -61,12 +62,7 @@ async def test_any_start_order_forms_full_mesh(kind):
             for rank in order:
                 await mesh.start_rank(rank)
                 await trio.sleep(rng.uniform(0, 2))
-            last_start = max(mesh.started_at.values())
-            full_at = await mesh.wait_full_mesh(timeout=15 + (time.monotonic() - last_start))
-            print(
-                f"order {order} (seed {seed}): full mesh {full_at - last_start:.2f} s after the last start"
-            )
-            assert full_at - last_start <= 15
+            await form(mesh, what=f"order {order} (seed {seed})")
             assert mesh.dead_daemons() == {}
             await assert_devices_consistent(mesh, set(range(RANKS)))
 
@@ -81,8 +77,9 @@ async def test_ranks_started_before_etcd_join_when_it_appears():
             await trio.sleep(5)
             assert mesh.dead_daemons() == {}, "a daemon exited while etcd was absent"
             assert mesh.first_reached() == {}
+            began = time.monotonic()
             await lab.start_etcd()
-            await mesh.wait_full_mesh(timeout=30)
+            await form(mesh, since=began, what="after etcd's start")
             log = mesh.daemons[0].log_text()
             assert log.count("registry unreachable") == 1, "the outage is logged once, not per try"
             assert "registry reachable again" in log
@@ -111,7 +108,7 @@ async def test_absent_rank_fails_fast_then_joins():
             await mesh.start_probes()
             for rank in (0, 1, 2):
                 await mesh.start_rank(rank)
-            await mesh.wait_full_mesh(timeout=30, ranks={0, 1, 2})
+            await form(mesh, {0, 1, 2})
 
             outcome, seconds = await connect(lab, mesh.pod(0), mesh.address(3), timeout=3)
             assert outcome == f"OSError:{113}", outcome  # EHOSTUNREACH: No route to host
@@ -119,7 +116,7 @@ async def test_absent_rank_fails_fast_then_joins():
             assert mesh.dead_daemons() == {}
 
             await mesh.start_rank(3)
-            await mesh.wait_full_mesh(timeout=20)
+            await form(mesh, since=mesh.started_at[3], what="rank 3 joins")
             # Now the address answers (RST from the closed port: connection refused).
             outcome, _ = await connect(lab, mesh.pod(0), mesh.address(3), timeout=3)
             assert outcome == f"ConnectionRefusedError:{111}", outcome
@@ -135,7 +132,7 @@ async def test_sigterm_revokes_lease_and_cleans_up():
             await mesh.start_probes()
             for rank in range(3):
                 await mesh.start_rank(rank)
-            await mesh.wait_full_mesh(timeout=30)
+            await form(mesh)
             stopped = time.monotonic()
             code = await mesh.daemons[2].stop()
             assert code == 0, mesh.daemons[2].log_text()

@@ -25,6 +25,7 @@ import sys
 import time
 
 import trio
+from bounds import AFTER_CLAIM, form
 from test_faults_members import count, log_lines, wait_for_line
 from test_faults_process import registry_entry, start_beside, start_sandbox, wireguard_go_of
 
@@ -63,7 +64,10 @@ while time.monotonic() < end:
 INTERVAL = 0.02  # s between datagrams
 EAGER = 0.002  # s between datagrams of a sender that must win the race to the first handshake
 PORT = 9000
-RESUMED_WITHIN = 6.0  # s after the restarted daemon's claim; 13.7-15.4 s before the fix
+RESUMED_WITHIN = AFTER_CLAIM
+"""One-way traffic flows again within this long of the restarted daemon's claim (or of
+the kill of its wireguard-go): below WireGuard's 5 s retry (a dropped handshake) and the
+13.7-15.4 s a stale session took before the fix."""
 
 
 async def start_sender(
@@ -118,7 +122,7 @@ async def test_peer_that_only_sends_reaches_a_rank_restarted_with_the_same_key()
             await mesh.start_probes(duration=60)
             for rank in range(3):
                 await mesh.start_rank(rank)
-            await mesh.wait_full_mesh(timeout=30)
+            await form(mesh)
             for probe in mesh.probes.values():
                 probe.kill()  # from now on only the one-way streams below
             to_two = await start_receiver(mesh, mesh.pod(2), PORT)
@@ -195,7 +199,7 @@ async def test_adopted_device_keeps_its_id_and_a_restarted_wireguard_go_gets_a_n
                     await start_beside(mesh, rank, sandbox)
                 else:
                     await mesh.start_rank(rank)
-            await mesh.wait_full_mesh(timeout=30)
+            await form(mesh)
             for probe in mesh.probes.values():
                 probe.kill()
             to_one = await start_receiver(mesh, mesh.pod(1), PORT)

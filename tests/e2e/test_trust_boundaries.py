@@ -13,6 +13,7 @@ import base64
 import json
 
 import trio
+from bounds import form
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.lab.cluster import MeshLab
@@ -28,7 +29,7 @@ async def test_a_registry_writer_cannot_take_a_held_rank_or_an_address(lab: Lab)
         for rank in (0, 1):
             await mesh.start_rank(rank)
         await mesh.start_probes()
-        await mesh.wait_full_mesh(timeout=30, ranks={0, 1})
+        await form(mesh, {0, 1})
         before = sorted(await mesh.device_dump(0))
 
         forged = Member(1, FORGED_KEY, "198.18.1.2:51820", "intruder", 1.0, "x")

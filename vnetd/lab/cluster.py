@@ -5,17 +5,21 @@ Used by the end-to-end tests and by ``vnetd demo``. Each pod runs
 a probe that pings every rank's fixed overlay address every 100 ms, so
 "rank a reaches rank b" means a packet went from a to b over the overlay
 and the answer came back. Probe timestamps are ``time.monotonic()``,
-shared by every process on the machine, so they compare with the test's.
+shared by every process on the machine, so they compare with the test's;
+the daemons' log lines carry the wall clock (ms), which ``claimed_at``
+turns into the same monotonic time.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,73 @@ from vnetd.spec import MeshSpec, load_spec
 
 OVERLAY = "10.250.0.0/16"
 PROBE_DURATION = 600.0
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) vnetd rank=\S+ [A-Z]+ (.*)$")
+"""A line of the daemon's text log: local time to the millisecond, then the message."""
+_HTTP_GET = (
+    "import sys, urllib.request, urllib.error\n"
+    "try:\n"
+    "    r = urllib.request.urlopen(sys.argv[1], timeout=3)\n"
+    "    print(r.status); sys.stdout.write(r.read().decode())\n"
+    "except urllib.error.HTTPError as e:\n"
+    "    print(e.code); sys.stdout.write(e.read().decode())\n"
+)
+
+
+async def http_get(lab: Lab, pod: Pod, url: str) -> tuple[int, str]:
+    """GET ``url`` from inside ``pod`` (a daemon's ``--http-listen`` on its loopback, as
+    a kubelet probe would): (status, body), or (0, why) when nothing answers."""
+    result = await lab.run(pod, [sys.executable, "-c", _HTTP_GET, url], 10)
+    if result.returncode != 0:
+        return 0, result.stderr.decode(errors="replace")[-200:]
+    status, _, body = result.stdout.decode().partition("\n")
+    return int(status), body
+
+
+def log_lines(process: LabProcess) -> list[tuple[float, str]]:
+    """``(wall-clock time, message)`` of each text-format log line the daemon wrote so far."""
+    lines = []
+    for line in process.log_text().splitlines():
+        match = _LOG_LINE.match(line)
+        if match:
+            stamp = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+            lines.append((stamp, match.group(2)))
+    return lines
+
+
+def monotonic_of(wall: float) -> float:
+    """A ``time.time()`` instant as ``time.monotonic()`` (both clocks of this machine)."""
+    return wall - (time.time() - time.monotonic())
+
+
+@dataclass(frozen=True)
+class Formation:
+    """How a mesh formed, in ``time.monotonic()`` seconds (``MeshLab.formation``)."""
+
+    first_start: float
+    last_start: float
+    last_claim: float
+    """When the last daemon logged its claim: from then on every peer may learn of it."""
+    probes_started: float
+    """When the last probe listened (a pair cannot be reached before)."""
+    full: float
+    """When the last ordered pair was first reached."""
+
+    @property
+    def since_first_start(self) -> float:
+        return self.full - self.first_start
+
+    @property
+    def after_claim(self) -> float:
+        """The last pair's wait once the last daemon had claimed and the probes ran:
+        the handshakes, without the daemons' start-up (the part load stretches)."""
+        return self.full - max(self.last_claim, self.probes_started)
+
+    def __str__(self) -> str:
+        return (
+            f"full mesh {self.since_first_start:.2f} s after the first start, "
+            f"{self.full - self.last_start:.2f} s after the last, "
+            f"{self.after_claim:.2f} s after the last claim"
+        )
 
 
 def write_spec(
@@ -100,19 +171,26 @@ class MeshLab:
         return process
 
     async def start_probes(
-        self, duration: float = PROBE_DURATION, *, report_every: float = 0.0
+        self,
+        duration: float = PROBE_DURATION,
+        *,
+        report_every: float = 0.0,
+        lost_after: float | None = None,
     ) -> None:
         """One probe per pod, targeting every rank's overlay address.
 
         Args:
             report_every: have each probe print its counters this often (for
                 ``probe_received``); 0 = never.
+            lost_after: the silence (s) after which a probe reports a target
+                ``lost``; None keeps the probe's default (1 s).
         """
         targets = [self.address(r) for r in range(self.spec.size)]
         for rank in range(self.spec.size):
             argv = probe_command(
-                self.address(rank), targets, duration=duration, report_every=report_every
-            )
+                self.address(rank), targets, duration=duration, report_every=report_every,
+                lost_after=lost_after,
+            )  # fmt: skip
             self.probes[rank] = await self.lab.start(self.pod(rank), argv, private_mount=False)
 
     def probe_misses(
@@ -217,6 +295,50 @@ class MeshLab:
                     f"e.g. {missing[:6]}; exited daemons: {dead or 'none'}"
                 )
             await trio.sleep(0.1)
+
+    def claimed_at(self, rank: int) -> float | None:
+        """When ``rank``'s current daemon logged its (last) claim, monotonic; None before."""
+        prefix = f"claimed rank {rank} "
+        found = [t for t, message in log_lines(self.daemons[rank]) if message.startswith(prefix)]
+        return monotonic_of(found[-1]) if found else None
+
+    def probes_started(self, ranks: set[int] | None = None) -> float:
+        """When the last probe among ``ranks`` listened (its ``started`` event).
+
+        Raises:
+            LabError: a probe has not started (yet).
+        """
+        ranks = set(range(self.spec.size)) if ranks is None else ranks
+        started = []
+        for rank in sorted(ranks):
+            events = parse_events(self.probes[rank].log_text()) if rank in self.probes else []
+            times = [float(e["t"]) for e in events if e.get("event") == "started"]
+            if not times:
+                raise LabError(f"rank {rank}'s probe has not started")
+            started.append(times[0])
+        return max(started)
+
+    def formation(self, ranks: set[int] | None = None) -> Formation:
+        """How the mesh among ``ranks`` formed; call it once ``wait_full_mesh`` returned.
+
+        Raises:
+            LabError: a daemon has not claimed, a probe has not started, or a
+                pair has not been reached.
+        """
+        ranks = set(range(self.spec.size)) if ranks is None else ranks
+        if missing := self.missing_pairs(ranks):
+            raise LabError(f"pairs not reached yet: {missing[:6]}")
+        claims = {rank: self.claimed_at(rank) for rank in sorted(ranks)}
+        if unclaimed := [rank for rank, t in claims.items() if t is None]:
+            raise LabError(f"ranks {unclaimed} have not logged a claim")
+        reached = self.first_reached()
+        return Formation(
+            first_start=min(self.started_at[r] for r in ranks),
+            last_start=max(self.started_at[r] for r in ranks),
+            last_claim=max(t for t in claims.values() if t is not None),
+            probes_started=self.probes_started(ranks),
+            full=max(t for (a, b), t in reached.items() if a in ranks and b in ranks),
+        )
 
     def dead_daemons(self) -> dict[int, int]:
         return {r: p.returncode for r, p in self.daemons.items() if p.returncode is not None}

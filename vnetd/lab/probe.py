@@ -3,9 +3,10 @@
     python -m vnetd.lab.probe --self-addr A --targets A1,A2 --port 7777 \\
         --interval 0.1 --duration 30
 
-It answers echo requests on ``--port`` (all local addresses) and sends one
-request per target per interval (``--self-addr`` is skipped, so every pod can
-get the same target list). It prints one JSON line per event on stdout:
+It answers echo requests on ``--port`` (all local addresses, IPv4 and IPv6)
+and sends one request per target per interval (``--self-addr`` is skipped, so
+every pod can get the same target list); targets may be of either family.
+It prints one JSON line per event on stdout:
 
 - ``{"event": "started", "self": A, "port": P, "t": T}`` once it listens;
 - ``{"event": "reached", "target": A, "t": T}`` the first time a target answers;
@@ -75,16 +76,20 @@ class Prober:
     def __post_init__(self) -> None:
         self.state = {t: TargetState() for t in self.targets}
 
-    def send_round(self, sock: socket.socket, seq: int) -> None:
-        """One request to every target; a failing send counts as an error."""
+    def send_round(self, sock: socket.socket, seq: int, sock6: socket.socket | None = None) -> None:
+        """One request to every target (IPv6 ones through ``sock6``); a failing send
+        counts as an error."""
         now = time.monotonic()
         for target in self.targets:
             st = self.state[target]
             st.sent += 1
             if st.reached:
                 st.pending[seq] = now
+            out = sock6 if ":" in target else sock
             try:
-                sock.sendto(b"%s req %d %s" % (MAGIC, seq, target.encode()), (target, self.port))
+                if out is None:
+                    raise OSError(f"no IPv6 socket for {target}")
+                out.sendto(b"%s req %d %s" % (MAGIC, seq, target.encode()), (target, self.port))
             except OSError:
                 st.errors += 1
 
@@ -169,10 +174,12 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     targets = [t for t in args.targets if t != args.self_addr]
     prober = Prober(args.self_addr, targets, args.port, args.lost_after, args.miss_after)
+    sock6 = _ipv6_socket(args.port)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("0.0.0.0", args.port))
         sock.setblocking(False)
+        sockets = [s for s in (sock, sock6) if s is not None]
         start = time.monotonic()
         end = start + args.duration
         emit({"event": "started", "self": args.self_addr, "port": args.port, "t": start})
@@ -183,8 +190,9 @@ def run(args: argparse.Namespace) -> int:
             if now >= end:
                 break
             if now >= next_send:
-                drain(sock, prober)  # replies that came while this process was not running
-                prober.send_round(sock, seq)
+                for s in sockets:  # replies that came while this process was not running
+                    drain(s, prober)
+                prober.send_round(sock, seq, sock6)
                 prober.check_lost()
                 prober.check_missed()
                 seq += 1
@@ -194,13 +202,32 @@ def run(args: argparse.Namespace) -> int:
                 next_report = max(next_report + args.report_every, now)
             wait = max(0.0, min(next_send, end) - time.monotonic())
             try:
-                readable, _, _ = select.select([sock], [], [], wait)
+                readable, _, _ = select.select(sockets, [], [], wait)
             except InterruptedError:
                 continue
-            if readable:
-                drain(sock, prober)
+            for s in readable:
+                drain(s, prober)
+    if sock6 is not None:
+        sock6.close()
     emit(prober.summary())
     return 0
+
+
+def _ipv6_socket(port: int) -> socket.socket | None:
+    """A non-blocking IPv6-only UDP socket on ``[::]:port``; None where IPv6 is off."""
+    try:
+        sock6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    try:
+        sock6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock6.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock6.bind(("::", port))
+    except OSError:
+        sock6.close()
+        return None
+    sock6.setblocking(False)
+    return sock6
 
 
 def drain(sock: socket.socket, prober: Prober, limit: int = 4096) -> None:
@@ -217,9 +244,12 @@ def drain(sock: socket.socket, prober: Prober, limit: int = 4096) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vnetd.lab.probe", description=__doc__.split("\n")[0])
-    parser.add_argument("--self-addr", required=True, type=_ipv4, help="this pod's address")
+    parser.add_argument("--self-addr", required=True, type=_address, help="this pod's address")
     parser.add_argument(
-        "--targets", required=True, type=_ipv4_list, help="comma-separated addresses to probe"
+        "--targets",
+        required=True,
+        type=_address_list,
+        help="comma-separated addresses to probe (IPv4 or IPv6)",
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between rounds")
@@ -257,15 +287,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _ipv4(text: str) -> str:
+def _address(text: str) -> str:
     try:
-        return str(ipaddress.IPv4Address(text.strip()))
+        return str(ipaddress.ip_address(text.strip()))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an IPv4 address: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
 
 
-def _ipv4_list(text: str) -> list[str]:
-    return [_ipv4(t) for t in text.split(",") if t.strip()]
+def _address_list(text: str) -> list[str]:
+    return [_address(t) for t in text.split(",") if t.strip()]
 
 
 def probe_command(
@@ -276,13 +306,16 @@ def probe_command(
     port: int = DEFAULT_PORT,
     interval: float = 0.1,
     report_every: float = 0.0,
+    lost_after: float | None = None,
 ) -> list[str]:
-    """The argv that runs this prober with the current Python (for ``Lab.start``)."""
+    """The argv that runs this prober with the current Python (for ``Lab.start``);
+    ``lost_after`` None keeps the probe's default (10 rounds, at least 1 s)."""
+    lost = ["--lost-after", str(lost_after)] if lost_after is not None else []
     return [
         sys.executable, "-m", "vnetd.lab.probe",
         "--self-addr", self_addr, "--targets", ",".join(targets),
         "--port", str(port), "--interval", str(interval), "--duration", str(duration),
-        "--report-every", str(report_every),
+        "--report-every", str(report_every), *lost,
     ]  # fmt: skip
 
 
