@@ -72,6 +72,10 @@ class Settings:
     """auto, kernel, userspace or fake; None: the spec's [wireguard] dataplane (auto)."""
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     preshared_key_file: str | None = None
+    site: str | None = None
+    """``--site``; None: VNETD_SITE, then ``[site] name``."""
+    public_endpoint: str | None = None
+    """``--public-endpoint``; None: VNETD_PUBLIC_ENDPOINT, then ``[site] public_endpoint``."""
 
 
 Record = TypeVar("Record", bound="DataclassInstance")
@@ -147,6 +151,21 @@ def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="file holding the etcd user's password "
         "(env VNETD_ETCD_PASSWORD_FILE, or the password itself in VNETD_ETCD_PASSWORD)",
+    )
+
+
+def add_site_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--site`` and ``--public-endpoint`` (docs/architecture.md, "Sites")."""
+    parser.add_argument(
+        "--site",
+        metavar="NAME",
+        help="the site this member is in (else VNETD_SITE, else [site] name, else default)",
+    )
+    parser.add_argument(
+        "--public-endpoint",
+        metavar="HOST:PORT",
+        help="where other sites reach this member, e.g. a port its NAT forwards "
+        "(else VNETD_PUBLIC_ENDPOINT, else [site] public_endpoint; none by default)",
     )
 
 

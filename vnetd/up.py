@@ -17,6 +17,7 @@ from vnetd.config import (
     DEFAULT_STATE_DIR,
     Settings,
     add_etcd_arguments,
+    add_site_arguments,
     settings_from_args,
 )
 
@@ -35,6 +36,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         metavar="HOST:PORT",
         help="underlay endpoint peers send to (else POD_IP:port, else default-route address)",
     )
+    add_site_arguments(up)
     up.add_argument(
         "--state-dir",
         type=Path,

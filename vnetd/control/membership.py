@@ -20,10 +20,10 @@ import math
 from dataclasses import asdict, dataclass
 from ipaddress import ip_address
 
-from vnetd.errors import RegistryError, SpecMismatch, VnetdError
+from vnetd.errors import RegistryError, SpecError, SpecMismatch, VnetdError
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry
-from vnetd.spec import MeshSpec
+from vnetd.spec import DEFAULT_SITE, MeshSpec, check_site_name
 
 
 class BadEntry(VnetdError):
@@ -58,7 +58,14 @@ def member_key(spec: MeshSpec, rank: int) -> str:
 
 
 def encode_member(member: Member) -> bytes:
-    return json.dumps(asdict(member), sort_keys=True, separators=(",", ":")).encode()
+    """The record's JSON. ``site`` and ``public_endpoint`` are left out at their
+    defaults, so a single-site mesh writes exactly what older versions wrote."""
+    record = asdict(member)
+    if member.site == DEFAULT_SITE:
+        del record["site"]
+    if member.public_endpoint is None:
+        del record["public_endpoint"]
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
 
 def rank_of_key(spec: MeshSpec, key: str) -> int | None:
@@ -127,7 +134,19 @@ def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
         started=_number(key, "started", record.get("started", 0.0)),
         version=_text(key, "version", record.get("version", ""), required=False),
         device_id=_device_id(key, record.get("device_id", "")),
+        site=_site(key, record.get("site", DEFAULT_SITE)),
+        public_endpoint=_endpoint(key, record.get("public_endpoint"), "public_endpoint"),
     )
+
+
+def _site(key: str, value: object) -> str:
+    """Optional (absent: the default site): a DNS label."""
+    if not isinstance(value, str):
+        raise BadEntry(f"{key}: field site is not a string")
+    try:
+        return check_site_name(value, "field site")
+    except SpecError as exc:
+        raise BadEntry(f"{key}: {exc}") from None
 
 
 def _public_key(key: str, value: object) -> str:
@@ -142,15 +161,15 @@ def _public_key(key: str, value: object) -> str:
     return value
 
 
-def _endpoint(key: str, value: object) -> str | None:
+def _endpoint(key: str, value: object, field: str = "endpoint") -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise BadEntry(f"{key}: field endpoint is not a string")
+        raise BadEntry(f"{key}: field {field} is not a string")
     try:
         return check_endpoint(value)
     except ValueError as exc:
-        raise BadEntry(f"{key}: field endpoint: {exc}") from None
+        raise BadEntry(f"{key}: field {field}: {exc}") from None
 
 
 def check_endpoint(value: str) -> str:

@@ -149,23 +149,31 @@ def peer_messages(
         msg.update(_endpoint_fields(peer.endpoint))
         msg["replace_allowed_ips"] = True
         msg["allowed_ips"] = list(peer.allowed_ips)
-        if persistent_keepalive:
-            msg["persistent_keepalive"] = persistent_keepalive
+        seconds = persistent_keepalive if peer.keepalive is None else peer.keepalive
+        if seconds:
+            msg["persistent_keepalive"] = seconds
         messages.append(msg)
     return messages
 
 
-def handshake_messages(keys: Sequence[str], persistent_keepalive: int) -> list[PeerMessage]:
+def handshake_messages(
+    keys: Sequence[str], persistent_keepalive: int, plan: Plan | None = None
+) -> list[PeerMessage]:
     """Messages that make the kernel start a handshake with each peer now.
 
     As in wireguard-go, a persistent keepalive going from off to on sends a
     keepalive at once (``wg_packet_send_keepalive`` in the kernel's
-    netlink.c), which with no session starts a handshake.
+    netlink.c), which with no session starts a handshake. The keepalive ends
+    at the peer's own value in ``plan`` (a peer in another site), else the device's.
     """
     return [
         {"public_key": _key(key), "update_only": True, "persistent_keepalive": seconds}
         for key in keys
-        for seconds in (0, 1, persistent_keepalive)
+        for seconds in (
+            0,
+            1,
+            plan.keepalive_of(key, persistent_keepalive) if plan else persistent_keepalive,
+        )
     ]
 
 
@@ -278,7 +286,7 @@ class KernelDataplane(LinkedDevice):
             return
         keepalive = self.config.persistent_keepalive
         messages = peer_messages(plan, keepalive, self.config.preshared_key)
-        messages += handshake_messages(plan.handshake, keepalive)
+        messages += handshake_messages(plan.handshake, keepalive, plan)
         await self._apply_then_route(plan, partial(run_netlink, lambda: self._send(messages)))
 
     async def open(self) -> bool:

@@ -121,7 +121,7 @@ class UapiDataplane(LinkedDevice):
             return
         keepalive = self.config.persistent_keepalive
         lines = plan_lines(plan, keepalive, self.config.preshared_key)
-        lines += handshake_lines(plan.handshake, keepalive)
+        lines += handshake_lines(plan.handshake, keepalive, plan)
         await self._apply_then_route(plan, partial(self._set, lines))
 
     async def _set(self, lines: list[tuple[str, str]]) -> set[str]:
@@ -217,19 +217,23 @@ class UapiDataplane(LinkedDevice):
         return None
 
 
-def handshake_lines(keys: Sequence[str], persistent_keepalive: int) -> list[tuple[str, str]]:
+def handshake_lines(
+    keys: Sequence[str], persistent_keepalive: int, plan: Plan | None = None
+) -> list[tuple[str, str]]:
     """``set`` lines that make wireguard-go start a handshake with each peer now.
 
     The UAPI has no "handshake" command, but wireguard-go sends a keepalive at
     once when a peer's persistent keepalive goes from off to on, and with no
     session that keepalive starts a handshake (checked here with wireguard-go
     0.0.20220316). So each peer's is turned off, on, and back to the
-    configured value, in the same transaction as the plan.
+    configured value (the peer's own in ``plan``, else the device's), in the
+    same transaction as the plan.
     """
     lines: list[tuple[str, str]] = []
     for key in keys:
         hexkey = key_to_hex(key)
-        for seconds in (0, 1, persistent_keepalive):
+        final = plan.keepalive_of(key, persistent_keepalive) if plan else persistent_keepalive
+        for seconds in (0, 1, final):
             lines += [("public_key", hexkey), ("update_only", "true")]
             lines.append(("persistent_keepalive_interval", str(seconds)))
     return lines

@@ -149,6 +149,7 @@ def plan_lines(
             lines.append(("endpoint", peer.endpoint))
         lines.append(("replace_allowed_ips", "true"))
         lines += [("allowed_ip", ip) for ip in peer.allowed_ips]
-        if persistent_keepalive:
-            lines.append(("persistent_keepalive_interval", str(persistent_keepalive)))
+        seconds = persistent_keepalive if peer.keepalive is None else peer.keepalive
+        if seconds:
+            lines.append(("persistent_keepalive_interval", str(seconds)))
     return lines
