@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import SpecError
-from vnetd.spec import HttpSpec, MeshSpec, RegistrySpec, check_etcd_url, check_listen, load_spec
+from vnetd.spec import (
+    HttpSpec,
+    MeshSpec,
+    RegistrySpec,
+    check_etcd_url,
+    check_listen,
+    check_site_name,
+    load_spec,
+)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -167,6 +175,18 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
         help="where other sites reach this member, e.g. a port its NAT forwards "
         "(else VNETD_PUBLIC_ENDPOINT, else [site] public_endpoint; none by default)",
     )
+
+
+def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str:
+    """This member's site: ``--site``, ``VNETD_SITE``, ``[site] name`` (else ``default``).
+
+    Raises:
+        SpecError: not a DNS label; the message names the flag or variable.
+    """
+    for source, value in (("--site", flag), ("VNETD_SITE", env.get("VNETD_SITE"))):
+        if value:
+            return check_site_name(value.strip(), source)
+    return spec.site.name
 
 
 def add_wireguard_dir_argument(parser: argparse.ArgumentParser, tail: str) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import trio
 
 from vnetd import __version__
-from vnetd.config import Settings
+from vnetd.config import Settings, resolve_site
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.watcher import MemberView, sync_members
@@ -41,7 +41,6 @@ from vnetd.identity import (
     resolve_instance,
     resolve_public_endpoint,
     resolve_rank,
-    resolve_site,
 )
 from vnetd.logs import set_rank
 from vnetd.model import Member

@@ -4,7 +4,7 @@ Rank order: ``--rank``, ``VNETD_RANK``, ``JOB_COMPLETION_INDEX`` (Kubernetes
 Indexed Jobs), then the hostname parsed with the spec's pattern.
 Endpoint order: ``--endpoint``, ``POD_IP`` with the spec's port, then the
 address of the interface holding the default route. Site and public endpoint
-(docs/architecture.md, "Sites"): ``--site``, ``VNETD_SITE``, ``[site] name``;
+(docs/architecture.md, "Sites"): ``config.resolve_site``;
 ``--public-endpoint``, ``VNETD_PUBLIC_ENDPOINT``, ``[site] public_endpoint``.
 The private key is X25519, generated once into the state dir (0600 in a
 0700 directory) and reused; it is never logged or registered.
@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from vnetd.control.membership import check_endpoint
-from vnetd.errors import IdentityError, SpecError
-from vnetd.spec import MeshSpec, check_site_name
+from vnetd.errors import IdentityError
+from vnetd.spec import MeshSpec
 
 KEY_FILE = "private.key"
 
@@ -100,21 +100,6 @@ def resolve_endpoint(
     raise IdentityError(
         "no endpoint: give --endpoint HOST:PORT or set POD_IP; this host has no default route"
     )
-
-
-def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str:
-    """This member's site: ``--site``, ``VNETD_SITE``, ``[site] name`` (else ``default``).
-
-    Raises:
-        IdentityError: not a DNS label; the message names the source.
-    """
-    for source, value in (("--site", flag), ("VNETD_SITE", env.get("VNETD_SITE"))):
-        if value:
-            try:
-                return check_site_name(value.strip(), source)
-            except SpecError as exc:
-                raise IdentityError(str(exc)) from None
-    return spec.site.name
 
 
 def resolve_public_endpoint(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str | None:

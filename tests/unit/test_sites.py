@@ -9,12 +9,13 @@ from dataclasses import replace
 
 import pytest
 
+from vnetd.config import resolve_site
 from vnetd.control.membership import BadEntry, decode_member, encode_member, member_key
 from vnetd.dataplane.kernel import handshake_messages, peer_messages
 from vnetd.dataplane.uapi import handshake_lines
 from vnetd.dataplane.uapi_protocol import plan_lines
 from vnetd.errors import IdentityError, SpecError
-from vnetd.identity import resolve_public_endpoint, resolve_site
+from vnetd.identity import resolve_public_endpoint
 from vnetd.mesh import desired_peers, diff, peer_endpoint, written_after
 from vnetd.model import Member, Plan
 from vnetd.spec import SiteSpec, parse_spec
@@ -154,7 +155,7 @@ def test_site_order(flag: str | None, env: dict[str, str], table: str, want: str
 
 
 def test_site_and_public_endpoint_errors_name_the_source():
-    with pytest.raises(IdentityError, match="VNETD_SITE: 'B B' is not a site name"):
+    with pytest.raises(SpecError, match="VNETD_SITE: 'B B' is not a site name"):
         resolve_site(SPEC, None, {"VNETD_SITE": "B B"})
     with pytest.raises(IdentityError, match="--public-endpoint: 'x' is not HOST:PORT"):
         resolve_public_endpoint(SPEC, "x", {})
@@ -173,3 +174,14 @@ def test_data_planes_set_the_peer_keepalive_also_after_a_handshake():
     ]  # fmt: skip
     msgs = peer_messages(plan, 0) + handshake_messages(plan.handshake, 0, plan)
     assert [m.get("persistent_keepalive") for m in msgs] == [25, None, 0, 1, 25, 0, 1, 0]
+
+
+def test_wg_quick_for_a_host_in_another_site_uses_public_endpoints():
+    from vnetd.render.wgquick import render_wg_quick
+
+    spec = replace(SPEC, site=SiteSpec("a"))
+    members = {1: member(1, "b", "203.0.113.9:4000"), 2: member(2, "a")}
+    text = render_wg_quick(spec, 0, members, None)
+    peers = text.split("[Peer]")[1:]
+    assert "Endpoint = 203.0.113.9:4000\nPersistentKeepalive = 25" in peers[0]
+    assert "Endpoint = 10.0.2.1:51820" in peers[1] and "PersistentKeepalive" not in peers[1]

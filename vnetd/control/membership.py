@@ -17,6 +17,7 @@ import base64
 import binascii
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from ipaddress import ip_address
 
@@ -152,12 +153,29 @@ def _site(key: str, value: object) -> str:
 def _public_key(key: str, value: object) -> str:
     if not isinstance(value, str):
         raise BadEntry(f"{key}: field public_key is missing or not a string")
+    return _validated(key, "field public_key ", value, check_public_key)
+
+
+def _validated(key: str, prefix: str, value: str, check: Callable[[str], str]) -> str:
+    """``check(value)``, its ValueError turned into a ``BadEntry`` naming the key."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise BadEntry(f"{key}: {prefix}{exc}") from None
+
+
+def check_public_key(value: str) -> str:
+    """Validate a WireGuard public key (base64 of 32 bytes, as ``wg pubkey`` prints it).
+
+    Raises:
+        ValueError: ``is not base64`` or ``is N bytes, not 32``.
+    """
     try:
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise BadEntry(f"{key}: field public_key is not base64") from None
+        raise ValueError("is not base64") from None
     if len(raw) != 32:
-        raise BadEntry(f"{key}: field public_key is {len(raw)} bytes, not 32")
+        raise ValueError(f"is {len(raw)} bytes, not 32")
     return value
 
 
@@ -166,10 +184,7 @@ def _endpoint(key: str, value: object, field: str = "endpoint") -> str | None:
         return None
     if not isinstance(value, str):
         raise BadEntry(f"{key}: field {field} is not a string")
-    try:
-        return check_endpoint(value)
-    except ValueError as exc:
-        raise BadEntry(f"{key}: field {field}: {exc}") from None
+    return _validated(key, f"field {field}: ", value, check_endpoint)
 
 
 def check_endpoint(value: str) -> str:
