@@ -37,7 +37,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -580,6 +580,7 @@ async def open_lab(
     ipv6: bool = False,
     static_neighbours: bool = False,
     etcd_members: int = 1,
+    make: Callable[[str, Path], Lab] | None = None,
 ) -> AsyncIterator[Lab]:
     """Build a lab of ``pods`` pods (and etcd), yield it, and tear it all down.
 
@@ -595,6 +596,8 @@ async def open_lab(
             it by ARP; needed beyond ~30 pods (see the module doc).
         etcd_members: 3 (or more) runs an etcd cluster, each member in its own
             namespace (``Lab.etcd_cluster``, module ``etcd_cluster``).
+        make: builds another layout from ``(lab id, workdir)`` instead of ``Lab``
+            (``lab.sites``); the other layout options are then its own.
 
     Raises:
         LabError: a namespace or link could not be made (all is undone).
@@ -618,7 +621,7 @@ async def open_lab(
     except BaseException:
         _remove_marker(lab_id)
         raise
-    lab = Lab(
+    lab = make(lab_id, workdir) if make else Lab(
         lab_id, workdir, pods, mtu=mtu, ipv6=ipv6, static_neighbours=static_neighbours,
         etcd_members=etcd_members,
     )  # fmt: skip
