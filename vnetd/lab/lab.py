@@ -508,12 +508,16 @@ class Lab:
         if self._closed:
             raise LabError(f"lab {self.id} is closed")
 
-    async def _build(self) -> None:
+    async def _make_dirs_and_netns(self) -> None:
+        """Every pod's directories, etcd's, and every namespace of ``netns_names``."""
         for pod in self.pods:
             pod.state_dir.mkdir(parents=True, exist_ok=True)
             pod.log_dir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "etcd").mkdir(parents=True, exist_ok=True)
         await add_netns(self.netns_names)
+
+    async def _build(self) -> None:
+        await self._make_dirs_and_netns()
         ports = [(f"p{p.index}", p.netns, _mac(p.index)) for p in self.pods]
         ports.append(("etcd", self.etcd_netns, ETCD_MAC))
         if self.etcd_cluster:

@@ -29,7 +29,7 @@ from pathlib import Path
 import trio
 
 from vnetd.lab.lab import ETCD_IP, ETCD_MAC, UNDERLAY_PREFIXLEN, Lab, LabError, Pod, open_lab
-from vnetd.lab.netns import add_netns, ip_batch
+from vnetd.lab.netns import ip_batch
 
 WG_PORT = 51820
 FIRST_FORWARDED_PORT = 40000
@@ -141,11 +141,7 @@ class SitesLab(Lab):
             raise LabError(f"conntrack flush: {result.stderr.decode(errors='replace')}")
 
     async def _build(self) -> None:
-        for pod in self.pods:
-            pod.state_dir.mkdir(parents=True, exist_ok=True)
-            pod.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "etcd").mkdir(parents=True, exist_ok=True)
-        await add_netns(self.netns_names)
+        await self._make_dirs_and_netns()
         switch = ["link set lo up", "link add pub type bridge", "link set pub up",
                   f"link add etcd type veth peer name eth0 address {ETCD_MAC} "
                   f"netns {self.etcd_netns}", "link set etcd master pub up"]  # fmt: skip
