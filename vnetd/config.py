@@ -84,6 +84,8 @@ class Settings:
     """``--site``; None: VNETD_SITE, then ``[site] name``."""
     public_endpoint: str | None = None
     """``--public-endpoint``; None: VNETD_PUBLIC_ENDPOINT, then ``[site] public_endpoint``."""
+    public_endpoint_file: Path | None = None
+    """``--public-endpoint-file``: the public endpoint's only source, followed while running."""
 
 
 Record = TypeVar("Record", bound="DataclassInstance")

@@ -21,7 +21,7 @@ import trio
 
 from vnetd import __version__
 from vnetd.config import Settings, resolve_site
-from vnetd.control.claim import ClaimHolder
+from vnetd.control.claim import ClaimHolder, follow_public_endpoint
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.dataplane import (
@@ -71,7 +71,9 @@ def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Membe
         spec, settings.endpoint, env, default_route_address() if needs_route else None
     )
     site = resolve_site(spec, settings.site, env)
-    public_endpoint = resolve_public_endpoint(spec, settings.public_endpoint, env)
+    public_endpoint = resolve_public_endpoint(
+        spec, settings.public_endpoint, env, settings.public_endpoint_file
+    )
     spec = replace(spec, site=SiteSpec(site, public_endpoint))  # the peers' endpoints follow it
     me = Member(
         rank=rank,
@@ -275,6 +277,8 @@ async def _serve(
             with trio.move_on_after(PEERS_BEFORE_CLAIM):
                 await reconciler.wait_synced()
             await nursery.start(claim.run)
+            if settings.public_endpoint_file is not None:
+                nursery.start_soon(follow_public_endpoint, settings.public_endpoint_file, claim)
             task_status.started(Running(spec, me, view, claim, reconciler, dataplane, health))
     finally:
         await claim.release()

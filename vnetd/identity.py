@@ -102,15 +102,26 @@ def resolve_endpoint(
     )
 
 
-def resolve_public_endpoint(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str | None:
-    """The ``ip:port`` other sites reach this member at, or None (no forwarded port)."""
+def resolve_public_endpoint(
+    spec: MeshSpec, flag: str | None, env: Mapping[str, str], file: Path | None = None
+) -> str | None:
+    """The ``ip:port`` other sites reach this member at, or None (no forwarded port).
+
+    ``file`` (``--public-endpoint-file``), when given, is the only source: its
+    content (empty: none), which the daemon then follows.
+    """
     sources = [
         ("--public-endpoint", flag),
         ("VNETD_PUBLIC_ENDPOINT", env.get("VNETD_PUBLIC_ENDPOINT")),
         ("site.public_endpoint", spec.site.public_endpoint),
     ]
+    if file is not None:
+        try:
+            sources = [(f"--public-endpoint-file {file}", file.read_text())]
+        except OSError as exc:
+            raise IdentityError(f"--public-endpoint-file {file}: {exc.strerror}") from None
     for source, value in sources:
-        if value:
+        if value and value.strip():
             try:
                 return check_endpoint(value.strip())
             except ValueError as exc:

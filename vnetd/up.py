@@ -38,6 +38,13 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
     )
     add_site_arguments(up)
     up.add_argument(
+        "--public-endpoint-file",
+        type=Path,
+        metavar="FILE",
+        help="read the public endpoint from FILE (empty: none) and register it again "
+        "whenever it changes, e.g. when the NAT forwards another port",
+    )
+    up.add_argument(
         "--state-dir",
         type=Path,
         default=DEFAULT_STATE_DIR,

@@ -2,13 +2,15 @@
 
 The lab's isolation is asserted first (a test that the tests' premise holds),
 then the scenarios of docs/architecture.md, "Sites": (a) every member has its
-own forwarded port and the mesh forms across sites in any start order.
+own forwarded port and the mesh forms across sites in any start order; (d) a
+member's NAT mapping changes under it and traffic resumes without a restart.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import trio
 
@@ -18,7 +20,12 @@ from vnetd.lab.sites import SitesLab, open_sites_lab
 
 FULL_MESH_BOUND = 20.0
 """(a): from the last start to every cross-site pair reached. Below the 4 x 5 s of a
-handshake retried at each WireGuard retry interval; measured 1-2 s here (printed)."""
+handshake retried at each WireGuard retry interval; measured 0.5-2.1 s in 20 runs here,
+with one outlier of 14.7 s (printed, with the slowest pairs)."""
+RESUME_BOUND = 5.0
+"""(d): from the mapping change to every pair of the moved member answering again.
+Without the new registration the pairs never resume; the file is read every
+second; measured 0.71-0.80 s here (printed)."""
 
 
 async def reaches(lab: SitesLab, pod: Pod, address: str) -> bool:
@@ -26,11 +33,15 @@ async def reaches(lab: SitesLab, pod: Pod, address: str) -> bool:
     return result.returncode == 0
 
 
-async def start_in_site(mesh: MeshLab, lab: SitesLab, rank: int) -> None:
+async def start_in_site(
+    mesh: MeshLab, lab: SitesLab, rank: int, public_file: Path | None = None
+) -> None:
     pod = mesh.pod(rank)
     flags = ["--site", lab.site(pod).name]
     public = lab.public_endpoint(pod)
-    if public:
+    if public_file is not None:
+        flags += ["--public-endpoint-file", str(public_file)]
+    elif public:
         flags += ["--public-endpoint", public]
     await mesh.start_rank(rank, *flags)
 
@@ -71,6 +82,11 @@ async def test_full_mesh_across_nat_with_a_forwarded_port_each():
             last_start = time.monotonic()
             full = await mesh.wait_full_mesh(FULL_MESH_BOUND + 15)
             took = full - last_start
+            reached = mesh.first_reached()
+            slowest = sorted(reached, key=reached.__getitem__)[-3:]
+            print(
+                "slowest pairs:", {pair: round(reached[pair] - last_start, 2) for pair in slowest}
+            )
             print(
                 f"seed {seed} order {order}: full mesh across sites {took:.2f} s after the last start"
             )
@@ -84,3 +100,47 @@ async def test_full_mesh_across_nat_with_a_forwarded_port_each():
                     other = lab.site(mesh.pod(peer))
                     if other != site:
                         assert endpoint.startswith(f"{other.public_ip}:"), (rank, peer, endpoint)
+
+
+async def test_nat_mapping_change_is_carried_without_a_restart():
+    """(d) Rank 1's forwarded port moves and its router forgets its NAT mappings.
+
+    Roaming alone cannot carry this when both sites are behind NAT: each side's
+    device holds the other's old mapping, which no longer leads anywhere, so
+    neither handshake arrives. Rank 1 re-registers its new public endpoint
+    (``--public-endpoint-file``, rewritten by whatever learns the new port); the
+    peers write it because the registry's endpoint changed (invariant 4).
+    """
+    with trio.fail_after(120):
+        async with open_sites_lab({"a": 2, "b": 2}) as lab:
+            mesh = MeshLab.create(lab)
+            for pod in lab.pods:
+                await lab.forward(pod)
+            await mesh.start_probes(report_every=0.5)
+            public_file = mesh.pod(1).dir / "public-endpoint"
+            public_file.write_text(f"{lab.public_endpoint(mesh.pod(1))}\n")
+            for rank in (1, 2, 3, 0):
+                await start_in_site(mesh, lab, rank, public_file if rank == 1 else None)
+            await mesh.wait_full_mesh(FULL_MESH_BOUND)
+            daemons = {rank: p.pid for rank, p in mesh.daemons.items()}
+
+            moved_at = time.monotonic()
+            endpoint = await lab.forward(mesh.pod(1), 41001)
+            public_file.write_text(f"{endpoint}\n")
+            await trio.sleep(RESUME_BOUND + 3)
+            pairs = {(1, r) for r in (0, 2, 3)} | {(r, 1) for r in (0, 2, 3)}
+            misses = mesh.probe_misses(moved_at, ranks={0, 1, 2, 3})
+            last_miss = max(
+                (float(e["sent"]) for (pair, e) in mesh._probe_events("miss", None)
+                 if pair in pairs and float(e["sent"]) >= moved_at),
+                default=moved_at,
+            )  # fmt: skip
+            pause = last_miss - moved_at
+            print(f"traffic with rank 1 resumed {pause:.2f} s after the mapping changed "
+                  f"(lost requests per pair: {misses})")  # fmt: skip
+            assert pause < RESUME_BOUND
+            now = time.monotonic()
+            received = mesh.probe_received(now - 2.5, now, ranks={0, 1, 2, 3})
+            assert all(received.get(pair, 0) > 0 for pair in pairs), received
+            assert {rank: p.pid for rank, p in mesh.daemons.items()} == daemons
+            assert not mesh.dead_daemons()

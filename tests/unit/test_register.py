@@ -7,6 +7,7 @@ registered endpoint; stopping the command revokes the lease and the peer goes.
 from __future__ import annotations
 
 import base64
+import logging
 
 import pytest
 import trio
@@ -86,3 +87,52 @@ def test_site_and_public_endpoint_are_registered(tmp_path):
                   "10.0.0.3:51820", "--site", "b", "--public-endpoint", "203.0.113.5:40000")  # fmt: skip
     me = member_of(parsed, load_spec(tmp_path / "mesh.toml"), {})
     assert (me.rank, me.site, me.public_endpoint) == (3, "b", "203.0.113.5:40000")
+
+
+async def test_public_endpoint_file_is_followed(tmp_path, caplog, monkeypatch):
+    """Real time (the file is read in a worker thread): polled every 50 ms here."""
+    caplog.set_level(logging.INFO, logger="vnetd.claim")
+    monkeypatch.setattr("vnetd.control.claim.PUBLIC_ENDPOINT_POLL", 0.05)
+    """A new public endpoint in the file rewrites our entry under the same lease."""
+    from vnetd.control.claim import ClaimHolder, follow_public_endpoint
+    from vnetd.control.membership import decode_member, member_key
+    from vnetd.model import Member
+    from vnetd.registry.memory import MemoryRegistry
+    from vnetd.retry import RegistryHealth
+    from vnetd.spec import parse_spec
+
+    spec = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
+    registry = MemoryRegistry()
+    me = Member(1, HOST_KEY, "10.1.0.10:51820", "pod1", 1.0, "v", "", "a", "198.18.0.1:40001")
+    path = tmp_path / "public"
+    path.write_text("198.18.0.1:40001\n")
+    claim = ClaimHolder(registry, spec, me, RegistryHealth())
+
+    async def registered() -> Member:
+        entry = await registry.get(member_key(spec, 1))
+        assert entry is not None
+        return decode_member(spec, entry.key, entry.value)
+
+    async def until_public(value: str | None) -> None:
+        with trio.fail_after(5):
+            while (await registered()).public_endpoint != value:
+                await trio.sleep(0.02)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(claim.run)
+        nursery.start_soon(follow_public_endpoint, path, claim)
+        lease = claim.lease
+        path.write_text("198.18.0.1:41001\n")
+        await until_public("198.18.0.1:41001")
+        path.write_text("not an endpoint")
+        await trio.sleep(0.5)
+        assert (await registered()).public_endpoint == "198.18.0.1:41001"
+        warnings = [
+            r.getMessage() for r in caplog.records if "public endpoint file" in r.getMessage()
+        ]
+        assert len(warnings) == 1 and "keeping 198.18.0.1:41001" in warnings[0]
+        path.write_text("")
+        await until_public(None)
+        assert claim.lease == lease and claim.claims == 1
+        assert "rank 1's entry updated: public endpoint 198.18.0.1:41001 -> none" in caplog.text
+        nursery.cancel_scope.cancel()
