@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vnetd.gateways import route_through_gateways
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
 from vnetd.spec import MeshSpec
 
@@ -71,7 +72,7 @@ def desired_peers(
             keepalive=_site_keepalive(member, spec),
         )
     skipped.sort(key=lambda item: item.rank)
-    return peers, skipped
+    return route_through_gateways(peers, members, self_rank, spec), skipped
 
 
 def peer_endpoint(member: Member, site: str) -> str | None:

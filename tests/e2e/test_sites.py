@@ -14,9 +14,10 @@ from pathlib import Path
 
 import trio
 
-from vnetd.lab.cluster import MeshLab
+from vnetd.lab.cluster import MeshLab, write_spec
 from vnetd.lab.lab import ETCD_IP, Pod
 from vnetd.lab.sites import SitesLab, open_sites_lab
+from vnetd.spec import load_spec
 
 FULL_MESH_BOUND = 20.0
 """(a): from the last start to every cross-site pair reached. Below the 4 x 5 s of a
@@ -144,3 +145,33 @@ async def test_nat_mapping_change_is_carried_without_a_restart():
             assert all(received.get(pair, 0) > 0 for pair in pairs), received
             assert {rank: p.pid for rank, p in mesh.daemons.items()} == daemons
             assert not mesh.dead_daemons()
+
+
+async def test_sites_behind_nat_reach_each_other_through_their_gateways():
+    """(b) Only rank 0 (site a) and rank 3 (site b) have a forwarded port: they are
+    the gateways; every pair still reaches the other across the sites."""
+    with trio.fail_after(120):
+        async with open_sites_lab({"a": 3, "b": 3}) as lab:
+            path = write_spec(lab.workdir / "mesh.toml", 6, lab.etcd_urls, ttl=5)
+            with path.open("a") as spec:
+                spec.write("\n[sites.a]\ngateways = [0]\n\n[sites.b]\ngateways = [3]\n")
+            mesh = MeshLab(lab, path, load_spec(path))
+            for gateway in (0, 3):
+                pod = mesh.pod(gateway)
+                await lab.forward(pod)
+                await lab.set_sysctl(pod.netns, "net.ipv4.ip_forward", "1")
+                await lab.set_sysctl(pod.netns, "net.ipv4.conf.all.send_redirects", "0")
+            await mesh.start_probes()
+            order = [4, 1, 5, 2, 3, 0]
+            for rank in order:
+                await start_in_site(mesh, lab, rank)
+            last_start = time.monotonic()
+            full = await mesh.wait_full_mesh(FULL_MESH_BOUND + 15)
+            took = full - last_start
+            print(f"full mesh through the gateways {took:.2f} s after the last start")
+            assert took < FULL_MESH_BOUND
+            # Rank 1 (site a) has its own site's members and gateway 0, holding b's ranks.
+            held = {peer: sorted(ips) for peer, ips in (await mesh.device_peers(1)).items()}
+            assert sorted(held.values()) == sorted([
+                [f"{mesh.address(r)}/32" for r in (0, 3, 4, 5)], [f"{mesh.address(2)}/32"],
+            ])  # fmt: skip

@@ -89,11 +89,11 @@ def load_spec(path: Path | str) -> MeshSpec:
 
 def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
     """Validate a parsed TOML document into a ``MeshSpec``."""
-    unknown = sorted(set(data) - {"mesh", "registry", "http", "wireguard", "site"})
+    unknown = sorted(set(data) - {"mesh", "registry", "http", "wireguard", "site", "sites"})
     if unknown:
         raise SpecError(
             f"unknown table or key {unknown[0]!r} "
-            "(known: [mesh], [registry], [http], [wireguard], [site])"
+            "(known: [mesh], [registry], [http], [wireguard], [site], [sites.NAME])"
         )
     mesh = dict(_table(data, "mesh"))
     mtu_value = mesh.pop("mtu", 1420)
@@ -141,6 +141,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         persistent_keepalive=keepalive,
         site_keepalive=site_keepalive,
         site=_site_spec(_table(data, "site")),
+        gateways=_gateways(_table(data, "sites"), size),
         registry=_registry(registry),
         http=HttpSpec(
             listen=check_listen(http["listen"], "http.listen") if "listen" in http else None
@@ -175,6 +176,28 @@ def _site_spec(table: Mapping[str, Any]) -> SiteSpec:
     _check_keys("site", table, _SITE_KEYS)
     name = check_site_name(table.get("name", DEFAULT_SITE), "site.name")
     return SiteSpec(name=name, public_endpoint=table.get("public_endpoint") or None)
+
+
+def _gateways(table: Mapping[str, Any], size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``[sites.<name>] gateways = [ranks]``: every rank in range, on one site only."""
+    found: list[tuple[str, tuple[int, ...]]] = []
+    owner: dict[int, str] = {}
+    for name in sorted(table):
+        site = check_site_name(name, f"sites.{name}")
+        entry = _table(table, name)
+        _check_keys(f"sites.{name}", entry, {"gateways": list})
+        ranks = entry.get("gateways", [])
+        key = f"sites.{name}.gateways"
+        if not ranks:
+            raise SpecError(f"{key}: empty; list the site's gateway ranks or drop the table")
+        for rank in ranks:
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+                raise SpecError(f"{key}: {rank!r} is not a rank in 0..{size - 1}")
+            if rank in owner:
+                raise SpecError(f"{key}: rank {rank} is already a gateway of site {owner[rank]}")
+            owner[rank] = site
+        found.append((site, tuple(sorted(ranks))))
+    return tuple(found)
 
 
 def check_site_name(value: str, source: str) -> str:

@@ -99,6 +99,8 @@ class MeshSpec:
     """Dual stack: the IPv6 network beside an IPv4 ``network``; None: one family."""
     site_keepalive: int = DEFAULT_SITE_KEEPALIVE
     """Persistent keepalive (s) of peers in another site; 0: off."""
+    gateways: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """``[sites.<name>] gateways``: (site, its gateway ranks), sorted by site; () : none."""
     site: SiteSpec = SiteSpec()
 
     @property
@@ -203,6 +205,10 @@ class MeshSpec:
         del table["site"]
         if self.site_keepalive == DEFAULT_SITE_KEEPALIVE:
             del table["site_keepalive"]  # absent at its default: older meshes compare equal
+        if self.gateways:
+            table["gateways"] = {site: list(ranks) for site, ranks in self.gateways}
+        else:
+            del table["gateways"]
         table["network"] = str(self.network)
         if self.network6 is None:
             # Absent, not null: the stored spec of a mesh made before network6 existed
