@@ -106,6 +106,25 @@ async def test_full_mesh_across_nat_with_a_forwarded_port_each():
                         assert endpoint.startswith(f"{other.public_ip}:"), (rank, peer, endpoint)
 
 
+async def test_one_nat_case_members_without_a_public_endpoint_are_reached_by_roaming():
+    """Site a is reachable (its addresses are public), site b masquerades with no
+    forwarded port and no gateway: b's members have no public endpoint, so a's
+    daemons add them with none, and WireGuard follows their first packets."""
+    with trio.fail_after(120):
+        async with open_sites_lab({"a": 2, "b": 2}, reachable={"a"}) as lab:
+            mesh = MeshLab.create(lab)
+            await mesh.start_probes()
+            for rank in (2, 0, 3, 1):
+                await start_in_site(mesh, lab, rank)
+            last_start = time.monotonic()
+            full = await mesh.wait_full_mesh(FULL_MESH_BOUND + 15)
+            print(f"one-NAT mesh full {full - last_start:.2f} s after the last start")
+            assert full - last_start < FULL_MESH_BOUND
+            endpoints = await mesh.device_endpoints(0)
+            assert endpoints[1] == f"{mesh.pod(1).underlay_ip}:51820"  # same site
+            assert endpoints[2].startswith(f"{lab.site(mesh.pod(2)).public_ip}:")  # roamed
+
+
 async def test_nat_mapping_change_is_carried_without_a_restart():
     """(d) Rank 1's forwarded port moves and its router forgets its NAT mappings.
 
