@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import trio
+from test_flux_overlay import HELLO_WITHIN, hellos, render_bootstrap, start_broker, wait_until
 
 from vnetd.lab.cluster import MeshLab, write_spec
 from vnetd.lab.lab import ETCD_IP, Pod
@@ -184,21 +185,53 @@ async def gatewayed_mesh(lab: SitesLab, gateways: dict[str, list[int]]) -> MeshL
     return mesh
 
 
+async def overlay_routed(mesh: MeshLab, rank: int) -> None:
+    """Wait until ``rank``'s daemon has routed the overlay (``unreachable``, invariant 9).
+
+    A pod of this lab has a default route (through its NAT router): an
+    application that connects before its vnetd has routed the overlay sends
+    its SYN there, bound to its underlay address, and that socket never
+    reaches the overlay (in Kubernetes the application waits for vnetd's
+    readiness or ``vnetd wait``)."""
+    network = str(mesh.spec.network)
+    with trio.fail_after(20):
+        while True:
+            shown = await mesh.lab.run(mesh.pod(rank), ["ip", "route", "show", network])
+            if shown.stdout.decode().startswith("unreachable"):
+                return
+            await trio.sleep(0.05)
+
+
 async def test_sites_behind_nat_reach_each_other_through_their_gateways():
     """(b) Only rank 0 (site a) and rank 3 (site b) have a forwarded port: they are
-    the gateways; every pair still reaches the other across the sites."""
+    the gateways; every pair still reaches the other across the sites, and the
+    Flux-like broker tree of ``test_flux_overlay.py`` (fan-out 2: rank 1 in site a
+    is the parent of ranks 3 and 4 in site b), rendered before any pod exists,
+    forms with rank 0 in site a."""
     with trio.fail_after(120):
         async with open_sites_lab({"a": 3, "b": 3}) as lab:
             mesh = await gatewayed_mesh(lab, {"a": [0], "b": [3]})
+            bootstrap = lab.workdir / "flux-bootstrap.toml"
+            render_bootstrap(mesh.spec_path, bootstrap, 2)
             await mesh.start_probes()
-            order = [4, 1, 5, 2, 3, 0]
-            for rank in order:
+            brokers = {}
+            for rank in [4, 1, 5, 2, 3, 0]:
                 await start_in_site(mesh, lab, rank)
+                await overlay_routed(mesh, rank)
+                brokers[rank] = await start_broker(lab, mesh, rank, bootstrap)
             last_start = time.monotonic()
             full = await mesh.wait_full_mesh(FULL_MESH_BOUND + 15)
             took = full - last_start
             print(f"full mesh through the gateways {took:.2f} s after the last start")
             assert took < FULL_MESH_BOUND
+            await wait_until(
+                lambda: set(hellos(brokers[0])) >= {1, 2, 3, 4, 5},
+                f"hellos at rank 0 (have {sorted(hellos(brokers[0]))})",
+                HELLO_WITHIN,
+            )
+            last_hello = max(e["t"] for got in hellos(brokers[0]).values() for e in got)
+            print(f"broker tree: every hello at rank 0 {last_hello - last_start:.2f} s "
+                  "after the last start")  # fmt: skip
             # Rank 1 (site a) has its own site's members and gateway 0, holding b's ranks.
             held = {peer: sorted(ips) for peer, ips in (await mesh.device_peers(1)).items()}
             assert sorted(held.values()) == sorted([
