@@ -30,7 +30,7 @@ with one outlier of 14.7 s (printed, with the slowest pairs)."""
 RESUME_BOUND = 5.0
 """(d): from the mapping change to every pair of the moved member answering again.
 Without the new registration the pairs never resume; the file is read every
-second; measured 0.71-0.80 s here (printed)."""
+second; measured 0.71-0.87 s here (printed)."""
 
 
 async def reaches(lab: SitesLab, pod: Pod, address: str) -> bool:
