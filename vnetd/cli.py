@@ -17,14 +17,14 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from vnetd import __version__, demo, plan, up
+from vnetd import __version__, demo, plan, register, up
 from vnetd.errors import VnetdError
 from vnetd.logs import LOG_FORMATS, setup_logging
 from vnetd.render import command as render_command
 from vnetd.status import command as status_command
 from vnetd.wait import command as wait_command
 
-COMMANDS = (up, plan, render_command, status_command, wait_command, demo)
+COMMANDS = (up, register, plan, render_command, status_command, wait_command, demo)
 """In the order ``vnetd --help`` lists them (render adds ``render`` and ``hosts``)."""
 
 EXIT_BAD_INPUT = 2

@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import SpecError
-from vnetd.spec import HttpSpec, MeshSpec, RegistrySpec, check_etcd_url, check_listen, load_spec
+from vnetd.spec import (
+    HttpSpec,
+    MeshSpec,
+    RegistrySpec,
+    check_etcd_url,
+    check_listen,
+    check_site_name,
+    load_spec,
+)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -72,6 +80,12 @@ class Settings:
     """auto, kernel, userspace or fake; None: the spec's [wireguard] dataplane (auto)."""
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     preshared_key_file: str | None = None
+    site: str | None = None
+    """``--site``; None: VNETD_SITE, then ``[site] name``."""
+    public_endpoint: str | None = None
+    """``--public-endpoint``; None: VNETD_PUBLIC_ENDPOINT, then ``[site] public_endpoint``."""
+    public_endpoint_file: Path | None = None
+    """``--public-endpoint-file``: the public endpoint's only source, followed while running."""
 
 
 Record = TypeVar("Record", bound="DataclassInstance")
@@ -148,6 +162,33 @@ def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
         help="file holding the etcd user's password "
         "(env VNETD_ETCD_PASSWORD_FILE, or the password itself in VNETD_ETCD_PASSWORD)",
     )
+
+
+def add_site_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--site`` and ``--public-endpoint`` (docs/architecture.md, "Sites")."""
+    parser.add_argument(
+        "--site",
+        metavar="NAME",
+        help="the site this member is in (else VNETD_SITE, else [site] name, else default)",
+    )
+    parser.add_argument(
+        "--public-endpoint",
+        metavar="HOST:PORT",
+        help="where other sites reach this member, e.g. a port its NAT forwards "
+        "(else VNETD_PUBLIC_ENDPOINT, else [site] public_endpoint; none by default)",
+    )
+
+
+def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str:
+    """This member's site: ``--site``, ``VNETD_SITE``, ``[site] name`` (else ``default``).
+
+    Raises:
+        SpecError: not a DNS label; the message names the flag or variable.
+    """
+    for source, value in (("--site", flag), ("VNETD_SITE", env.get("VNETD_SITE"))):
+        if value:
+            return check_site_name(value.strip(), source)
+    return spec.site.name
 
 
 def add_wireguard_dir_argument(parser: argparse.ArgumentParser, tail: str) -> None:

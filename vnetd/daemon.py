@@ -20,8 +20,8 @@ from pathlib import Path
 import trio
 
 from vnetd import __version__
-from vnetd.config import Settings
-from vnetd.control.claim import ClaimHolder
+from vnetd.config import Settings, resolve_site
+from vnetd.control.claim import ClaimHolder, follow_public_endpoint
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.dataplane import (
@@ -39,6 +39,7 @@ from vnetd.identity import (
     load_preshared_key,
     resolve_endpoint,
     resolve_instance,
+    resolve_public_endpoint,
     resolve_rank,
 )
 from vnetd.logs import set_rank
@@ -50,7 +51,7 @@ from vnetd.registry import Registry, RegistryOpener
 from vnetd.registry import open_registry as open_settings_registry
 from vnetd.retry import RegistryHealth, retry_registry
 from vnetd.running import Running
-from vnetd.spec import MeshSpec
+from vnetd.spec import DEFAULT_SITE, MeshSpec, SiteSpec
 
 log = logging.getLogger("vnetd.daemon")
 
@@ -69,6 +70,11 @@ def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Membe
     endpoint = resolve_endpoint(
         spec, settings.endpoint, env, default_route_address() if needs_route else None
     )
+    site = resolve_site(spec, settings.site, env)
+    public_endpoint = resolve_public_endpoint(
+        spec, settings.public_endpoint, env, settings.public_endpoint_file
+    )
+    spec = replace(spec, site=SiteSpec(site, public_endpoint))  # the peers' endpoints follow it
     me = Member(
         rank=rank,
         public_key=keys.public_key,
@@ -76,6 +82,8 @@ def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Membe
         instance=resolve_instance(settings.instance, env),
         started=time.time(),
         version=__version__,
+        site=site,
+        public_endpoint=public_endpoint,
     )
     config = DeviceConfig(
         interface=spec.interface,
@@ -138,6 +146,8 @@ async def run_daemon(
         me.instance,
         ",".join(spec.registry.endpoints),
     )
+    if me.site != DEFAULT_SITE or me.public_endpoint:
+        log.info("site %s, public endpoint %s", me.site, me.public_endpoint or "none")
     if open_dataplane is None:
         open_dataplane = await choose_dataplane(settings.dataplane, spec, config.interface)
     metrics = DaemonMetrics()
@@ -267,6 +277,8 @@ async def _serve(
             with trio.move_on_after(PEERS_BEFORE_CLAIM):
                 await reconciler.wait_synced()
             await nursery.start(claim.run)
+            if settings.public_endpoint_file is not None:
+                nursery.start_soon(follow_public_endpoint, settings.public_endpoint_file, claim)
             task_status.started(Running(spec, me, view, claim, reconciler, dataplane, health))
     finally:
         await claim.release()

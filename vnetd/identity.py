@@ -3,7 +3,9 @@
 Rank order: ``--rank``, ``VNETD_RANK``, ``JOB_COMPLETION_INDEX`` (Kubernetes
 Indexed Jobs), then the hostname parsed with the spec's pattern.
 Endpoint order: ``--endpoint``, ``POD_IP`` with the spec's port, then the
-address of the interface holding the default route.
+address of the interface holding the default route. Site and public endpoint
+(docs/architecture.md, "Sites"): ``config.resolve_site``;
+``--public-endpoint``, ``VNETD_PUBLIC_ENDPOINT``, ``[site] public_endpoint``.
 The private key is X25519, generated once into the state dir (0600 in a
 0700 directory) and reused; it is never logged or registered.
 """
@@ -98,6 +100,33 @@ def resolve_endpoint(
     raise IdentityError(
         "no endpoint: give --endpoint HOST:PORT or set POD_IP; this host has no default route"
     )
+
+
+def resolve_public_endpoint(
+    spec: MeshSpec, flag: str | None, env: Mapping[str, str], file: Path | None = None
+) -> str | None:
+    """The ``ip:port`` other sites reach this member at, or None (no forwarded port).
+
+    ``file`` (``--public-endpoint-file``), when given, is the only source: its
+    content (empty: none), which the daemon then follows.
+    """
+    sources = [
+        ("--public-endpoint", flag),
+        ("VNETD_PUBLIC_ENDPOINT", env.get("VNETD_PUBLIC_ENDPOINT")),
+        ("site.public_endpoint", spec.site.public_endpoint),
+    ]
+    if file is not None:
+        try:
+            sources = [(f"--public-endpoint-file {file}", file.read_text())]
+        except OSError as exc:
+            raise IdentityError(f"--public-endpoint-file {file}: {exc.strerror}") from None
+    for source, value in sources:
+        if value and value.strip():
+            try:
+                return check_endpoint(value.strip())
+            except ValueError as exc:
+                raise IdentityError(f"{source}: {exc}") from None
+    return None
 
 
 def _join(host: str, port: int, source: str) -> str:

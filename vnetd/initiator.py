@@ -65,11 +65,13 @@ class PairRule:
         return (ours, self.self_key) < (theirs, peer.public_key)
 
     def keepalive(self, peer: Peer) -> int:
-        """The persistent keepalive (s) for ``peer``: the spec's on both sides (a NAT
-        needs both), at most ``IDLE_KEEPALIVE`` on the initiator's."""
+        """The persistent keepalive (s) for ``peer``: its own (a peer in another site
+        keeps NAT mappings open), else the spec's, on both sides (a NAT needs both);
+        at most ``IDLE_KEEPALIVE`` on the initiator's."""
+        own = self.spec_keepalive if peer.keepalive is None else peer.keepalive
         if not self.initiates(peer):
-            return self.spec_keepalive
-        return min(self.spec_keepalive or IDLE_KEEPALIVE, IDLE_KEEPALIVE)
+            return own
+        return min(own or IDLE_KEEPALIVE, IDLE_KEEPALIVE)
 
     @property
     def holds_back(self) -> bool:

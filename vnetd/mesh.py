@@ -12,6 +12,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from vnetd.gateways import route_through_gateways
 from vnetd.initiator import PairRule
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
 from vnetd.spec import MeshSpec
@@ -66,12 +67,27 @@ def desired_peers(
         peers[member.public_key] = Peer(
             public_key=member.public_key,
             allowed_ips=spec.allowed_ips(rank),
-            endpoint=member.endpoint,
+            endpoint=peer_endpoint(member, spec.site.name),
             rank=rank,
             device_id=member.device_id,
+            keepalive=_site_keepalive(member, spec),
         )
     skipped.sort(key=lambda item: item.rank)
-    return peers, skipped
+    return route_through_gateways(peers, members, self_rank, spec), skipped
+
+
+def peer_endpoint(member: Member, site: str) -> str | None:
+    """The endpoint a daemon in ``site`` uses for ``member`` (docs/architecture.md, "Sites"):
+    its site endpoint within its own site, else its public one; None when it has
+    none (it can still reach us, and WireGuard roams to where it sends from)."""
+    return member.endpoint if member.site == site else member.public_endpoint
+
+
+def _site_keepalive(member: Member, spec: MeshSpec) -> int | None:
+    """A peer in another site keeps its NAT mappings open: ``site_keepalive`` (if on)."""
+    if member.site == spec.site.name or not spec.site_keepalive:
+        return None
+    return spec.site_keepalive
 
 
 class AppliedPeers:

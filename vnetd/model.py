@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vnetd.spec.records import DEFAULT_SITE
+
 
 @dataclass(frozen=True, order=True)
 class Member:
@@ -18,6 +20,9 @@ class Member:
     whenever wireguard-go is started fresh, kept when a running one is adopted.
     Peers that see it change under the same key drop their old session with it
     (``""``: unknown, as in records of older versions).
+
+    ``endpoint`` is reachable from the member's own ``site``;
+    ``public_endpoint``, if any, from every site (docs/architecture.md, "Sites").
     """
 
     rank: int
@@ -27,6 +32,8 @@ class Member:
     started: float = 0.0
     version: str = ""
     device_id: str = ""
+    site: str = DEFAULT_SITE
+    public_endpoint: str | None = None
 
 
 @dataclass(frozen=True, order=True)
@@ -45,6 +52,7 @@ class Peer:
     rank: int | None = field(default=None, compare=False)
     device_id: str = field(default="", compare=False)
     keepalive: int | None = field(default=None, compare=False)
+    """Persistent keepalive (s) set when the peer is added; None: the device's."""
     endpoint_held: bool = field(default=False, compare=False)
 
 

@@ -181,6 +181,7 @@ class Reconciler:
         rule = (pairs.registered, pairs.self_created, pairs.joining)
         full = (
             self._full_due
+            or bool(self.spec.gateways)  # a gateway's peer carries other ranks' routes
             or resync is not None
             or now >= self._full_at + self.resync_interval
             or rule != self._rule

@@ -22,6 +22,7 @@ PURE_CORE = {
     "vnetd.dataplane.uapi_protocol",
     "vnetd.plan",
     "vnetd.errors",
+    "vnetd.gateways",
     "vnetd.initiator",
     "vnetd.mesh",
     "vnetd.model",

@@ -13,7 +13,11 @@ again (a new device, with a new device id) the daemon calls ``set_device_id``
 once the peers are back on the new device, and the entry is rewritten at
 once by the takeover rule (a compare-and-swap on our own entry, under the
 same lease), so that peers drop their sessions with the old device. While the
-registry is unreachable the rewrite is retried at each keepalive.
+registry is unreachable the rewrite is retried at each keepalive. The same
+holds for a new public endpoint (``set_public_endpoint``, from
+``follow_public_endpoint``: the NAT in front of the member forwards another
+port now); peers of other sites then write it (invariant 4: the registry's
+endpoint for the rank changed).
 """
 
 from __future__ import annotations
@@ -21,10 +25,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import trio
 
-from vnetd.control.membership import Claimed, Held, ensure_spec, spec_key, try_claim
+from vnetd.control.membership import (
+    Claimed,
+    Held,
+    check_endpoint,
+    ensure_spec,
+    spec_key,
+    try_claim,
+)
 from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
 from vnetd.model import Member
@@ -80,6 +92,12 @@ class ClaimHolder:
         """Our device was started again: register its new id (at once if claimed)."""
         if device_id != self.me.device_id:
             self.me = replace(self.me, device_id=device_id)
+            self._record_changed.set()
+
+    def set_public_endpoint(self, endpoint: str | None) -> None:
+        """Where other sites reach us changed: register it (at once if claimed)."""
+        if endpoint != self.me.public_endpoint:
+            self.me = replace(self.me, public_endpoint=endpoint)
             self._record_changed.set()
 
     async def release(self, timeout: float = 2.0) -> None:  # noqa: ASYNC109 (a bounded cleanup)
@@ -222,12 +240,20 @@ class ClaimHolder:
             return f"rank {me.rank}'s entry is held by {holder}"
         self._written = me
         self.record_updates += 1
-        log.info(
-            "rank %d's entry updated: device id %s -> %s (a new wireguard-go)",
-            me.rank,
-            (before.device_id if before else "") or "none",
-            me.device_id or "none",
-        )
+        if before is None or before.device_id != me.device_id:
+            log.info(
+                "rank %d's entry updated: device id %s -> %s (a new wireguard-go)",
+                me.rank,
+                (before.device_id if before else "") or "none",
+                me.device_id or "none",
+            )
+        if before is not None and before.public_endpoint != me.public_endpoint:
+            log.info(
+                "rank %d's entry updated: public endpoint %s -> %s",
+                me.rank,
+                before.public_endpoint or "none",
+                me.public_endpoint or "none",
+            )
         return None
 
     def _entry_gone(self) -> bool:
@@ -238,3 +264,28 @@ class ClaimHolder:
         current = self.view.members.get(self.me.rank)
         held = self.me.rank in self.view.held
         return held or current is None or current.public_key != self.me.public_key
+
+
+PUBLIC_ENDPOINT_POLL = 1.0
+"""How often ``follow_public_endpoint`` reads its file (a stat and a short read)."""
+
+
+async def follow_public_endpoint(path: Path, claim: ClaimHolder) -> None:
+    """Register the endpoint written in ``path`` whenever it changes (docs/architecture.md,
+    "Sites"). An unreadable file or a bad value is logged once and the registered
+    endpoint kept; an empty file means none."""
+    complaint = ""
+    while True:
+        await trio.sleep(PUBLIC_ENDPOINT_POLL)
+        try:
+            text = (await trio.Path(path).read_text()).strip()
+            endpoint = check_endpoint(text) if text else None
+        except (OSError, ValueError) as exc:
+            problem = exc.strerror if isinstance(exc, OSError) else str(exc)
+            if problem != complaint:
+                log.warning("public endpoint file %s: %s; keeping %s", path, problem,
+                            claim.me.public_endpoint or "none")  # fmt: skip
+                complaint = problem or ""
+            continue
+        complaint = ""
+        claim.set_public_endpoint(endpoint)

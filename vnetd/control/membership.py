@@ -17,13 +17,14 @@ import base64
 import binascii
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from ipaddress import ip_address
 
-from vnetd.errors import RegistryError, SpecMismatch, VnetdError
+from vnetd.errors import RegistryError, SpecError, SpecMismatch, VnetdError
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry
-from vnetd.spec import MeshSpec
+from vnetd.spec import DEFAULT_SITE, MeshSpec, check_site_name
 
 
 class BadEntry(VnetdError):
@@ -58,7 +59,14 @@ def member_key(spec: MeshSpec, rank: int) -> str:
 
 
 def encode_member(member: Member) -> bytes:
-    return json.dumps(asdict(member), sort_keys=True, separators=(",", ":")).encode()
+    """The record's JSON. ``site`` and ``public_endpoint`` are left out at their
+    defaults, so a single-site mesh writes exactly what older versions wrote."""
+    record = asdict(member)
+    if member.site == DEFAULT_SITE:
+        del record["site"]
+    if member.public_endpoint is None:
+        del record["public_endpoint"]
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
 
 def rank_of_key(spec: MeshSpec, key: str) -> int | None:
@@ -127,30 +135,56 @@ def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
         started=_number(key, "started", record.get("started", 0.0)),
         version=_text(key, "version", record.get("version", ""), required=False),
         device_id=_device_id(key, record.get("device_id", "")),
+        site=_site(key, record.get("site", DEFAULT_SITE)),
+        public_endpoint=_endpoint(key, record.get("public_endpoint"), "public_endpoint"),
     )
+
+
+def _site(key: str, value: object) -> str:
+    """Optional (absent: the default site): a DNS label."""
+    if not isinstance(value, str):
+        raise BadEntry(f"{key}: field site is not a string")
+    try:
+        return check_site_name(value, "field site")
+    except SpecError as exc:
+        raise BadEntry(f"{key}: {exc}") from None
 
 
 def _public_key(key: str, value: object) -> str:
     if not isinstance(value, str):
         raise BadEntry(f"{key}: field public_key is missing or not a string")
+    return _validated(key, "field public_key ", value, check_public_key)
+
+
+def _validated(key: str, prefix: str, value: str, check: Callable[[str], str]) -> str:
+    """``check(value)``, its ValueError turned into a ``BadEntry`` naming the key."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise BadEntry(f"{key}: {prefix}{exc}") from None
+
+
+def check_public_key(value: str) -> str:
+    """Validate a WireGuard public key (base64 of 32 bytes, as ``wg pubkey`` prints it).
+
+    Raises:
+        ValueError: ``is not base64`` or ``is N bytes, not 32``.
+    """
     try:
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise BadEntry(f"{key}: field public_key is not base64") from None
+        raise ValueError("is not base64") from None
     if len(raw) != 32:
-        raise BadEntry(f"{key}: field public_key is {len(raw)} bytes, not 32")
+        raise ValueError(f"is {len(raw)} bytes, not 32")
     return value
 
 
-def _endpoint(key: str, value: object) -> str | None:
+def _endpoint(key: str, value: object, field: str = "endpoint") -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise BadEntry(f"{key}: field endpoint is not a string")
-    try:
-        return check_endpoint(value)
-    except ValueError as exc:
-        raise BadEntry(f"{key}: field endpoint: {exc}") from None
+        raise BadEntry(f"{key}: field {field} is not a string")
+    return _validated(key, f"field {field}: ", value, check_endpoint)
 
 
 def check_endpoint(value: str) -> str:

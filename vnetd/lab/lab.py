@@ -37,7 +37,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -508,12 +508,16 @@ class Lab:
         if self._closed:
             raise LabError(f"lab {self.id} is closed")
 
-    async def _build(self) -> None:
+    async def _make_dirs_and_netns(self) -> None:
+        """Every pod's directories, etcd's, and every namespace of ``netns_names``."""
         for pod in self.pods:
             pod.state_dir.mkdir(parents=True, exist_ok=True)
             pod.log_dir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "etcd").mkdir(parents=True, exist_ok=True)
         await add_netns(self.netns_names)
+
+    async def _build(self) -> None:
+        await self._make_dirs_and_netns()
         ports = [(f"p{p.index}", p.netns, _mac(p.index)) for p in self.pods]
         ports.append(("etcd", self.etcd_netns, ETCD_MAC))
         if self.etcd_cluster:
@@ -580,6 +584,7 @@ async def open_lab(
     ipv6: bool = False,
     static_neighbours: bool = False,
     etcd_members: int = 1,
+    make: Callable[[str, Path], Lab] | None = None,
 ) -> AsyncIterator[Lab]:
     """Build a lab of ``pods`` pods (and etcd), yield it, and tear it all down.
 
@@ -595,6 +600,8 @@ async def open_lab(
             it by ARP; needed beyond ~30 pods (see the module doc).
         etcd_members: 3 (or more) runs an etcd cluster, each member in its own
             namespace (``Lab.etcd_cluster``, module ``etcd_cluster``).
+        make: builds another layout from ``(lab id, workdir)`` instead of ``Lab``
+            (``lab.sites``); the other layout options are then its own.
 
     Raises:
         LabError: a namespace or link could not be made (all is undone).
@@ -618,7 +625,7 @@ async def open_lab(
     except BaseException:
         _remove_marker(lab_id)
         raise
-    lab = Lab(
+    lab = make(lab_id, workdir) if make else Lab(
         lab_id, workdir, pods, mtu=mtu, ipv6=ipv6, static_neighbours=static_neighbours,
         etcd_members=etcd_members,
     )  # fmt: skip

@@ -13,10 +13,11 @@ import argparse
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vnetd.config import add_etcd_arguments, spec_from_args
+from vnetd.config import add_etcd_arguments, resolve_site, spec_from_args
 from vnetd.errors import SpecError
 from vnetd.render import cluster_command
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
@@ -99,6 +100,12 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type i
         type=Path,
         metavar="PATH",
         help="the rank's private key (mode 0600); without it PrivateKey is a placeholder",
+    )
+    wg_quick.add_argument(
+        "--site",
+        metavar="NAME",
+        help="the site this machine is in: peers of other sites get their public endpoint "
+        "(else VNETD_SITE, else [site] name, else default)",
     )
     add_etcd_arguments(wg_quick)
     wg_quick.set_defaults(run=run_wg_quick)
@@ -221,6 +228,7 @@ def run_wg_quick(args: argparse.Namespace, open_registry: RegistryOpener | None 
     from vnetd.render.wgquick import registration_problem, render_wg_quick
 
     spec = spec_from_args(args, os.environ)
+    spec = replace(spec, site=replace(spec.site, name=resolve_site(spec, args.site, os.environ)))
     rank = _rank(spec, args.rank)
     key = load_private_key(args.private_key_file) if args.private_key_file else None
     members, bad = read_members_now(spec, open_registry)

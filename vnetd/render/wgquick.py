@@ -87,8 +87,9 @@ def render_wg_quick(
         ]
         if peer.endpoint:
             lines.append(f"Endpoint = {peer.endpoint}")
-        if spec.persistent_keepalive > 0:
-            lines.append(f"PersistentKeepalive = {spec.persistent_keepalive}")
+        keepalive = spec.persistent_keepalive if peer.keepalive is None else peer.keepalive
+        if keepalive > 0:
+            lines.append(f"PersistentKeepalive = {keepalive}")
     return "\n".join(lines) + "\n"
 
 

@@ -7,27 +7,38 @@ bootstrap config, ``/etc/hosts``, MPI host files) can therefore be written
 before any pod exists. ``docs/spec.md`` documents every key.
 """
 
-from vnetd.spec.parse import check_etcd_url, check_listen, load_spec, parse_spec
+from vnetd.spec.parse import (
+    check_etcd_url,
+    check_listen,
+    check_site_name,
+    load_spec,
+    parse_spec,
+)
 from vnetd.spec.records import (
     DATAPLANES,
+    DEFAULT_SITE,
     DataplaneSpec,
     HttpSpec,
     IPAddress,
     IPNetwork,
     MeshSpec,
     RegistrySpec,
+    SiteSpec,
 )
 
 __all__ = [
     "DATAPLANES",
+    "DEFAULT_SITE",
     "DataplaneSpec",
     "HttpSpec",
     "IPAddress",
     "IPNetwork",
     "MeshSpec",
     "RegistrySpec",
+    "SiteSpec",
     "check_etcd_url",
     "check_listen",
+    "check_site_name",
     "load_spec",
     "parse_spec",
 ]

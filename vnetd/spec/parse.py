@@ -20,11 +20,14 @@ from urllib.parse import urlsplit
 from vnetd.errors import SpecError
 from vnetd.spec.records import (
     DATAPLANES,
+    DEFAULT_SITE,
+    DEFAULT_SITE_KEEPALIVE,
     DataplaneSpec,
     HttpSpec,
     IPNetwork,
     MeshSpec,
     RegistrySpec,
+    SiteSpec,
     min_mtu_of,
 )
 
@@ -43,6 +46,7 @@ _MESH_KEYS: dict[str, type] = {
     "hostname": str,
     "offset": int,
     "persistent_keepalive": int,
+    "site_keepalive": int,
 }
 _REGISTRY_KEYS: dict[str, type] = {
     "endpoints": list,
@@ -85,10 +89,11 @@ def load_spec(path: Path | str) -> MeshSpec:
 
 def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
     """Validate a parsed TOML document into a ``MeshSpec``."""
-    unknown = sorted(set(data) - {"mesh", "registry", "http", "wireguard"})
+    unknown = sorted(set(data) - {"mesh", "registry", "http", "wireguard", "site", "sites"})
     if unknown:
         raise SpecError(
-            f"unknown table or key {unknown[0]!r} (known: [mesh], [registry], [http], [wireguard])"
+            f"unknown table or key {unknown[0]!r} "
+            "(known: [mesh], [registry], [http], [wireguard], [site], [sites.NAME])"
         )
     mesh = dict(_table(data, "mesh"))
     mtu_value = mesh.pop("mtu", 1420)
@@ -119,6 +124,9 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
     mtu = _mtu(mtu_value, min_mtu_of((network,) if network6 is None else (network, network6)))
     hostname = _hostname(str(mesh.get("hostname", "{name}-{rank}")))
     keepalive = _int_in("mesh.persistent_keepalive", mesh.get("persistent_keepalive", 0), 0, 65535)
+    site_keepalive = _int_in(
+        "mesh.site_keepalive", mesh.get("site_keepalive", DEFAULT_SITE_KEEPALIVE), 0, 65535
+    )
 
     return MeshSpec(
         name=name,
@@ -131,6 +139,9 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         hostname=hostname,
         offset=offset,
         persistent_keepalive=keepalive,
+        site_keepalive=site_keepalive,
+        site=_site_spec(_table(data, "site")),
+        gateways=_gateways(_table(data, "sites"), size),
         registry=_registry(registry),
         http=HttpSpec(
             listen=check_listen(http["listen"], "http.listen") if "listen" in http else None
@@ -156,6 +167,51 @@ def _dataplane_spec(table: Mapping[str, Any]) -> DataplaneSpec:
     if value not in DATAPLANES:
         raise SpecError(f"wireguard.dataplane: {value!r} is not one of {', '.join(DATAPLANES)}")
     return DataplaneSpec(dataplane=value, preshared_key_file=table.get("preshared_key_file"))
+
+
+_SITE_KEYS: dict[str, type] = {"name": str, "public_endpoint": str}
+
+
+def _site_spec(table: Mapping[str, Any]) -> SiteSpec:
+    _check_keys("site", table, _SITE_KEYS)
+    name = check_site_name(table.get("name", DEFAULT_SITE), "site.name")
+    return SiteSpec(name=name, public_endpoint=table.get("public_endpoint") or None)
+
+
+def _gateways(table: Mapping[str, Any], size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``[sites.<name>] gateways = [ranks]``: every rank in range, on one site only."""
+    found: list[tuple[str, tuple[int, ...]]] = []
+    owner: dict[int, str] = {}
+    for name in sorted(table):
+        site = check_site_name(name, f"sites.{name}")
+        entry = _table(table, name)
+        _check_keys(f"sites.{name}", entry, {"gateways": list})
+        ranks = entry.get("gateways", [])
+        key = f"sites.{name}.gateways"
+        if not ranks:
+            raise SpecError(f"{key}: empty; list the site's gateway ranks or drop the table")
+        for rank in ranks:
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+                raise SpecError(f"{key}: {rank!r} is not a rank in 0..{size - 1}")
+            if rank in owner:
+                raise SpecError(f"{key}: rank {rank} is already a gateway of site {owner[rank]}")
+            owner[rank] = site
+        found.append((site, tuple(sorted(ranks))))
+    return tuple(found)
+
+
+def check_site_name(value: str, source: str) -> str:
+    """A site name is a DNS label; returns it.
+
+    Raises:
+        SpecError: naming ``source`` (the flag, variable or key).
+    """
+    if not _NAME.fullmatch(value):
+        raise SpecError(
+            f"{source}: {value!r} is not a site name (a DNS label: lowercase letters, "
+            "digits and '-', at most 63, no leading or trailing '-')"
+        )
+    return value
 
 
 def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -63,6 +63,20 @@ class DataplaneSpec:
     """A file holding the mesh-wide pre-shared key (base64), e.g. a mounted Secret."""
 
 
+DEFAULT_SITE = "default"
+"""The site of a member that names none (every member of a single-site mesh)."""
+DEFAULT_SITE_KEEPALIVE = 25
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """``[site]``: where this node is (docs/architecture.md, "Sites"); local, not compared."""
+
+    name: str = DEFAULT_SITE
+    public_endpoint: str | None = None
+    """``ip:port`` that other sites reach this member at (a forwarded port); None: none."""
+
+
 @dataclass(frozen=True)
 class MeshSpec:
     """A validated spec. Build it with ``load_spec`` or ``parse_spec``."""
@@ -83,6 +97,11 @@ class MeshSpec:
     local: DataplaneSpec = DataplaneSpec()
     network6: IPv6Network | None = None
     """Dual stack: the IPv6 network beside an IPv4 ``network``; None: one family."""
+    site_keepalive: int = DEFAULT_SITE_KEEPALIVE
+    """Persistent keepalive (s) of peers in another site; 0: off."""
+    gateways: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """``[sites.<name>] gateways``: (site, its gateway ranks), sorted by site; () : none."""
+    site: SiteSpec = SiteSpec()
 
     @property
     def networks(self) -> tuple[IPNetwork, ...]:
@@ -183,6 +202,13 @@ class MeshSpec:
         del table["registry"]
         del table["http"]
         del table["local"]
+        del table["site"]
+        if self.site_keepalive == DEFAULT_SITE_KEEPALIVE:
+            del table["site_keepalive"]  # absent at its default: older meshes compare equal
+        if self.gateways:
+            table["gateways"] = {site: list(ranks) for site, ranks in self.gateways}
+        else:
+            del table["gateways"]
         table["network"] = str(self.network)
         if self.network6 is None:
             # Absent, not null: the stored spec of a mesh made before network6 existed

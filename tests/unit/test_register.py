@@ -1,0 +1,138 @@
+"""``vnetd register``: a rank held for a plain WireGuard host, on MemoryRegistry.
+
+The daemons add the registered host as a peer at its rank's address and the
+registered endpoint; stopping the command revokes the lease and the peer goes.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+import pytest
+import trio
+import trio.testing
+from test_daemon import Cluster
+
+from vnetd.cli import build_parser
+from vnetd.errors import VnetdError
+from vnetd.register import hold_claim, member_of
+
+HOST_KEY = base64.b64encode(b"h" * 32).decode()
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def args(tmp_path, *extra: str):
+    return build_parser().parse_args(["register", "--config", str(tmp_path / "mesh.toml"), *extra])
+
+
+async def test_registered_host_becomes_a_peer_until_stopped(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        r0 = await cluster.start(0)
+        parsed = args(tmp_path, "--rank", "2", "--public-key", HOST_KEY,
+                      "--endpoint", "198.18.7.7:51820", "--instance", "laptop")  # fmt: skip
+        me = member_of(parsed, r0.spec, {})
+        scope = trio.CancelScope()
+        nursery.start_soon(_hold, cluster, r0.spec, me, scope)
+        await cluster.wait_full(["pod0"], {0, 2})
+        peer = cluster.devices["pod0"].device[HOST_KEY]
+        assert (peer.endpoint, peer.allowed_ips) == ("198.18.7.7:51820", ("10.250.0.3/32",))
+        await trio.sleep(60)  # several lease TTLs: the claim is kept alive
+        assert cluster.peer_ranks("pod0") == {2}
+        scope.cancel()
+        with trio.fail_after(2):  # revoked, not left to expire (TTL 10 s)
+            while cluster.peer_ranks("pod0"):
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def _hold(cluster: Cluster, spec, me, scope: trio.CancelScope) -> None:
+    with scope:
+        await hold_claim(cluster.registry, spec, me)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--rank", "9", "--public-key", HOST_KEY, "--endpoint", "1.2.3.4:5"], "out of range"),
+        (["--rank", "1", "--public-key", "abc", "--endpoint", "1.2.3.4:5"], "--public-key"),
+        (["--rank", "1", "--public-key", HOST_KEY, "--endpoint", "x"], "--endpoint"),
+        (["--rank", "1", "--public-key", HOST_KEY, "--endpoint", "1.2.3.4:5", "--site", "B"],
+         "--site"),
+    ],
+)  # fmt: skip
+def test_bad_flags_are_named(tmp_path, extra, message):
+    from test_daemon import SPEC
+
+    from vnetd.spec import load_spec
+
+    (tmp_path / "mesh.toml").write_text(SPEC.format(size=4))
+    parsed = args(tmp_path, *extra)
+    with pytest.raises(VnetdError, match=message):
+        member_of(parsed, load_spec(tmp_path / "mesh.toml"), {})
+
+
+def test_site_and_public_endpoint_are_registered(tmp_path):
+    from test_daemon import SPEC
+
+    from vnetd.spec import load_spec
+
+    (tmp_path / "mesh.toml").write_text(SPEC.format(size=4))
+    parsed = args(tmp_path, "--rank", "3", "--public-key", HOST_KEY, "--endpoint",
+                  "10.0.0.3:51820", "--site", "b", "--public-endpoint", "203.0.113.5:40000")  # fmt: skip
+    me = member_of(parsed, load_spec(tmp_path / "mesh.toml"), {})
+    assert (me.rank, me.site, me.public_endpoint) == (3, "b", "203.0.113.5:40000")
+
+
+async def test_public_endpoint_file_is_followed(tmp_path, caplog, monkeypatch):
+    """Real time (the file is read in a worker thread): polled every 50 ms here."""
+    caplog.set_level(logging.INFO, logger="vnetd.claim")
+    monkeypatch.setattr("vnetd.control.claim.PUBLIC_ENDPOINT_POLL", 0.05)
+    """A new public endpoint in the file rewrites our entry under the same lease."""
+    from vnetd.control.claim import ClaimHolder, follow_public_endpoint
+    from vnetd.control.membership import decode_member, member_key
+    from vnetd.model import Member
+    from vnetd.registry.memory import MemoryRegistry
+    from vnetd.retry import RegistryHealth
+    from vnetd.spec import parse_spec
+
+    spec = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
+    registry = MemoryRegistry()
+    me = Member(1, HOST_KEY, "10.1.0.10:51820", "pod1", 1.0, "v", "", "a", "198.18.0.1:40001")
+    path = tmp_path / "public"
+    path.write_text("198.18.0.1:40001\n")
+    claim = ClaimHolder(registry, spec, me, RegistryHealth())
+
+    async def registered() -> Member:
+        entry = await registry.get(member_key(spec, 1))
+        assert entry is not None
+        return decode_member(spec, entry.key, entry.value)
+
+    async def until_public(value: str | None) -> None:
+        with trio.fail_after(5):
+            while (await registered()).public_endpoint != value:
+                await trio.sleep(0.02)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(claim.run)
+        nursery.start_soon(follow_public_endpoint, path, claim)
+        lease = claim.lease
+        path.write_text("198.18.0.1:41001\n")
+        await until_public("198.18.0.1:41001")
+        path.write_text("not an endpoint")
+        await trio.sleep(0.5)
+        assert (await registered()).public_endpoint == "198.18.0.1:41001"
+        warnings = [
+            r.getMessage() for r in caplog.records if "public endpoint file" in r.getMessage()
+        ]
+        assert len(warnings) == 1 and "keeping 198.18.0.1:41001" in warnings[0]
+        path.write_text("")
+        await until_public(None)
+        assert claim.lease == lease and claim.claims == 1
+        assert "rank 1's entry updated: public endpoint 198.18.0.1:41001 -> none" in caplog.text
+        nursery.cancel_scope.cancel()

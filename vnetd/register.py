@@ -1,0 +1,124 @@
+"""``vnetd register``: hold a rank's claim for a machine that runs no vnetd.
+
+A plain WireGuard host (a router, a laptop, configured with ``vnetd render
+wg-quick``) cannot claim its rank itself. This command claims it with the
+host's public key and endpoint, with the daemon's own claim code
+(``control.claim.ClaimHolder``: lease, keepalive, claim again when lost), and
+holds it until SIGTERM or SIGINT, which revoke the lease; the cluster's
+daemons add the host as a peer meanwhile. See docs/architecture.md,
+"Registry layout" and "Sites".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vnetd import __version__
+from vnetd.config import add_etcd_arguments, add_site_arguments, resolve_site, spec_from_args
+from vnetd.errors import IdentityError
+from vnetd.model import Member
+from vnetd.spec import MeshSpec
+
+if TYPE_CHECKING:
+    from vnetd.registry import Registry
+
+
+def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
+    parser = sub.add_parser(
+        "register",
+        help="hold a rank's claim for a plain WireGuard host until stopped",
+        description="Claim RANK with a host's public key and endpoint, keep the lease "
+        "alive until SIGTERM or SIGINT (which revoke it), so the mesh's daemons add the "
+        "host as a peer. Configure the host with vnetd render wg-quick.",
+    )
+    parser.add_argument("--config", required=True, type=Path, help="the mesh spec (TOML)")
+    parser.add_argument("--rank", required=True, help="the rank the host holds")
+    parser.add_argument(
+        "--public-key", required=True, metavar="KEY", help="the host's WireGuard public key"
+    )
+    parser.add_argument(
+        "--endpoint",
+        required=True,
+        metavar="HOST:PORT",
+        help="where the host's WireGuard listens, as its own site reaches it",
+    )
+    add_site_arguments(parser)
+    parser.add_argument(
+        "--instance",
+        help="the name that owns the claim (default register-<hostname>-<rank>)",
+    )
+    add_etcd_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def member_of(args: argparse.Namespace, spec: MeshSpec, env: Mapping[str, str]) -> Member:
+    """The record to claim, every flag checked (errors name the flag)."""
+    from vnetd.control.membership import check_public_key
+    from vnetd.identity import (
+        resolve_endpoint,
+        resolve_public_endpoint,
+        resolve_rank,
+    )
+
+    rank = resolve_rank(spec, str(args.rank), {}, "")
+    try:
+        public_key = check_public_key(args.public_key.strip())
+    except ValueError as exc:
+        raise IdentityError(f"--public-key: {args.public_key!r} {exc}") from None
+    return Member(
+        rank=rank,
+        public_key=public_key,
+        endpoint=resolve_endpoint(spec, args.endpoint, {}, None),
+        instance=args.instance or f"register-{socket.gethostname()}-{rank}",
+        started=time.time(),
+        version=__version__,
+        site=resolve_site(spec, args.site, env),
+        public_endpoint=resolve_public_endpoint(spec, args.public_endpoint, env),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Hold the claim until a signal; returns 0."""
+    import trio
+
+    spec = spec_from_args(args, os.environ)
+    me = member_of(args, spec, os.environ)
+    trio.run(hold_until_signal, spec, me)
+    return 0
+
+
+async def hold_until_signal(spec: MeshSpec, me: Member) -> None:
+    """Claim ``me`` and hold it until SIGTERM or SIGINT; the lease is revoked on the way out."""
+    import trio
+
+    from vnetd.errors import plain_errors
+    from vnetd.registry import open_registry
+
+    with plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with open_registry(spec.registry) as registry, trio.open_nursery() as nursery:
+            nursery.start_soon(hold_claim, registry, spec, me)
+            async for _signum in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+async def hold_claim(registry: Registry, spec: MeshSpec, me: Member) -> None:
+    """Check the spec, claim ``me.rank`` and hold it until cancelled, then revoke the lease."""
+    from vnetd.control.claim import ClaimHolder
+    from vnetd.control.membership import ensure_spec
+    from vnetd.retry import RegistryHealth, retry_registry
+
+    health = RegistryHealth()
+    await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)
+    claim = ClaimHolder(registry, spec, me, health)
+    try:
+        await claim.run()
+    finally:
+        await claim.release()
