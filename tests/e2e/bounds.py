@@ -27,8 +27,11 @@ REGISTRY_BACKOFF_MAX = 3.0
 """Registry calls are retried after 0.2 s doubling to 3 s (times 0.75-1, jitter)."""
 WG_GO_BACKOFF = 0.5
 """A dead wireguard-go is started again at once; only a second death waits (0.5 s, 1, 2, 4)."""
-NUDGE_LATEST = 2.0
-"""A crossed handshake is undone by re-adding the peer 1 s (lower rank) or 2 s after a join."""
+INITIATOR_RETRY = 1.0
+"""The initiator of a pair re-adds a peer whose first handshake has not completed after
+about 1 s (invariant 10); near-simultaneous registrations cost a pair that one retry."""
+RESPONDER_FALLBACK = 2.0
+"""A responder whose initiator has not come writes the endpoint 2 s after registering."""
 
 
 def earliest_lease_expiry(ttl: float) -> float:
@@ -46,8 +49,8 @@ def latest_lease_drop(ttl: float) -> float:
 
 AFTER_CLAIM = 3.0
 """Every pair reached within this long after the last daemon's claim (and the probes'
-start). Above a crossed handshake undone by the nudge (at most NUDGE_LATEST) on
-loaded cores; below WG_RETRY, so a handshake that waits for WireGuard's retry fails."""
+start). Above one initiator retry (INITIATOR_RETRY) on loaded cores; below WG_RETRY,
+so a handshake that waits for WireGuard's retry fails."""
 FORMATION = 30.0
 """Every pair reached within this long after the first start: daemon start-up on
 loaded cores included; below WATCH_RESTART, so a stalled watch fails."""

@@ -29,7 +29,8 @@ HELLO_WITHIN = 10.0
 """Every hello (and every beat after the restart) arrives within this long of the claim of
 the rank that came last, measured 0.6-2.2 s after rank 0's start: below the watch's 60 s
 restart. There is no window below WireGuard's 5 s retry here: a first TCP SYN dropped
-with a crossed handshake waits for the nudge (up to 2 s) and the SYN's own retransmission
+with a dropped first handshake waits for the initiator's retry (about 1 s) and the SYN's own
+retransmission
 (1 s, then 2 s), so a normal hello can come 3-5 s after the claim, as late as a retried
 handshake would. The launcher bench carries that figure (bench/launcher.py,
 docs/benchmarks.md section 3)."""

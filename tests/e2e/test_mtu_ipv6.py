@@ -38,9 +38,9 @@ START_BOUND = FORMATION
 """Both daemons up and the first connect through, from the start (``bounds.FORMATION``)."""
 CONNECT_AFTER_CLAIM = WG_RETRY - 1.0
 """The first connect through, from the last claim. A first SYN can leave while the peer
-has not added this rank yet: it is dropped, and the nudge re-adds the peer after 1 s
-(lower rank) or 2 s, then the next connect attempt (every 0.5 s) gets through: ~2.5 s,
-measured up to 2.25 s loaded. A handshake left to WireGuard's retry takes 5 s."""
+has not added this rank yet: it is dropped, and the pair's initiator re-adds the peer
+after about 1 s, then the next connect attempt (every 0.5 s) gets through: ~1.5-2.5 s,
+measured up to 2.25 s loaded (with the earlier nudge). A handshake left to WireGuard's retry takes 5 s."""
 TRANSFER_BOUND = 10.0
 """4 MB over the overlay (measured 0.07-0.3 s); a black hole never completes, and the
 same 10 s are all a black-holed transfer gets (BLACK_HOLE_BOUND)."""
