@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
 import trio
@@ -284,13 +284,8 @@ class EtcdRegistry:
             if exc.code != NOT_FOUND:
                 raise
 
-    def watch(
-        self, prefix: str, start_revision: int
-    ) -> AbstractAsyncContextManager[AsyncIterator[list[WatchEvent]]]:
-        return self._watch(prefix, start_revision)
-
     @asynccontextmanager
-    async def _watch(
+    async def watch(
         self, prefix: str, start_revision: int
     ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
         request = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -126,13 +126,8 @@ class MemoryRegistry:
         self._enter()
         self._end_lease(lease)
 
-    def watch(
-        self, prefix: str, start_revision: int
-    ) -> AbstractAsyncContextManager[AsyncIterator[list[WatchEvent]]]:
-        return self._watch(prefix, start_revision)
-
     @asynccontextmanager
-    async def _watch(
+    async def watch(
         self, prefix: str, start_revision: int
     ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
         self._enter()
