@@ -141,6 +141,12 @@ class HandshakeWatch:
             elif peer.endpoint_held and peer.endpoint is not None:
                 self.awaiting[key] = _Due(replace(peer, endpoint_held=False), now + FALLBACK_AFTER)
 
+    def failed(self, found: Checked, now: float) -> None:
+        """The plan of ``found`` was not applied: its fallbacks are due again at once
+        (a retried initiation is watched still, and the next full pass repairs the device)."""
+        for peer in found.fallbacks:
+            self.awaiting[peer.public_key] = _Due(peer, now)
+
     def registered(self, now: float) -> None:
         """We are registered: from now on the initiators can know us."""
         if self.registered_at is None:

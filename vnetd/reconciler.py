@@ -146,6 +146,8 @@ class Reconciler:
                 self._resync_reason = None
                 after, self._after_resync = self._after_resync, []
                 await self.reconcile_once(resync=resync)
+                # The safety net counts from the last full pass, not from any pass.
+                next_resync = self._full_at + self.resync_interval
                 backoff.reset()
                 for call in after:
                     call()
@@ -300,7 +302,14 @@ class Reconciler:
             return
         found = self.handshakes.check(await self.dataplane.peers(), now)
         if found.plan:
-            await self.dataplane.apply(found.plan)
+            try:
+                await self.dataplane.apply(found.plan)
+            except DataplaneError:
+                # Part of the plan may be on the device (a refused set): the next pass
+                # reads the device, and a fallback not written is due again.
+                self.handshakes.failed(found, now)
+                self._full_due = True
+                raise
         self.stats.handshake_retries += len(found.retried)
         self.stats.fallbacks += len(found.fallbacks)
         for peer, attempt in found.retried:

@@ -234,3 +234,18 @@ def test_incremental_passes_agree_with_a_full_computation(batches: list[list[Mem
         assert device.peer_reads == 1
 
     trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_the_full_pass_comes_every_resync_interval_after_an_incremental_one(
+    autojump_clock,
+):
+    reconciler, device, registry = setup(range(16))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reconciler.run)
+        await trio.sleep(0.01)
+        await trio.sleep(reconciler.resync_interval - 1)
+        reads = device.peer_reads
+        registry.batch(member(7, port=51900))  # an incremental pass, 1 s before the resync
+        await trio.sleep(5)
+        assert device.peer_reads == reads + 1, "no full pass a resync interval after the last"
+        nursery.cancel_scope.cancel()

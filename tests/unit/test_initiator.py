@@ -18,8 +18,9 @@ from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
+from vnetd.errors import DataplaneError
 from vnetd.initiator import FALLBACK_AFTER, IDLE_KEEPALIVE, RETRIES, RETRY_AFTER, PairRule
-from vnetd.model import DevicePeer, Member, Peer
+from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import WatchEvent
 from vnetd.spec import parse_spec
@@ -317,4 +318,59 @@ async def test_in_a_mesh_exactly_one_side_of_each_pair_starts_the_handshake(
         for name in names:
             stats = cluster.running[name].reconciler.stats
             assert (stats.handshake_retries, stats.fallbacks) == (0, 0)
+        nursery.cancel_scope.cancel()
+
+
+class RefusesFirstFallback(FakeDataplane):
+    """Refuses the first plan that only updates endpoints (a responder's fallback)."""
+
+    refused = False
+
+    async def apply(self, plan: Plan) -> None:
+        if plan.update and not plan.add and not plan.remove and not self.refused:
+            self.refused = True
+            raise DataplaneError("UAPI: refused")
+        await super().apply(plan)
+
+
+async def test_a_refused_fallback_is_written_at_the_next_check(autojump_clock):
+    reconciler, device, view = setup(3, registered=False)
+    device = reconciler.dataplane = RefusesFirstFallback(device.config)
+    device.answers = False
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reconciler.run)
+        await trio.sleep(0.01)
+        view.members[3] = Member(3, key(3), "198.18.1.3:51820", "pod3")
+        view.created[3] = 200
+        view._bump()
+        await trio.sleep(FALLBACK_AFTER + 5)  # well below a resync, which would not help
+        assert device.refused
+        assert device.device[key(0)].endpoint == "198.18.1.0:51820", "the fallback was lost"
+        nursery.cancel_scope.cancel()
+
+
+class RemovesThenRefuses(FakeDataplane):
+    """The first retry (remove, then add) stops after its removes, as a refused set can."""
+
+    refused = False
+
+    async def apply(self, plan: Plan) -> None:
+        if plan.remove and plan.add and self.applied and not self.refused:
+            self.refused = True
+            for peer in plan.remove:
+                self.device.pop(peer.public_key, None)
+            raise DataplaneError("UAPI: refused half way")
+        await super().apply(plan)
+
+
+async def test_a_half_applied_retry_is_repaired_by_the_next_pass(autojump_clock):
+    reconciler, device, _ = setup(0, range(2))
+    device = reconciler.dataplane = RemovesThenRefuses(device.config)
+    device.answers = False
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reconciler.run)
+        await trio.sleep(RETRY_AFTER + 0.5)
+        assert device.refused
+        await trio.sleep(5)  # a backoff, then a full pass: well below the 30 s resync
+        assert key(1) in device.device, "the peer stayed off the device"
         nursery.cancel_scope.cancel()
