@@ -799,8 +799,9 @@ def bursting_section(r: JSON | None) -> list[str]:
         f" every rank each {p['probe_interval_s']:g} s: the longest gap in replies of any"
         f" cross-site pair **{mmm(s['failover_gap_s'], 2)} s**; the last lost request was sent"
         f" {mmm(s['failover_resumed_s'], 2)} s after the kill (load {load['failover']}). The"
-        " pause is the lease TTL: the dead gateway's entry ends, then every daemon moves its"
-        " routes to the standby gateway.",
+        " pause is the rest of the dead gateway's lease (renewed every TTL/3, so 2/3 TTL to one"
+        " TTL after a crash): when its entry ends, every daemon moves its routes to the standby"
+        " gateway.",
         "",
         f"Load: {load_note(r)}.",
         "",
