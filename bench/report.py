@@ -735,6 +735,80 @@ def etcd_faults_section(r: JSON | None, cost: JSON | None) -> tuple[list[str], b
     return out + failures_note(r), met
 
 
+def bursting_section(r: JSON | None) -> list[str]:
+    out = ["## 8. Bursting into a second site", ""]
+    if r is None:
+        return out + ["Not measured (run `bench/bursting.py`).", ""]
+    s, p = r["summary"], r["params"]
+    load = {k: mmm(v, 1) for k, v in s["loadavg_1m"].items()}
+    out += [
+        "Two sites behind their own NAT routers (`vnetd.lab.sites`): ranks 0-2 in site a,",
+        "3-6 in site b, etcd on the public side, lease TTL "
+        f"{p['lease_ttl_s']} s. Each run ({p['runs']}) has two phases in the same pods,",
+        "alternating which goes first: **direct** (every member's port forwarded, each its",
+        "own public endpoint) and **gateways** (only gateways 1 in a, 3 and 4 in b",
+        "forwarded; 5 → 0 travels 5 → 3 → 1 → 0). Site a starts and meshes, then site b's",
+        "ranks start (gateways first in that phase). Median (min–max); the last column",
+        "is the 1-minute load average when the figure was taken. Start → readiness is the",
+        "daemon's own start-up, which CPU load stretches; from readiness on it is the",
+        "handshakes through the NATs (and gateways).",
+        "",
+        *table(
+            ["site-b rank start → first reply from rank 0", "s", "load"],
+            [
+                ["direct, every rank", mmm(s["reach_direct_s"], 2), load["reach_direct"]],
+                [
+                    "gateways, the members",
+                    mmm(s["reach_gateways_members_s"], 2),
+                    load["reach_gateways"],
+                ],
+                [
+                    "gateways, the gateways themselves",
+                    mmm(s["reach_gateways_gateways_s"], 2),
+                    load["reach_gateways"],
+                ],
+                [
+                    "direct, from readiness (`claimed rank`)",
+                    mmm(s["reach_direct_from_ready_s"], 2),
+                    load["reach_direct"],
+                ],
+                [
+                    "gateways, the members, from readiness",
+                    mmm(s["reach_gateways_members_from_ready_s"], 2),
+                    load["reach_gateways"],
+                ],
+            ],
+        ),  # fmt: skip
+        f"iperf3 TCP rank {p['iperf'][0]} (site b) → rank {p['iperf'][1]} (site a),"
+        f" {p['seconds']:g} s each (first second omitted), Gbit/s; the ratio is per run. Every"
+        " hop's wireguard-go shares the same 2 cores, so the relayed path pays its two extra"
+        " decrypt-and-encrypt hops out of the CPU the endpoints also use:",
+        "",
+        *table(
+            ["direct", "through the gateways", "ratio", "load (direct / gateways)"],
+            [
+                [
+                    mmm(s["direct_gbps"], 3),
+                    mmm(s["gateways_gbps"], 3),
+                    mmm(s["ratio"], 2),
+                    f"{load['iperf_direct']} / {load['iperf_gateways']}",
+                ]
+            ],
+        ),  # fmt: skip
+        f"Gateway {p['killed']} (site b's active one) killed by pid while every pod probes"
+        f" every rank each {p['probe_interval_s']:g} s: the longest gap in replies of any"
+        f" cross-site pair **{mmm(s['failover_gap_s'], 2)} s**; the last lost request was sent"
+        f" {mmm(s['failover_resumed_s'], 2)} s after the kill (load {load['failover']}). The"
+        " pause is the rest of the dead gateway's lease (renewed every TTL/3, so 2/3 TTL to one"
+        " TTL after a crash): when its entry ends, every daemon moves its routes to the standby"
+        " gateway.",
+        "",
+        f"Load: {load_note(r)}.",
+        "",
+    ]
+    return out + failures_note(r)
+
+
 def targets_table(verdicts: list[tuple[str, bool | None]]) -> list[str]:
     return table(["target", "result"], [[name, verdict(ok)] for name, ok in verdicts])
 
@@ -742,7 +816,7 @@ def targets_table(verdicts: list[tuple[str, bool | None]]) -> list[str]:
 def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
-        "etcd_faults", "etcd_watch_cost",
+        "etcd_faults", "etcd_watch_cost", "bursting",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -786,6 +860,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *foot,
         *data,
         *faults,
+        *bursting_section(results.get("bursting")),
     ]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines).rstrip() + "\n")
