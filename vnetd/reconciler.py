@@ -31,7 +31,7 @@ from vnetd.mesh import (
     diff,
     written_after,
 )
-from vnetd.model import DevicePeer, Peer, Plan
+from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
 
@@ -91,7 +91,7 @@ class Reconciler:
         self._full_at = -math.inf  # when the last full pass ran
         self.handshakes = HandshakeWatch()
         self._listed_at: int | None = None  # the view's revision at the first pass
-        self._rule: tuple[bool, int | None, bool] | None = None  # our side at the last pass
+        self._rule: tuple[object, ...] | None = None  # our side at the last pass
         self._synced = trio.Event()
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
@@ -179,8 +179,9 @@ class Reconciler:
         now = trio.current_time()
         pairs = self.pair_rule()
         # Our own registration decides which side of every pair starts (invariant 10):
-        # when it changes (our claim, a takeover), every peer is looked at again.
-        rule = (pairs.registered, pairs.self_created, pairs.joining)
+        # when it changes (our claim, a takeover, our site or endpoints), every peer
+        # is looked at again.
+        rule = (pairs.registered, pairs.self_created, pairs.joining, _reach_of(pairs.self_member))
         full = (
             self._full_due
             or bool(self.spec.gateways)  # a gateway's peer carries other ranks' routes
@@ -292,6 +293,8 @@ class Reconciler:
             self.view.created,
             self.spec.persistent_keepalive,
             joining=created is None or created > self._listed_at,
+            self_member=mine if registered else None,
+            members=self.view.members,
         )
 
     async def check_handshakes(self) -> None:
@@ -405,6 +408,13 @@ class Reconciler:
                 self._skipped_logged.add(entry)
                 self.stats.skipped += 1
                 log.warning("member rank %s skipped: %s", entry[0], entry[1])
+
+
+def _reach_of(member: Member | None) -> tuple[str, bool, bool] | None:
+    """What of our own entry decides which side of a cross-site pair can reach the other."""
+    if member is None:
+        return None
+    return member.site, member.endpoint is not None, member.public_endpoint is not None
 
 
 def _readded(plan: Plan) -> set[str]:
