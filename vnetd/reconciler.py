@@ -27,6 +27,7 @@ from vnetd.mesh import (
     AppliedPeers,
     Skipped,
     desired_peers,
+    device_restarted,
     devices_after,
     diff,
     written_after,
@@ -221,7 +222,12 @@ class Reconciler:
             await self.dataplane.apply(plan)
             self.stats.applied += 1
             self.stats.changes += len(plan)
-            self.stats.device_restarts += len(_readded(plan))
+            readded = _readded(plan)
+            self.stats.device_restarts += sum(
+                device_restarted(peer, self._devices)
+                for peer in plan.add
+                if peer.public_key in readded
+            )
             if resync is None:
                 self._log_plan(plan, ranks, time.perf_counter() - started)
         if resync is None:
@@ -351,6 +357,13 @@ class Reconciler:
                         before or "none",
                         peer.endpoint,
                     )
+                if not device_restarted(peer, self._devices):
+                    log.info(
+                        "peer rank %s: ours to start now that this rank is registered; "
+                        "re-added it with a handshake",
+                        peer.rank,
+                    )
+                    continue
                 log.info(
                     "peer rank %s restarted its device (device id %s -> %s); re-added it "
                     "to drop the old session",
@@ -418,5 +431,6 @@ def _reach_of(member: Member | None) -> tuple[str, bool, bool] | None:
 
 
 def _readded(plan: Plan) -> set[str]:
-    """Keys removed and added in one plan: peers whose device restarted (see ``mesh.diff``)."""
+    """Keys removed and added in one plan: peers whose device restarted, or held peers
+    that are ours to start now (see ``mesh.diff``)."""
     return {peer.public_key for peer in plan.remove} & {peer.public_key for peer in plan.add}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import logging
 import math
 from dataclasses import replace
 from ipaddress import ip_interface, ip_network
@@ -183,9 +184,12 @@ async def test_the_unreachable_earlier_side_leaves_the_pair_to_the_later_one(aut
     assert earlier.handshakes.next_check() == math.inf, "nothing to retry nor fall back"
 
 
-async def test_a_joiner_behind_nat_starts_the_pair_as_soon_as_it_is_registered(autojump_clock):
+async def test_a_joiner_behind_nat_starts_the_pair_as_soon_as_it_is_registered(
+    autojump_clock, caplog
+):
     """Before its claim the joiner holds rank 0 back (nobody knows it yet); the pass
     right after the claim starts the handshake, with no wait for a fallback."""
+    caplog.set_level(logging.INFO, logger="vnetd.reconcile")
     members = {0: member(0, "a", True), 1: member(1, "b")}
     reconciler = reconciler_for(1, {0: members[0]}, {0: 100}, "b")
     reconciler.dataplane.answers = False  # type: ignore[attr-defined]
@@ -198,6 +202,10 @@ async def test_a_joiner_behind_nat_starts_the_pair_as_soon_as_it_is_registered(a
     (added,) = plan.add
     assert (added.endpoint, added.endpoint_held) == ("198.18.0.0:40000", False)
     assert reconciler.handshakes.awaiting == {}
+    # Said as what it is, not as a device restart (the peer's device id is unchanged).
+    assert "peer rank 0: ours to start now that this rank is registered" in caplog.text
+    assert "restarted its device" not in caplog.text
+    assert reconciler.stats.device_restarts == 0
 
 
 async def test_an_initiator_without_an_endpoint_does_not_retry(autojump_clock):
