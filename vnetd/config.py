@@ -179,6 +179,18 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_public_endpoint_file_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--public-endpoint-file`` (docs/architecture.md, "Sites": a NAT mapping
+    that changes)."""
+    parser.add_argument(
+        "--public-endpoint-file",
+        type=Path,
+        metavar="FILE",
+        help="read the public endpoint from FILE (empty: none) and register it again "
+        "whenever it changes, e.g. when the NAT forwards another port",
+    )
+
+
 def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str:
     """This member's site: ``--site``, ``VNETD_SITE``, ``[site] name`` (else ``default``).
 

@@ -1,10 +1,12 @@
 """One initiator per pair (invariant 10): who starts a pair's handshake, and the watch on it.
 
 ``PairRule`` decides, the same way on both sides, which side of a pair starts
-its handshakes: the earlier registration (the lower create revision, ties by
-public key). ``HandshakeWatch`` keeps the few peers whose first handshake is
-still due: the initiator's, retried by re-adding the peer when it has not
-completed within ``RETRY_AFTER``; and the responder's, waiting for the
+its handshakes: the side that can reach the other when only one can (it has
+an endpoint for its peer), else the earlier registration (the lower create
+revision, ties by public key). ``HandshakeWatch`` keeps the few peers whose
+first handshake is still due: the initiator's, retried by re-adding the peer
+when it has not completed within ``RETRY_AFTER`` (if it has an endpoint for
+it); and the responder's, waiting for the
 initiator, whose endpoint is written after ``FALLBACK_AFTER`` if it never
 came (our own packets for it then start a handshake). Pure: times are
 passed in. The rule, and what was verified in wireguard-go and the kernel,
@@ -17,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from vnetd.model import DevicePeer, Peer, PeerUpdate, Plan
+from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
 
 RETRY_AFTER = 1.0
 """Seconds the initiator gives a handshake before re-adding the peer and starting another."""
@@ -47,6 +49,10 @@ class PairRule:
         self_created: our entry's create revision (``None``: not known).
         created: rank -> create revision of each member (``MemberView.created``).
         spec_keepalive: the spec's ``persistent_keepalive`` (0: none).
+        self_member: our own entry as registered (``None``: not known).
+        members: rank -> each member's entry (``MemberView.members``): which
+            side of a pair has an endpoint for the other, in the scope it
+            would use (``Member.endpoint_from``).
     """
 
     self_key: str
@@ -55,14 +61,32 @@ class PairRule:
     created: Mapping[int, int]
     spec_keepalive: int = 0
     joining: bool = True
+    self_member: Member | None = None
+    members: Mapping[int, Member] = field(default_factory=dict)
 
     def initiates(self, peer: Peer) -> bool:
-        """We start the handshakes with ``peer``: our registration is the earlier one."""
+        """We start the handshakes with ``peer``: we alone can reach it, or both or
+        neither can and our registration is the earlier one."""
         if not self.registered:
             return False
+        reach = self.reaches(peer)
+        if reach is not None:
+            return reach
         theirs = self.created.get(peer.rank, math.inf) if peer.rank is not None else math.inf
         ours = math.inf if self.self_created is None else self.self_created
         return (ours, self.self_key) < (theirs, peer.public_key)
+
+    def reaches(self, peer: Peer) -> bool | None:
+        """Whether we alone (True) or ``peer`` alone (False) has an endpoint for the
+        other, each in the scope it would use, from the two registry entries (so
+        both sides compute the same answer); None when both or neither do, or
+        either entry is unknown."""
+        theirs = self.members.get(peer.rank) if peer.rank is not None else None
+        if theirs is None or self.self_member is None:
+            return None
+        ours_for_them = theirs.endpoint_from(self.self_member.site) is not None
+        theirs_for_us = self.self_member.endpoint_from(theirs.site) is not None
+        return ours_for_them if ours_for_them != theirs_for_us else None
 
     def keepalive(self, peer: Peer) -> int:
         """The persistent keepalive (s) for ``peer``: its own (a peer in another site
@@ -136,7 +160,8 @@ class HandshakeWatch:
         started = set(plan.handshake)
         for peer in plan.add:
             key = peer.public_key
-            if key in started:
+            if key in started and peer.endpoint is not None:
+                # Without an endpoint a re-add could send nothing: the peer reaches us.
                 self.initiating[key] = _Due(peer, now + RETRY_AFTER)
             elif peer.endpoint_held and peer.endpoint is not None:
                 self.awaiting[key] = _Due(replace(peer, endpoint_held=False), now + FALLBACK_AFTER)

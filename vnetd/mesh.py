@@ -80,7 +80,7 @@ def peer_endpoint(member: Member, site: str) -> str | None:
     """The endpoint a daemon in ``site`` uses for ``member`` (docs/architecture.md, "Sites"):
     its site endpoint within its own site, else its public one; None when it has
     none (it can still reach us, and WireGuard roams to where it sends from)."""
-    return member.endpoint if member.site == site else member.public_endpoint
+    return member.endpoint_from(site)
 
 
 def _site_keepalive(member: Member, spec: MeshSpec) -> int | None:

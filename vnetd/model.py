@@ -35,6 +35,11 @@ class Member:
     site: str = DEFAULT_SITE
     public_endpoint: str | None = None
 
+    def endpoint_from(self, site: str) -> str | None:
+        """The endpoint a member of ``site`` reaches this one at: its site endpoint
+        within its own site, else its public one; None when it has none there."""
+        return self.endpoint if self.site == site else self.public_endpoint
+
 
 @dataclass(frozen=True, order=True)
 class Peer:

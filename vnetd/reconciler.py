@@ -27,11 +27,12 @@ from vnetd.mesh import (
     AppliedPeers,
     Skipped,
     desired_peers,
+    device_restarted,
     devices_after,
     diff,
     written_after,
 )
-from vnetd.model import DevicePeer, Peer, Plan
+from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
 
@@ -91,7 +92,7 @@ class Reconciler:
         self._full_at = -math.inf  # when the last full pass ran
         self.handshakes = HandshakeWatch()
         self._listed_at: int | None = None  # the view's revision at the first pass
-        self._rule: tuple[bool, int | None, bool] | None = None  # our side at the last pass
+        self._rule: tuple[object, ...] | None = None  # our side at the last pass
         self._synced = trio.Event()
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
@@ -179,8 +180,9 @@ class Reconciler:
         now = trio.current_time()
         pairs = self.pair_rule()
         # Our own registration decides which side of every pair starts (invariant 10):
-        # when it changes (our claim, a takeover), every peer is looked at again.
-        rule = (pairs.registered, pairs.self_created, pairs.joining)
+        # when it changes (our claim, a takeover, our site or endpoints), every peer
+        # is looked at again.
+        rule = (pairs.registered, pairs.self_created, pairs.joining, _reach_of(pairs.self_member))
         full = (
             self._full_due
             or bool(self.spec.gateways)  # a gateway's peer carries other ranks' routes
@@ -220,7 +222,12 @@ class Reconciler:
             await self.dataplane.apply(plan)
             self.stats.applied += 1
             self.stats.changes += len(plan)
-            self.stats.device_restarts += len(_readded(plan))
+            readded = _readded(plan)
+            self.stats.device_restarts += sum(
+                device_restarted(peer, self._devices)
+                for peer in plan.add
+                if peer.public_key in readded
+            )
             if resync is None:
                 self._log_plan(plan, ranks, time.perf_counter() - started)
         if resync is None:
@@ -292,6 +299,8 @@ class Reconciler:
             self.view.created,
             self.spec.persistent_keepalive,
             joining=created is None or created > self._listed_at,
+            self_member=mine if registered else None,
+            members=self.view.members,
         )
 
     async def check_handshakes(self) -> None:
@@ -348,6 +357,13 @@ class Reconciler:
                         before or "none",
                         peer.endpoint,
                     )
+                if not device_restarted(peer, self._devices):
+                    log.info(
+                        "peer rank %s: ours to start now that this rank is registered; "
+                        "re-added it with a handshake",
+                        peer.rank,
+                    )
+                    continue
                 log.info(
                     "peer rank %s restarted its device (device id %s -> %s); re-added it "
                     "to drop the old session",
@@ -407,6 +423,14 @@ class Reconciler:
                 log.warning("member rank %s skipped: %s", entry[0], entry[1])
 
 
+def _reach_of(member: Member | None) -> tuple[str, bool, bool] | None:
+    """What of our own entry decides which side of a cross-site pair can reach the other."""
+    if member is None:
+        return None
+    return member.site, member.endpoint is not None, member.public_endpoint is not None
+
+
 def _readded(plan: Plan) -> set[str]:
-    """Keys removed and added in one plan: peers whose device restarted (see ``mesh.diff``)."""
+    """Keys removed and added in one plan: peers whose device restarted, or held peers
+    that are ours to start now (see ``mesh.diff``)."""
     return {peer.public_key for peer in plan.remove} & {peer.public_key for peer in plan.add}

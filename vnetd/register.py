@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vnetd import __version__
-from vnetd.config import add_etcd_arguments, add_site_arguments, resolve_site, spec_from_args
+from vnetd.config import (
+    add_etcd_arguments,
+    add_public_endpoint_file_argument,
+    add_site_arguments,
+    resolve_site,
+    spec_from_args,
+)
 from vnetd.errors import IdentityError
 from vnetd.model import Member
 from vnetd.spec import MeshSpec
@@ -50,6 +56,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         help="where the host's WireGuard listens, as its own site reaches it",
     )
     add_site_arguments(parser)
+    add_public_endpoint_file_argument(parser)
     parser.add_argument(
         "--instance",
         help="the name that owns the claim (default register-<hostname>-<rank>)",
@@ -80,7 +87,9 @@ def member_of(args: argparse.Namespace, spec: MeshSpec, env: Mapping[str, str]) 
         started=time.time(),
         version=__version__,
         site=resolve_site(spec, args.site, env),
-        public_endpoint=resolve_public_endpoint(spec, args.public_endpoint, env),
+        public_endpoint=resolve_public_endpoint(
+            spec, args.public_endpoint, env, args.public_endpoint_file
+        ),
     )
 
 
@@ -90,11 +99,13 @@ def run(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args, os.environ)
     me = member_of(args, spec, os.environ)
-    trio.run(hold_until_signal, spec, me)
+    trio.run(hold_until_signal, spec, me, args.public_endpoint_file)
     return 0
 
 
-async def hold_until_signal(spec: MeshSpec, me: Member) -> None:
+async def hold_until_signal(
+    spec: MeshSpec, me: Member, public_endpoint_file: Path | None = None
+) -> None:
     """Claim ``me`` and hold it until SIGTERM or SIGINT; the lease is revoked on the way out."""
     import trio
 
@@ -103,15 +114,21 @@ async def hold_until_signal(spec: MeshSpec, me: Member) -> None:
 
     with plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_registry(spec.registry) as registry, trio.open_nursery() as nursery:
-            nursery.start_soon(hold_claim, registry, spec, me)
+            nursery.start_soon(hold_claim, registry, spec, me, public_endpoint_file)
             async for _signum in signals:
                 nursery.cancel_scope.cancel()
                 break
 
 
-async def hold_claim(registry: Registry, spec: MeshSpec, me: Member) -> None:
-    """Check the spec, claim ``me.rank`` and hold it until cancelled, then revoke the lease."""
-    from vnetd.control.claim import ClaimHolder
+async def hold_claim(
+    registry: Registry, spec: MeshSpec, me: Member, public_endpoint_file: Path | None = None
+) -> None:
+    """Check the spec, claim ``me.rank`` and hold it until cancelled, then revoke the lease;
+    with ``public_endpoint_file``, register the public endpoint written there whenever
+    it changes (as ``vnetd up`` does)."""
+    import trio
+
+    from vnetd.control.claim import ClaimHolder, follow_public_endpoint
     from vnetd.control.membership import ensure_spec
     from vnetd.retry import RegistryHealth, retry_registry
 
@@ -119,6 +136,9 @@ async def hold_claim(registry: Registry, spec: MeshSpec, me: Member) -> None:
     await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)
     claim = ClaimHolder(registry, spec, me, health)
     try:
-        await claim.run()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(claim.run)
+            if public_endpoint_file is not None:
+                nursery.start_soon(follow_public_endpoint, public_endpoint_file, claim)
     finally:
         await claim.release()

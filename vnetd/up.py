@@ -17,6 +17,7 @@ from vnetd.config import (
     DEFAULT_STATE_DIR,
     Settings,
     add_etcd_arguments,
+    add_public_endpoint_file_argument,
     add_site_arguments,
     settings_from_args,
 )
@@ -37,13 +38,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         help="underlay endpoint peers send to (else POD_IP:port, else default-route address)",
     )
     add_site_arguments(up)
-    up.add_argument(
-        "--public-endpoint-file",
-        type=Path,
-        metavar="FILE",
-        help="read the public endpoint from FILE (empty: none) and register it again "
-        "whenever it changes, e.g. when the NAT forwards another port",
-    )
+    add_public_endpoint_file_argument(up)
     up.add_argument(
         "--state-dir",
         type=Path,

@@ -209,19 +209,20 @@ async def overlay_routed(mesh: MeshLab, rank: int) -> None:
 
 
 async def test_sites_behind_nat_reach_each_other_through_their_gateways():
-    """(b) Only rank 0 (site a) and rank 3 (site b) have a forwarded port: they are
-    the gateways; every pair still reaches the other across the sites, and the
-    Flux-like broker tree of ``test_flux_overlay.py`` (fan-out 2: rank 1 in site a
-    is the parent of ranks 3 and 4 in site b), rendered before any pod exists,
-    forms with rank 0 in site a."""
-    with trio.fail_after(120):
-        async with open_sites_lab({"a": 3, "b": 3}) as lab:
-            mesh = await gatewayed_mesh(lab, {"a": [0], "b": [3]})
+    """(b) Ranks 0-3 in site a, 4-6 in site b: rank 0 in site a and half the workers
+    (ranks 1-6) in site b. Only rank 0 (site a) and rank 4 (site b) have a forwarded
+    port: they are the gateways; every pair still reaches the other across the
+    sites, and the Flux-like broker tree of ``test_flux_overlay.py`` (fan-out 2:
+    rank 1 in site a is the parent of ranks 3 in a and 4 in b, rank 2 of ranks 5
+    and 6 in b), rendered before any pod exists, forms with rank 0 in site a."""
+    with trio.fail_after(150):
+        async with open_sites_lab({"a": 4, "b": 3}) as lab:
+            mesh = await gatewayed_mesh(lab, {"a": [0], "b": [4]})
             bootstrap = lab.workdir / "flux-bootstrap.toml"
             render_bootstrap(mesh.spec_path, bootstrap, 2)
             await mesh.start_probes()
             brokers = {}
-            for rank in [4, 1, 5, 2, 3, 0]:
+            for rank in [5, 1, 6, 3, 2, 4, 0]:
                 await start_in_site(mesh, lab, rank)
                 await overlay_routed(mesh, rank)
                 brokers[rank] = await start_broker(lab, mesh, rank, bootstrap)
@@ -230,8 +231,11 @@ async def test_sites_behind_nat_reach_each_other_through_their_gateways():
             took = full - last_start
             print(f"full mesh through the gateways {took:.2f} s after the last start")
             assert took < FULL_MESH_BOUND
+            workers = range(1, 7)
+            in_b = [r for r in workers if lab.site(mesh.pod(r)).name == "b"]
+            assert len(in_b) * 2 == len(workers), in_b  # half the workers burst into b
             await wait_until(
-                lambda: set(hellos(brokers[0])) >= {1, 2, 3, 4, 5},
+                lambda: set(hellos(brokers[0])) >= set(workers),
                 f"hellos at rank 0 (have {sorted(hellos(brokers[0]))})",
                 HELLO_WITHIN,
             )
@@ -241,7 +245,8 @@ async def test_sites_behind_nat_reach_each_other_through_their_gateways():
             # Rank 1 (site a) has its own site's members and gateway 0, holding b's ranks.
             held = {peer: sorted(ips) for peer, ips in (await mesh.device_peers(1)).items()}
             assert sorted(held.values()) == sorted([
-                [f"{mesh.address(r)}/32" for r in (0, 3, 4, 5)], [f"{mesh.address(2)}/32"],
+                [f"{mesh.address(r)}/32" for r in (0, 4, 5, 6)],
+                [f"{mesh.address(2)}/32"], [f"{mesh.address(3)}/32"],
             ])  # fmt: skip
 
 

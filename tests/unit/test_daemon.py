@@ -56,7 +56,14 @@ class Cluster:
     async def _registry(self, spec: MeshSpec) -> AsyncIterator[Registry]:
         yield self.registry
 
-    async def start(self, rank: int, instance: str | None = None) -> Running:
+    async def start(
+        self,
+        rank: int,
+        instance: str | None = None,
+        *,
+        site: str | None = None,
+        public_endpoint: str | None = None,
+    ) -> Running:
         name = instance or f"pod{rank}"
         opts = Settings(
             spec=load_spec(self.config),
@@ -64,6 +71,8 @@ class Cluster:
             state_dir=self.tmp / name,
             instance=name,
             resync_interval=30.0,
+            site=site,
+            public_endpoint=public_endpoint,
         )
         env = {"POD_IP": f"198.18.1.{rank + 1}"}
 

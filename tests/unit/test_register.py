@@ -136,3 +136,56 @@ async def test_public_endpoint_file_is_followed(tmp_path, caplog, monkeypatch):
         assert claim.lease == lease and claim.claims == 1
         assert "rank 1's entry updated: public endpoint 198.18.0.1:41001 -> none" in caplog.text
         nursery.cancel_scope.cancel()
+
+
+async def test_register_follows_a_public_endpoint_file_like_up(tmp_path, monkeypatch):
+    """Real time (the file is read in a worker thread): polled every 50 ms here."""
+    from test_daemon import SPEC
+
+    from vnetd.control.membership import decode_member, member_key
+    from vnetd.registry.memory import MemoryRegistry
+    from vnetd.spec import load_spec
+
+    monkeypatch.setattr("vnetd.control.claim.PUBLIC_ENDPOINT_POLL", 0.05)
+    (tmp_path / "mesh.toml").write_text(SPEC.format(size=4))
+    spec = load_spec(tmp_path / "mesh.toml")
+    path = tmp_path / "public"
+    path.write_text("203.0.113.5:40000\n")
+    parsed = args(tmp_path, "--rank", "3", "--public-key", HOST_KEY, "--endpoint",
+                  "10.0.0.3:51820", "--site", "b", "--public-endpoint-file", str(path))  # fmt: skip
+    me = member_of(parsed, spec, {"VNETD_PUBLIC_ENDPOINT": "198.51.100.1:1"})
+    assert me.public_endpoint == "203.0.113.5:40000", "the file is the only source"
+    registry = MemoryRegistry()
+
+    async def public() -> str | None:
+        entry = await registry.get(member_key(spec, 3))
+        return (
+            None if entry is None else decode_member(spec, entry.key, entry.value).public_endpoint
+        )
+
+    async def until_public(value: str | None) -> None:
+        with trio.fail_after(5):
+            while await public() != value:
+                await trio.sleep(0.02)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hold_claim, registry, spec, me, parsed.public_endpoint_file)
+        await until_public("203.0.113.5:40000")
+        path.write_text("203.0.113.5:41000\n")
+        await until_public("203.0.113.5:41000")
+        path.write_text("")
+        await until_public(None)
+        nursery.cancel_scope.cancel()
+    assert await registry.get(member_key(spec, 3)) is None, "the lease is revoked on the way out"
+
+
+def test_an_unreadable_public_endpoint_file_is_named(tmp_path):
+    from test_daemon import SPEC
+
+    from vnetd.spec import load_spec
+
+    (tmp_path / "mesh.toml").write_text(SPEC.format(size=4))
+    parsed = args(tmp_path, "--rank", "1", "--public-key", HOST_KEY, "--endpoint", "1.2.3.4:5",
+                  "--public-endpoint-file", str(tmp_path / "absent"))  # fmt: skip
+    with pytest.raises(VnetdError, match="--public-endpoint-file .*absent"):
+        member_of(parsed, load_spec(tmp_path / "mesh.toml"), {})

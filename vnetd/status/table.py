@@ -60,8 +60,10 @@ def status_renderable(
         pad_edge=False,
     )
     dual_stack = spec.network6 is not None
+    with_sites = any(row.site is not None for row in rows)
     headers = ["rank", "address", *(["address6"] if dual_stack else []), "hostname", "state",
-               "pod", "endpoint", "since (UTC)"]  # fmt: skip
+               "pod", *(["site", "reached"] if with_sites else []), "endpoint",
+               "since (UTC)"]  # fmt: skip
     for header in headers:
         table.add_column(header, justify="right" if header == "rank" else "left", no_wrap=True)
     if with_device:
@@ -70,6 +72,8 @@ def status_renderable(
         table.add_column("tx", justify="right", no_wrap=True)
     for row in rows:
         cells = _cells(row, now)
+        if with_sites:
+            cells[5:5] = [row.site or NONE, row.reached or NONE]
         if dual_stack:
             cells[2:2] = [",".join(row.addresses[1:]) or NONE]
         if with_device:

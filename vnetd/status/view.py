@@ -14,13 +14,14 @@ counters from the device, matched by the registered public key.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from vnetd.mesh import desired_peers
 from vnetd.model import DevicePeer, Member
 from vnetd.ranks import format_ranks
-from vnetd.spec import MeshSpec
+from vnetd.spec import DEFAULT_SITE, MeshSpec, SiteSpec
 
 SCHEMA_VERSION = 1
 """Bumped when a field of ``as_json``'s document changes meaning or goes away."""
@@ -60,6 +61,10 @@ class RankRow:
     """None when no device was read, or the rank is missing."""
     addresses: tuple[str, ...] = ()
     """Every address of the rank, the primary first (two in a dual-stack mesh)."""
+    site: str | None = None
+    """The member's site; None when the mesh uses no sites (or the rank is missing)."""
+    reached: str | None = None
+    """How this host reaches the member when the mesh uses sites (``reached_text``)."""
 
     @property
     def registered(self) -> bool:
@@ -85,6 +90,7 @@ def rank_rows(
         local_key: the local device's own public key, to mark its rank.
     """
     rows: list[RankRow] = []
+    via = reached_from(spec, members, local_key) if uses_sites(spec, members) else None
     for rank in range(spec.size):
         member = members.get(rank)
         since = None if member is None or member.started <= 0 else now - member.started
@@ -92,8 +98,54 @@ def rank_rows(
         if member is not None and device is not None:
             columns = _device_columns(member.public_key, device, now, local_key)
         addresses = tuple(str(addr) for addr in spec.addresses(rank))
-        rows.append(RankRow(rank, addresses[0], spec.host(rank), member, since, columns, addresses))
+        row = RankRow(rank, addresses[0], spec.host(rank), member, since, columns, addresses)
+        if via is not None and member is not None:
+            row = replace(row, site=member.site, reached=reached_text(rank, via))
+        rows.append(row)
     return rows
+
+
+def uses_sites(spec: MeshSpec, members: Mapping[int, Member]) -> bool:
+    """The mesh names sites: gateways in the spec, or a member outside the default site."""
+    return bool(spec.gateways) or any(m.site != DEFAULT_SITE for m in members.values())
+
+
+SELF = -1
+"""``reached_from``'s mark for this host's own rank."""
+
+
+def reached_from(
+    spec: MeshSpec, members: Mapping[int, Member], local_key: str | None
+) -> dict[int, int | None]:
+    """How this host reaches each member (docs/architecture.md, "Sites"): rank -> None
+    (a direct peer), the gateway rank whose peer carries its address, or ``SELF``;
+    a rank left out has no route (its site's gateway is absent).
+
+    This host is the member registered under ``local_key``; without one, a member
+    of the spec's own site that is not a gateway."""
+    me = next((r for r, m in members.items() if local_key and m.public_key == local_key), None)
+    site = members[me].site if me is not None else spec.site.name
+    local = replace(spec, site=SiteSpec(site))
+    peers, _ = desired_peers(members, SELF if me is None else me, local, local_key or "")
+    rank_of = {ip: rank for rank in members if 0 <= rank < spec.size
+               for ip in spec.allowed_ips(rank)}  # fmt: skip
+    via: dict[int, int | None] = {} if me is None else {me: SELF}
+    for peer in peers.values():
+        for ip in peer.allowed_ips:
+            rank = rank_of.get(ip)
+            if rank is not None:
+                via[rank] = None if rank == peer.rank else peer.rank
+    return via
+
+
+def reached_text(rank: int, via: Mapping[int, int | None]) -> str:
+    """``direct``, ``via gateway 4``, ``this host`` or ``no route``."""
+    if rank not in via:
+        return "no route"
+    gateway = via[rank]
+    if gateway is None:
+        return "direct"
+    return "this host" if gateway == SELF else f"via gateway {gateway}"
 
 
 def _device_columns(
@@ -244,6 +296,7 @@ def as_json(
 def _row_json(row: RankRow) -> dict[str, Any]:
     member = row.member
     started = member.started if member is not None and member.started > 0 else None
+    sites = {} if row.site is None else {"site": row.site, "reached": row.reached}
     return {
         "rank": row.rank,
         "address": row.address,
@@ -257,6 +310,7 @@ def _row_json(row: RankRow) -> dict[str, Any]:
         "started": started,
         "started_utc": utc_text(started) if started is not None else None,
         "device": _device_json(row.device),
+        **sites,
     }
 
 
