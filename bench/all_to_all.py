@@ -112,9 +112,14 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
         "pair_s": latency(list(waits.values())),
         "pair_after_both_ready_s": latency(list(after_ready.values())),
         "over_s": {f"{limit:g}": sum(1 for w in waits.values() if w > limit) for limit in OVER},
-        "slowest": [{"pair": f"{a}>{b}", "s": round(w, 4),
-                     "after_both_ready_s": round(after_ready[(a, b)], 4)}
-                    for (a, b), w in slowest],  # fmt: skip
+        "slowest": [
+            {
+                "pair": f"{a}>{b}",
+                "s": round(w, 4),
+                "after_both_ready_s": round(after_ready[(a, b)], 4),
+            }
+            for (a, b), w in slowest
+        ],  # fmt: skip
         "load": sampler.summary(),
     }
     print(

@@ -75,7 +75,10 @@ async def keep_traces(
         rank = rank_of_key(mesh.spec, base64.b64decode(kv["key"]).decode())
         if rank is not None:
             record = json.loads(base64.b64decode(kv["value"]))
-            members[str(rank)] = {"key": record["public_key"], "created": int(kv["create_revision"])}
+            members[str(rank)] = {
+                "key": record["public_key"],
+                "created": int(kv["create_revision"]),
+            }
     (folder / "members.json").write_text(json.dumps(members, indent=1) + "\n")
     pairs = {f"{a}>{b}": clock.to_wall(t) for (a, b), t in sorted(reached.items())}
     started = {str(r): clock.to_wall(t) for r, t in mesh.started_at.items()}
@@ -143,9 +146,9 @@ def main() -> None:
         origin = last_start if args.origin == "last-start" else max(ready[a], ready[b])
         waits[(a, b)] = (t - origin, origin)
     ordered = sorted(waits.items(), key=lambda item: -item[1][0])
-    chosen = [p for p in ordered if p[1][0] > args.over] or []
+    chosen = [p for p in ordered if p[1][0] > args.over]
+    print(f"{len(waits)} pairs; over {args.over:g} s: {len(chosen)}")
     chosen += [p for p in ordered[: args.slowest] if p not in chosen]
-    print(f"{len(waits)} pairs; over {args.over:g} s: {sum(1 for p in ordered if p[1][0] > args.over)}")
     for (a, b), (wait, origin) in chosen:
         print(f"\n== {a} > {b}: {wait:.2f} s ({a} created {members[str(a)]['created']}, "
               f"{b} created {members[str(b)]['created']})")  # fmt: skip
