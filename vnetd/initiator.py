@@ -4,7 +4,8 @@
 its handshakes: the earlier registration (the lower create revision, ties by
 public key). ``HandshakeWatch`` keeps the few peers whose first handshake is
 still due: the initiator's, retried by re-adding the peer when it has not
-completed within ``RETRY_AFTER``; and the responder's, waiting for the
+completed within ``RETRY_AFTER`` (``EARLY_CHECK`` for a peer that registered
+just after we joined, which may not hold us yet); and the responder's, waiting for the
 initiator, whose endpoint is written after ``FALLBACK_AFTER`` if it never
 came (our own packets for it then start a handshake). Pure: times are
 passed in. The rule, and what was verified in wireguard-go and the kernel,
@@ -23,6 +24,15 @@ RETRY_AFTER = 1.0
 """Seconds the initiator gives a handshake before re-adding the peer and starting another."""
 RETRIES = 3
 """Re-adds after the first try; then WireGuard's own retry (every 5 s) is left to it."""
+EARLY_CHECK = 0.4
+"""Seconds the initiator gives its first handshake with a peer that registered within
+``RACE_WINDOW`` after we joined. Such a peer may have listed the members before our
+registration and learn of us only from its watch, after ours delivered it: our first
+initiation then reaches a device that does not hold us yet and is dropped ("Received
+invalid initiation message" in wireguard-go's verbose log). Traced in the lab (24 and 64
+pods, 2 loaded cores): the peer added us 0.2-0.3 s after our initiation left."""
+RACE_WINDOW = 2.0
+"""How long after we joined a peer we initiate with gets ``EARLY_CHECK``."""
 FALLBACK_AFTER = 2.0
 """Seconds a responder waits for the initiator (once registered) before writing its endpoint."""
 IDLE_KEEPALIVE = 25
@@ -118,6 +128,10 @@ class HandshakeWatch:
         self.initiating: dict[str, _Due] = {}
         self.awaiting: dict[str, _Due] = {}
         self.registered_at: float | None = None
+        self.joined_at: float | None = None
+        """When we registered after a pass had found us unregistered (a join in this
+        process, not an entry taken over at start); None otherwise."""
+        self._unregistered_seen = False
 
     def note(self, plan: Plan, wanted: Mapping[str, Peer], now: float) -> None:
         """Record an applied ``plan``; ``wanted`` maps keys to the desired peers (those
@@ -134,10 +148,12 @@ class HandshakeWatch:
                         due.peer, endpoint=want.endpoint, allowed_ips=want.allowed_ips
                     )
         started = set(plan.handshake)
+        joined = self.joined_at is not None and now - self.joined_at <= RACE_WINDOW
+        first = EARLY_CHECK if joined else RETRY_AFTER
         for peer in plan.add:
             key = peer.public_key
             if key in started:
-                self.initiating[key] = _Due(peer, now + RETRY_AFTER)
+                self.initiating[key] = _Due(peer, now + first)
             elif peer.endpoint_held and peer.endpoint is not None:
                 self.awaiting[key] = _Due(replace(peer, endpoint_held=False), now + FALLBACK_AFTER)
 
@@ -151,9 +167,13 @@ class HandshakeWatch:
         """We are registered: from now on the initiators can know us."""
         if self.registered_at is None:
             self.registered_at = now
+            if self._unregistered_seen:
+                self.joined_at = now
 
     def unregistered(self) -> None:
         self.registered_at = None
+        self.joined_at = None
+        self._unregistered_seen = True
 
     def next_check(self) -> float:
         """When a watched peer is next due (``inf``: none is)."""
