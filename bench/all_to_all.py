@@ -12,8 +12,10 @@ at once, each retrying a target every ``--interval`` s until it answers
 
 The figure is the time from the last start until every ordered pair has
 answered (a packet went each way over the overlay); also each pair's time
-(the slowest pair, how many needed over 1 s and over 2 s), and the time
-from the last daemon's readiness (its ``claimed rank`` log line). All
+(the slowest pair, how many needed over 1 s and over 2 s), each pair's time
+from when both its ends were ready and its sender's prober had started
+sending (the handshake without the start-up), and the time from the last
+daemon's readiness (its ``claimed rank`` log line). All
 times are ``time.monotonic()``; daemon log times (the JSON ``time``) are
 converted with ``common.ClockMap``.
 
@@ -51,6 +53,7 @@ from common import (
 from traces import add_trace_option, keep_traces, start_tracing
 
 from vnetd.lab.lab import open_lab
+from vnetd.lab.probe import parse_events
 
 PROBE_DURATION = 600.0
 OVER = (1.0, 2.0)
@@ -71,6 +74,12 @@ async def start_probers(mesh: JsonMesh, size: int, go_file: Path, args: Any) -> 
         60,
         0.2,
     )
+
+
+def go_time(mesh: JsonMesh, rank: int) -> float:
+    """When ``rank``'s prober saw the go file (monotonic)."""
+    events = parse_events(mesh.probes[rank].log_text())
+    return next(float(e["t"]) for e in events if e.get("event") == "go")
 
 
 async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: ANN401
@@ -97,10 +106,14 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
             )
             ready = {r: clock.to_monotonic(claim_time(mesh.log(r), r) or 0.0) for r in range(size)}
             reached = mesh.first_reached()
-            await keep_traces(mesh, args.trace_dir, f"all_to_all-{size}-{run + 1}", reached, clock)
+            go = {r: go_time(mesh, r) for r in range(size)}
+            label = f"all_to_all-{size}-{run + 1}"
+            await keep_traces(mesh, args.trace_dir, label, reached, clock, go)
             nursery.cancel_scope.cancel()
     waits = {pair: t - last_start for pair, t in reached.items()}
-    after_ready = {(a, b): t - max(ready[a], ready[b]) for (a, b), t in reached.items()}
+    # From when both ends were ready and the sender's prober had its go (a pair of early
+    # ranks is ready long before the last start).
+    after_ready = {(a, b): t - max(ready[a], ready[b], go[a]) for (a, b), t in reached.items()}
     slowest = sorted(waits.items(), key=lambda item: -item[1])[:5]
     result = {
         "size": size,

@@ -16,7 +16,7 @@ def all_to_all_section(r: JSON | None) -> tuple[list[str], bool | None]:
     s = r["summary"]["by_size"]
     rows = [
         [size, str(v["runs"]), mmm(v["from_last_start"], 2), mmm(v["from_last_ready"], 2),
-         mmm(v["slowest_pair"], 2), mmm(v["slowest_after_both_ready"], 2),
+         mmm(v["slowest_pair"], 2), mmm(v.get("slowest_after_both_ready"), 2),
          mmm(v["pair_p50"], 2), mmm(v["over_1s"], 0), mmm(v["over_2s"], 0), str(v["pairs"])]
         for size, v in by_size(s)
     ]  # fmt: skip
@@ -32,7 +32,8 @@ def all_to_all_section(r: JSON | None) -> tuple[list[str], bool | None]:
         "target answers, as an MPI job's first all-to-all. Seconds from the last start until",
         "every ordered pair has answered, median (min–max) over runs; *ready* = the last",
         "daemon logged its claim. Pair columns: each ordered pair's time from the last start",
-        "(or from when both its ends were ready: the handshake, without the start-up).",
+        "(or from when both its ends were ready and the sender sending: the handshake, without",
+        "the start-up).",
         "",
         *table(
             [

@@ -7,7 +7,8 @@ by ``vnetd.dataplane.supervise``), and before the lab is torn down each run
 keeps, in ``DIR/<bench>-<size>-<run>/``: ``vnetd-R.log`` (the daemon's JSON
 log), ``wireguard-go-R.log`` (its device's log: one-second timestamps, local
 time), ``members.json`` (rank → public key and create revision in etcd) and
-``pairs.json`` (each ordered pair's first answer, epoch seconds).
+``pairs.json`` (each ordered pair's first answer, each daemon's start and,
+for held probers, each one's go; epoch seconds).
 
 Run alone, it prints what both ends of the slowest pairs logged about each other:
 
@@ -56,9 +57,11 @@ async def keep_traces(
     label: str,
     reached: dict[tuple[int, int], float],
     clock: ClockMap,
+    go: dict[int, float] | None = None,
 ) -> None:
     """Copy each rank's logs, etcd's member keys and the pairs' first answers
-    (``reached``: monotonic) to ``trace_dir/label``; a no-op without a trace dir."""
+    (``reached``; ``go``: when each prober started sending, if held; monotonic) to
+    ``trace_dir/label``; a no-op without a trace dir."""
     if trace_dir is None:
         return
     folder = trace_dir / label
@@ -82,8 +85,9 @@ async def keep_traces(
     (folder / "members.json").write_text(json.dumps(members, indent=1) + "\n")
     pairs = {f"{a}>{b}": clock.to_wall(t) for (a, b), t in sorted(reached.items())}
     started = {str(r): clock.to_wall(t) for r, t in mesh.started_at.items()}
+    held = {str(r): clock.to_wall(t) for r, t in (go or {}).items()}
     (folder / "pairs.json").write_text(
-        json.dumps({"reached": pairs, "started": started}, indent=1) + "\n"
+        json.dumps({"reached": pairs, "started": started, "go": held}, indent=1) + "\n"
     )
 
 
@@ -129,7 +133,9 @@ def main() -> None:
     parser.add_argument("--slowest", type=int, default=5, help="also the N slowest pairs")
     parser.add_argument("--over", type=float, default=2.0, help="every pair over S s")
     parser.add_argument("--from", dest="origin", choices=("last-start", "both-ready"),
-                        default="last-start", help="what a pair's time counts from")  # fmt: skip
+                        default="last-start",
+                        help="what a pair's time counts from (both-ready: both ends ready "
+                        "and the sender's prober sending)")  # fmt: skip
     args = parser.parse_args()
     members = json.loads((args.folder / "members.json").read_text())
     pairs = json.loads((args.folder / "pairs.json").read_text())
@@ -143,7 +149,8 @@ def main() -> None:
     waits = {}
     for name, t in pairs["reached"].items():
         a, b = (int(x) for x in name.split(">"))
-        origin = last_start if args.origin == "last-start" else max(ready[a], ready[b])
+        go = pairs.get("go", {}).get(str(a), 0.0)  # a's prober held until then
+        origin = last_start if args.origin == "last-start" else max(ready[a], ready[b], go)
         waits[(a, b)] = (t - origin, origin)
     ordered = sorted(waits.items(), key=lambda item: -item[1][0])
     chosen = [p for p in ordered if p[1][0] > args.over]
