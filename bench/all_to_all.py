@@ -155,6 +155,7 @@ def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
             "runs": len(mine),
             "from_last_start": spread(r["from_last_start"] for r in mine),
             "from_last_ready": spread(r["from_last_ready"] for r in mine),
+            "rank0_start_to_ready": spread(r["rank0_start_to_ready"] for r in mine),
             "slowest_pair": spread(r["pair_s"]["max"] for r in mine),
             "slowest_after_both_ready": spread(r["pair_after_both_ready_s"]["max"] for r in mine),
             "pair_p50": spread(r["pair_s"]["p50"] for r in mine),

@@ -16,6 +16,7 @@ def all_to_all_section(r: JSON | None) -> tuple[list[str], bool | None]:
     s = r["summary"]["by_size"]
     rows = [
         [size, str(v["runs"]), mmm(v["from_last_start"], 2), mmm(v["from_last_ready"], 2),
+         mmm(v.get("rank0_start_to_ready"), 2),
          mmm(v["slowest_pair"], 2), mmm(v.get("slowest_after_both_ready"), 2),
          mmm(v["pair_p50"], 2), mmm(v["over_1s"], 0), mmm(v["over_2s"], 0), str(v["pairs"])]
         for size, v in by_size(s)
@@ -41,6 +42,7 @@ def all_to_all_section(r: JSON | None) -> tuple[list[str], bool | None]:
                 "runs",
                 "all answered after last start",
                 "after last ready",
+                "rank 0 start → ready",
                 "slowest pair",
                 "slowest pair after both ready",
                 "pair p50",
