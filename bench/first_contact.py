@@ -3,6 +3,10 @@
 
     first_contact.py --self-addr A --targets A1,A2,... --interval 0.05 --duration 300
 
+With ``--go-file PATH`` it answers requests at once but sends none of its own
+until PATH exists (checked every 5 ms), so every prober of a lab can start
+sending at the same moment, as an application's first all-to-all does.
+
 Like ``vnetd.lab.probe`` (same ``reached`` events, so ``MeshLab.first_reached``
 reads its output), but a target that answered once is no longer probed, and
 a target the kernel has no route to yet (the send fails at once: vnetd routes
@@ -13,6 +17,7 @@ would load the 2-core machine they measure. It keeps answering requests
 until the duration ends or SIGTERM. Events, one JSON line each (``t`` is ``time.monotonic()``):
 
 - ``{"event": "started", "self": A, "t": T}``
+- ``{"event": "go", "t": T}``: the go file appeared (only with ``--go-file``)
 - ``{"event": "reached", "target": A, "t": T}``: the first reply from A
 - ``{"event": "summary", "sent": n, "failed": n, "t": T}`` on exit
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import select
 import signal
 import socket
@@ -30,6 +36,7 @@ from types import FrameType
 
 MAGIC = b"vnetd-first1"
 PORT = 7778
+GO_POLL = 0.005
 
 
 def emit(event: dict[str, object]) -> None:
@@ -50,6 +57,7 @@ def main() -> int:
         default=0.2,
         help="retry interval for a target the kernel has no route to yet (default 0.2 s)",
     )
+    parser.add_argument("--go-file", help="send nothing until this file exists")
     args = parser.parse_args()
     if not 0 < args.duration <= 3600 or not 0.005 <= args.interval <= 10:
         parser.error("--duration must be in (0, 3600] and --interval in [0.005, 10]")
@@ -72,9 +80,17 @@ def main() -> int:
         emit({"event": "started", "self": args.self_addr, "t": start})
         next_send = start
         due = dict.fromkeys(pending, start)  # when each target is probed next
+        waiting = args.go_file is not None
         while not stop and time.monotonic() < end:
             now = time.monotonic()
-            if now >= next_send:
+            if waiting and os.path.exists(args.go_file):
+                waiting = False
+                next_send = now
+                due = dict.fromkeys(pending, now)
+                emit({"event": "go", "t": now})
+            if waiting:
+                next_send = now + GO_POLL
+            elif now >= next_send:
                 for target in pending:
                     if due[target] > now:
                         continue

@@ -74,6 +74,7 @@ from common import (
     write_result,
 )
 from register import random_public_key
+from traces import add_trace_option, keep_traces, start_tracing
 
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.lab import Lab, open_lab
@@ -302,7 +303,7 @@ async def steady_join(
 # --- runs and summaries -----------------------------------------------------------------
 
 
-async def one_run(size: int, rng: Any, args: Any) -> JSON:  # noqa: ANN401
+async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: ANN401
     async with open_lab(size, static_neighbours=True) as lab:
         sampler = LoadSampler(own_netns=lab_netns(lab))
         async with trio.open_nursery() as nursery:
@@ -311,6 +312,8 @@ async def one_run(size: int, rng: Any, args: Any) -> JSON:  # noqa: ANN401
             mesh = JsonMesh(lab, path, load_spec(path))
             await start_probers(mesh, size, args.interval)
             startup = await start_up(mesh, size, rng, args.max_gap)
+            label = f"formation-{size}-{run + 1}"
+            await keep_traces(mesh, args.trace_dir, label, mesh.first_reached(), ClockMap())
             await trio.sleep(SETTLE)
             idle = await idle_cpu(mesh, size, HOLD)
             key = random_public_key()
@@ -391,8 +394,9 @@ def summarize_full_mesh(runs: list[JSON], sizes: list[int]) -> JSON:
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
     seed, rng = seeded(args.seed)
+    start_tracing(args.trace_dir)
     runs, failures = await run_each_size(
-        "formation", args.sizes, args.runs, lambda size, _i: one_run(size, rng, args)
+        "formation", args.sizes, args.runs, lambda size, i: one_run(size, i, rng, args)
     )
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
               "seed": seed, "max_gap_s": args.max_gap,
@@ -420,6 +424,7 @@ def main() -> None:
     parser.add_argument("--max-gap", type=float, default=1.0, help="start gaps 0..S (default 1)")
     parser.add_argument("--interval", type=float, default=0.05, help="probe interval (0.05 s)")
     parser.add_argument("--joins", type=int, default=4, help="steady joins per run (default 4)")
+    add_trace_option(parser)
     args = parser.parse_args()
     check_host()
     sys.exit(1 if trio.run(main_async, args) else 0)

@@ -816,7 +816,7 @@ def targets_table(verdicts: list[tuple[str, bool | None]]) -> list[str]:
 def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
-        "etcd_faults", "etcd_watch_cost", "bursting",
+        "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -829,6 +829,9 @@ def render(results_dir: Path, doc: Path) -> None:
     faults, faults_ok = etcd_faults_section(
         results.get("etcd_faults"), results.get("etcd_watch_cost")
     )
+    from report_all_to_all import all_to_all_section  # it imports this module's helpers
+
+    a2a, a2a_ok = all_to_all_section(results.get("all_to_all"))
     verdicts = [
         ("propagation p99 ≤ 100 ms at 64 pods (steady)", prop_ok),
         ("full mesh within 1 s of the last daemon's readiness at 64 pods", mesh_ok),
@@ -838,7 +841,9 @@ def render(results_dir: Path, doc: Path) -> None:
         ("throughput ≥ 0.97 × hand-configured wireguard-go", data_ok),
         ("≥ 10× faster than the launcher of today to all ranks connected", launch_ok),
         ("no claim or probe lost when an etcd member is killed, frozen or partitioned", faults_ok),
-    ]
+        ("rank 0 last, every pair sending at once: all answered ≤ 2 s after the last start, "
+         "24 pods", a2a_ok),
+    ]  # fmt: skip
     lines = [
         "# Benchmarks",
         "",
@@ -855,6 +860,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *targets_table(verdicts),
         *prop,
         *mesh,
+        *a2a,
         *launch,
         *scale,
         *foot,

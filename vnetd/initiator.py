@@ -5,8 +5,9 @@ its handshakes: the side that can reach the other when only one can (it has
 an endpoint for its peer), else the earlier registration (the lower create
 revision, ties by public key). ``HandshakeWatch`` keeps the few peers whose
 first handshake is still due: the initiator's, retried by re-adding the peer
-when it has not completed within ``RETRY_AFTER`` (if it has an endpoint for
-it); and the responder's, waiting for the
+when it has not completed within ``RETRY_AFTER`` (``EARLY_CHECK`` for a peer
+that registered just after we joined, which may not hold us yet; only if we
+have an endpoint for it); and the responder's, waiting for the
 initiator, whose endpoint is written after ``FALLBACK_AFTER`` if it never
 came (our own packets for it then start a handshake). Pure: times are
 passed in. The rule, and what was verified in wireguard-go and the kernel,
@@ -25,6 +26,15 @@ RETRY_AFTER = 1.0
 """Seconds the initiator gives a handshake before re-adding the peer and starting another."""
 RETRIES = 3
 """Re-adds after the first try; then WireGuard's own retry (every 5 s) is left to it."""
+EARLY_CHECK = 0.4
+"""Seconds the initiator gives its first handshake with a peer that registered within
+``RACE_WINDOW`` after we joined. Such a peer may have listed the members before our
+registration and learn of us only from its watch, after ours delivered it: our first
+initiation then reaches a device that does not hold us yet and is dropped ("Received
+invalid initiation message" in wireguard-go's verbose log). Traced in the lab (24 and 64
+pods, 2 loaded cores): the peer added us 0.2-0.3 s after our initiation left."""
+RACE_WINDOW = 2.0
+"""How long after we joined a peer we initiate with gets ``EARLY_CHECK``."""
 FALLBACK_AFTER = 2.0
 """Seconds a responder waits for the initiator (once registered) before writing its endpoint."""
 IDLE_KEEPALIVE = 25
@@ -112,6 +122,7 @@ class _Due:
     peer: Peer  # as it should be on the device, endpoint included
     deadline: float
     tries: int = 0
+    wait: float = RETRY_AFTER  # how long this try was given
 
 
 @dataclass
@@ -121,8 +132,9 @@ class Checked:
     plan: Plan = field(default_factory=Plan)
     """Re-adds with a handshake (initiators retrying) and endpoint updates (responders
     falling back)."""
-    retried: list[tuple[Peer, int]] = field(default_factory=list)
-    """Peers re-added by the initiator, with the try number (2 for the first retry)."""
+    retried: list[tuple[Peer, int, float]] = field(default_factory=list)
+    """Peers re-added by the initiator, with the try number (2 for the first retry) and
+    how long the failed try was given."""
     fallbacks: list[Peer] = field(default_factory=list)
     """Peers whose initiator never came: their endpoint is written, so our own packets
     for them start a handshake (and none is sent when we have nothing to send)."""
@@ -142,6 +154,10 @@ class HandshakeWatch:
         self.initiating: dict[str, _Due] = {}
         self.awaiting: dict[str, _Due] = {}
         self.registered_at: float | None = None
+        self.joined_at: float | None = None
+        """When we registered after a pass had found us unregistered (a join in this
+        process, not an entry taken over at start); None otherwise."""
+        self._unregistered_seen = False
 
     def note(self, plan: Plan, wanted: Mapping[str, Peer], now: float) -> None:
         """Record an applied ``plan``; ``wanted`` maps keys to the desired peers (those
@@ -158,11 +174,13 @@ class HandshakeWatch:
                         due.peer, endpoint=want.endpoint, allowed_ips=want.allowed_ips
                     )
         started = set(plan.handshake)
+        joined = self.joined_at is not None and now - self.joined_at <= RACE_WINDOW
+        first = EARLY_CHECK if joined else RETRY_AFTER
         for peer in plan.add:
             key = peer.public_key
             if key in started and peer.endpoint is not None:
                 # Without an endpoint a re-add could send nothing: the peer reaches us.
-                self.initiating[key] = _Due(peer, now + RETRY_AFTER)
+                self.initiating[key] = _Due(peer, now + first, wait=first)
             elif peer.endpoint_held and peer.endpoint is not None:
                 self.awaiting[key] = _Due(replace(peer, endpoint_held=False), now + FALLBACK_AFTER)
 
@@ -176,9 +194,13 @@ class HandshakeWatch:
         """We are registered: from now on the initiators can know us."""
         if self.registered_at is None:
             self.registered_at = now
+            if self._unregistered_seen:
+                self.joined_at = now
 
     def unregistered(self) -> None:
         self.registered_at = None
+        self.joined_at = None
+        self._unregistered_seen = True
 
     def next_check(self) -> float:
         """When a watched peer is next due (``inf``: none is)."""
@@ -209,10 +231,10 @@ class HandshakeWatch:
                     found.given_up.append(due.peer)
                     continue
                 due.tries += 1
-                due.deadline = now + RETRY_AFTER
+                found.retried.append((due.peer, due.tries + 1, due.wait))
+                due.deadline, due.wait = now + RETRY_AFTER, RETRY_AFTER
                 remove.append(_as_removed(have, due.peer))
                 add.append(due.peer)
-                found.retried.append((due.peer, due.tries + 1))
         for key, due in list(self.awaiting.items()):
             have = device.get(key)
             if have is None or have.last_handshake or have.endpoint is not None:

@@ -22,7 +22,7 @@ import trio
 from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
-from vnetd.initiator import FALLBACK_AFTER, RETRIES, RETRY_AFTER, HandshakeWatch, PairRule
+from vnetd.initiator import FALLBACK_AFTER, RETRIES, HandshakeWatch, PairRule
 from vnetd.mesh import (
     AppliedPeers,
     Skipped,
@@ -321,12 +321,12 @@ class Reconciler:
                 raise
         self.stats.handshake_retries += len(found.retried)
         self.stats.fallbacks += len(found.fallbacks)
-        for peer, attempt in found.retried:
+        for peer, attempt, waited in found.retried:
             log.info(
                 "peer rank %s: no handshake %.1f s after starting one; re-added it and "
                 "started another (try %d)",
                 peer.rank,
-                RETRY_AFTER,
+                waited,
                 attempt,
             )
         for peer in found.fallbacks:

@@ -19,7 +19,15 @@ from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
-from vnetd.initiator import FALLBACK_AFTER, IDLE_KEEPALIVE, RETRIES, RETRY_AFTER, PairRule
+from vnetd.initiator import (
+    EARLY_CHECK,
+    FALLBACK_AFTER,
+    IDLE_KEEPALIVE,
+    RACE_WINDOW,
+    RETRIES,
+    RETRY_AFTER,
+    PairRule,
+)
 from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.reconciler import Reconciler
 from vnetd.registry.base import WatchEvent
@@ -164,6 +172,48 @@ async def test_a_lost_first_handshake_is_retried_after_about_a_second(autojump_c
         assert device.keepalives[key(1)] == IDLE_KEEPALIVE
         assert await device.routes() == {"10.250.0.2/32", "10.250.0.3/32", "10.250.0.4/32"}
         assert reconciler.stats.handshake_retries == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_registered_just_after_our_join_is_checked_early(autojump_clock):
+    """Two ranks that register at about the same time: the later one listed the members
+    before the earlier one registered, so it adds the earlier one only from its watch and
+    drops that one's first initiation (traced in the lab). The earlier one re-adds after
+    ``EARLY_CHECK``; a peer that joins later, once our join is past, after ``RETRY_AFTER``."""
+    reconciler, device, view = setup(1, range(1), registered=False)
+    device.answers = False
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reconciler.run)
+        await trio.sleep(0.01)  # the first pass, from the list: rank 0, held
+        view.members[1] = Member(1, key(1), "198.18.1.1:51820", "pod1")
+        view.created[1] = 200
+        view.members[2] = Member(2, key(2), "198.18.1.2:51820", "pod2")
+        view.created[2] = 201  # registered right after us
+        view._bump()
+        while len(device.applied) < 2:
+            await trio.sleep(0.01)
+        assert device.applied[1].handshake == (key(2),)
+        started = trio.current_time()
+        while len(device.applied) < 3:
+            await trio.sleep(0.01)
+        assert trio.current_time() - started == pytest.approx(EARLY_CHECK, abs=0.05)
+        retry = device.applied[2]
+        assert tuple(p.public_key for p in retry.add) == retry.handshake == (key(2),)
+        device.device[key(2)] = replace(device.device[key(2)], last_handshake=1234.0)
+
+        await trio.sleep(RACE_WINDOW)  # (rank 0's fallback is written meanwhile)
+        view.members[3] = Member(3, key(3), "198.18.1.3:51820", "pod3")
+        view.created[3] = 202
+        view._bump()
+        applied = len(device.applied)
+        while len(device.applied) < applied + 1:
+            await trio.sleep(0.01)
+        assert device.applied[-1].handshake == (key(3),)
+        started = trio.current_time()
+        while len(device.applied) < applied + 2:
+            await trio.sleep(0.01)
+        assert trio.current_time() - started == pytest.approx(RETRY_AFTER, abs=0.05)
+        assert device.applied[-1].handshake == (key(3),)
         nursery.cancel_scope.cancel()
 
 

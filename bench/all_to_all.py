@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""An MPI job's first all-to-all: ranks start in a random order (rank 0 last), then all send.
+
+For each cluster size N, each run builds a netns lab (one real etcd; per pod
+one ``vnetd up``, its wireguard-go, and ``bench/first_contact.py``) and
+starts the N ranks in a random order with rank 0 last, with random gaps
+(uniform 0..``--max-gap`` s), as a launcher starts a job's pods. The probers
+run from the start but hold their fire (``--go-file``); right after the last
+start (rank 0's) the go file appears and every rank sends to every other
+at once, each retrying a target every ``--interval`` s until it answers
+(every ``--unrouted-interval`` s while the kernel has no route to it yet).
+
+The figure is the time from the last start until every ordered pair has
+answered (a packet went each way over the overlay); also each pair's time
+(the slowest pair, how many needed over 1 s and over 2 s), each pair's time
+from when both its ends were ready and its sender's prober had started
+sending (the handshake without the start-up), and the time from the last
+daemon's readiness (its ``claimed rank`` log line). All
+times are ``time.monotonic()``; daemon log times (the JSON ``time``) are
+converted with ``common.ClockMap``.
+
+Writes ``all_to_all.json``. Run alone:
+``.venv/bin/python bench/all_to_all.py --sizes 8 --runs 1``; with
+``--trace-dir DIR`` the per-pod logs are kept (``bench/traces.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+from common import (
+    BENCH,
+    JSON,
+    ClockMap,
+    JsonMesh,
+    LoadSampler,
+    base_parser,
+    check_host,
+    claim_time,
+    lab_netns,
+    latency,
+    merge_load,
+    run_each_size,
+    runs_for,
+    seeded,
+    spread,
+    wait_for,
+    write_result,
+)
+from traces import add_trace_option, keep_traces, start_tracing
+
+from vnetd.lab.lab import open_lab
+from vnetd.lab.probe import parse_events
+
+PROBE_DURATION = 600.0
+OVER = (1.0, 2.0)
+"""Pair times counted: how many ordered pairs needed more than each (s)."""
+
+
+async def start_probers(mesh: JsonMesh, size: int, go_file: Path, args: Any) -> None:  # noqa: ANN401
+    targets = ",".join(mesh.address(r) for r in range(size))
+    for rank in range(size):
+        argv = [sys.executable, str(BENCH / "first_contact.py"), "--self-addr", mesh.address(rank),
+                "--targets", targets, "--interval", str(args.interval),
+                "--unrouted-interval", str(args.unrouted_interval),
+                "--duration", str(PROBE_DURATION), "--go-file", str(go_file)]  # fmt: skip
+        mesh.probes[rank] = await mesh.lab.start(mesh.pod(rank), argv, private_mount=False)
+    await wait_for(
+        lambda: all('"started"' in p.log_text() for p in mesh.probes.values()),
+        "every prober started",
+        60,
+        0.2,
+    )
+
+
+def go_time(mesh: JsonMesh, rank: int) -> float:
+    """When ``rank``'s prober saw the go file (monotonic)."""
+    events = parse_events(mesh.probes[rank].log_text())
+    return next(float(e["t"]) for e in events if e.get("event") == "go")
+
+
+async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: ANN401
+    clock = ClockMap()
+    async with open_lab(size, static_neighbours=True) as lab:
+        sampler = LoadSampler(own_netns=lab_netns(lab))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sampler.run)
+            mesh = JsonMesh.create(lab)
+            go_file = lab.workdir / "go"
+            await start_probers(mesh, size, go_file, args)
+            order = list(range(1, size))
+            rng.shuffle(order)
+            order.append(0)
+            for i, rank in enumerate(order):
+                await mesh.start_rank(rank)
+                if i < size - 1:
+                    await trio.sleep(rng.uniform(0, args.max_gap))
+            go_file.touch()
+            last_start = mesh.started_at[0]
+            full_at = await mesh.wait_full_mesh(args.window, set(range(size)))
+            await wait_for(
+                lambda: all(claim_time(mesh.log(r), r) for r in range(size)), "every claim", 30
+            )
+            ready = {r: clock.to_monotonic(claim_time(mesh.log(r), r) or 0.0) for r in range(size)}
+            reached = mesh.first_reached()
+            go = {r: go_time(mesh, r) for r in range(size)}
+            label = f"all_to_all-{size}-{run + 1}"
+            await keep_traces(mesh, args.trace_dir, label, reached, clock, go)
+            nursery.cancel_scope.cancel()
+    waits = {pair: t - last_start for pair, t in reached.items()}
+    # From when both ends were ready and the sender's prober had its go (a pair of early
+    # ranks is ready long before the last start).
+    after_ready = {(a, b): t - max(ready[a], ready[b], go[a]) for (a, b), t in reached.items()}
+    slowest = sorted(waits.items(), key=lambda item: -item[1])[:5]
+    result = {
+        "size": size,
+        "order": order,
+        "from_last_start": full_at - last_start,
+        "from_last_ready": full_at - max(ready.values()),
+        "start_span": last_start - min(mesh.started_at.values()),
+        "rank0_start_to_ready": ready[0] - last_start,
+        "pair_s": latency(list(waits.values())),
+        "pair_after_both_ready_s": latency(list(after_ready.values())),
+        "over_s": {f"{limit:g}": sum(1 for w in waits.values() if w > limit) for limit in OVER},
+        "slowest": [
+            {
+                "pair": f"{a}>{b}",
+                "s": round(w, 4),
+                "after_both_ready_s": round(after_ready[(a, b)], 4),
+            }
+            for (a, b), w in slowest
+        ],  # fmt: skip
+        "load": sampler.summary(),
+    }
+    print(
+        f"  size {size}: every pair answered {result['from_last_start']:.2f} s after the last "
+        f"start ({result['from_last_ready']:.2f} s after the last readiness; starts over "
+        f"{result['start_span']:.1f} s); slowest pair {slowest[0][0]} {slowest[0][1]:.2f} s; "
+        f"pairs over 1 s: {result['over_s']['1']}, over 2 s: {result['over_s']['2']} of "
+        f"{len(waits)}; CPU busy {result['load']['cpu_busy_mean'] or 0:.0%}, "
+        f"load {result['load']['loadavg_max'] or 0:.1f}",
+        flush=True,
+    )
+    return result
+
+
+def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
+    by_size: JSON = {}
+    for size in sizes:
+        mine = [r for r in runs if r["size"] == size]
+        by_size[str(size)] = {
+            "runs": len(mine),
+            "from_last_start": spread(r["from_last_start"] for r in mine),
+            "from_last_ready": spread(r["from_last_ready"] for r in mine),
+            "rank0_start_to_ready": spread(r["rank0_start_to_ready"] for r in mine),
+            "slowest_pair": spread(r["pair_s"]["max"] for r in mine),
+            "slowest_after_both_ready": spread(r["pair_after_both_ready_s"]["max"] for r in mine),
+            "pair_p50": spread(r["pair_s"]["p50"] for r in mine),
+            "over_1s": spread(r["over_s"]["1"] for r in mine),
+            "over_2s": spread(r["over_s"]["2"] for r in mine),
+            "pairs": size * (size - 1),
+        }
+    return {"by_size": by_size, "target_s": 2.0, "target_size": 24}
+
+
+async def main_async(args: Any) -> int:  # noqa: ANN401
+    seed, rng = seeded(args.seed)
+    start_tracing(args.trace_dir)
+    runs, failures = await run_each_size(
+        "all_to_all", args.sizes, args.runs, lambda size, i: one_run(size, i, rng, args)
+    )
+    params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
+              "seed": seed, "max_gap_s": args.max_gap, "probe_interval_s": args.interval,
+              "unrouted_interval_s": args.unrouted_interval, "lease_ttl_s": 5,
+              "wireguard_log": "verbose" if args.trace_dir else "error"}  # fmt: skip
+    write_result("all_to_all", "First all-to-all after the last start", params, runs,
+                 summarize(runs, args.sizes), merge_load([r["load"] for r in runs]), args.out,
+                 failures)  # fmt: skip
+    return len(failures)
+
+
+def main() -> None:
+    parser = base_parser(__doc__.split("\n")[0], sizes=(24,), runs=3)
+    parser.add_argument("--max-gap", type=float, default=0.2, help="start gaps 0..S (0.2)")
+    parser.add_argument("--interval", type=float, default=0.05, help="probe interval (0.05 s)")
+    parser.add_argument("--unrouted-interval", type=float, default=0.05,
+                        help="retry of a target not routed yet (0.05 s)")  # fmt: skip
+    parser.add_argument("--window", type=float, default=120, help="give up after S s (120)")
+    add_trace_option(parser)
+    args = parser.parse_args()
+    check_host()
+    sys.exit(1 if trio.run(main_async, args) else 0)
+
+
+if __name__ == "__main__":
+    main()

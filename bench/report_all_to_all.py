@@ -1,0 +1,60 @@
+"""The benchmark page's section on the first all-to-all (``bench/all_to_all.py``).
+
+Kept apart from ``report.py`` so that file only calls it; it uses its helpers.
+"""
+
+from __future__ import annotations
+
+from common import JSON
+from report import by_size, failures_note, load_note, mmm, table, verdict
+
+
+def all_to_all_section(r: JSON | None) -> tuple[list[str], bool | None]:
+    out = ["## First all-to-all, rank 0 last", ""]
+    if r is None:
+        return out + ["Not measured (run `bench/all_to_all.py`).", ""], None
+    s = r["summary"]["by_size"]
+    rows = [
+        [size, str(v["runs"]), mmm(v["from_last_start"], 2), mmm(v["from_last_ready"], 2),
+         mmm(v.get("rank0_start_to_ready"), 2),
+         mmm(v["slowest_pair"], 2), mmm(v.get("slowest_after_both_ready"), 2),
+         mmm(v["pair_p50"], 2), mmm(v["over_1s"], 0), mmm(v["over_2s"], 0), str(v["pairs"])]
+        for size, v in by_size(s)
+    ]  # fmt: skip
+    target = str(r["summary"]["target_size"])
+    met = None
+    if target in s and s[target]["from_last_start"]["max"] is not None:
+        met = s[target]["from_last_start"]["max"] <= r["summary"]["target_s"]
+    gap = r["params"]["max_gap_s"]
+    out += [
+        f"N ranks started in a random order with random gaps (0–{gap:g} s), rank 0 last, as",
+        "a launcher starts a job's pods; right after the last start every rank sends to every",
+        "other at once (a UDP prober in each pod, held until then), each retrying until the",
+        "target answers, as an MPI job's first all-to-all. Seconds from the last start until",
+        "every ordered pair has answered, median (min–max) over runs; *ready* = the last",
+        "daemon logged its claim. Pair columns: each ordered pair's time from the last start",
+        "(or from when both its ends were ready and the sender sending: the handshake, without",
+        "the start-up).",
+        "",
+        *table(
+            [
+                "pods",
+                "runs",
+                "all answered after last start",
+                "after last ready",
+                "rank 0 start → ready",
+                "slowest pair",
+                "slowest pair after both ready",
+                "pair p50",
+                "pairs over 1 s",
+                "pairs over 2 s",
+                "pairs",
+            ],
+            rows,
+        ),  # fmt: skip
+        f"Target: every pair answered within {r['summary']['target_s']:g} s of the last start "
+        f"at {target} pods (every run) — {verdict(met)}. Load: {load_note(r)}.",
+        "",
+        *failures_note(r),
+    ]
+    return out, met
