@@ -170,8 +170,10 @@ async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
     print("connected", flush=True)
     start = await asyncio.to_thread(go_revision, Path(args.go))
     tally.mark("go")
-    create = pb.WatchRequest(create_request=pb.WatchCreateRequest(
-        key=args.prefix.encode(), range_end=prefix_end(args.prefix), start_revision=start))  # fmt: skip
+    request = pb.WatchCreateRequest(
+        key=args.prefix.encode(), range_end=prefix_end(args.prefix), start_revision=start
+    )
+    create = pb.WatchRequest(create_request=request)
     calls = []
     for channel in channels:  # leader-required, as EtcdRegistry's watches are
         call = pb_grpc.WatchStub(channel).Watch(metadata=(("hasleader", "true"),))

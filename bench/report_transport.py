@@ -7,6 +7,7 @@ from common import JSON
 
 ROWS = (("json", "live"), ("json", "batched"), ("grpc", "live"), ("grpc", "batched"))
 LABELS = {"json": "JSON gateway", "grpc": "native gRPC"}
+HEADER = ("transport", "delivery", "events/message", "etcd µs", "client µs", "total µs", "open µs")
 
 
 def etcd_transport_section(r: JSON | None) -> list[str]:
@@ -34,10 +35,9 @@ def etcd_transport_section(r: JSON | None) -> list[str]:
         "includes that open). CPU per delivered event in µs, median (min–max) over runs;",
         "*open* is the client's CPU to open one watch (batched: with the first events).",
         "",
-        *table(["transport", "delivery", "events/message", "etcd µs", "client µs",
-                "total µs", "open µs"], rows),  # fmt: skip
+        *table(HEADER, rows),
         f"gRPC total / JSON total: {ratios or '–'} (the rule for adopting gRPC: ≤ 0.5; "
-        "the decision and why are in docs/architecture.md, \"etcd transport\"). "
+        'the decision and why are in docs/architecture.md, "etcd transport"). '
         f"Load: {load_note(r)}.",
         "",
     ]
