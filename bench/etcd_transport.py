@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,13 @@ async def write(lab: Lab, prefix: str, args: argparse.Namespace) -> JSON:
     return result
 
 
+def signal_go(path: Path, revision: int) -> None:
+    """Tell the client to open its watches from ``revision`` (the file appears whole)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(revision))
+    os.replace(tmp, path)
+
+
 class Run:
     """One run: the puts' own etcd cost, then every transport × mode."""
 
@@ -114,11 +122,11 @@ class Run:
             if mode == "batched":
                 written = await write(self.lab, prefix, self.args)
                 before = self.etcd_cpu
-                go.write_text(str(written["first_revision"]))
+                signal_go(go, written["first_revision"])
                 result: JSON = json.loads(await wait_line(client, "{", CASE_TIMEOUT))
                 etcd_cpu = self.etcd_cpu - before
             else:
-                go.write_text(str(self.last_revision + 1))
+                signal_go(go, self.last_revision + 1)
                 await wait_line(client, "ready", CASE_TIMEOUT)
                 await trio.sleep(0.5)
                 before = self.etcd_cpu
