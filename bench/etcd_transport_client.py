@@ -145,15 +145,17 @@ def grpc_stubs() -> tuple[ModuleType, ModuleType]:
     """etcd_watch_pb2 and etcd_watch_pb2_grpc, generated now into a temporary dir."""
     from grpc_tools import protoc
 
-    out = tempfile.mkdtemp(prefix="etcd-proto-")
-    argv = ["protoc", f"-I{PROTO.parent}", f"--python_out={out}", f"--grpc_python_out={out}",
-            str(PROTO)]  # fmt: skip
-    if protoc.main(argv) != 0:
-        raise RuntimeError(f"protoc failed on {PROTO}")
-    sys.path.insert(0, out)
-    import etcd_watch_pb2  # type: ignore[import-not-found]
-    import etcd_watch_pb2_grpc  # type: ignore[import-not-found]
-
+    with tempfile.TemporaryDirectory(prefix="etcd-proto-") as out:
+        argv = ["protoc", f"-I{PROTO.parent}", f"--python_out={out}",
+                f"--grpc_python_out={out}", str(PROTO)]  # fmt: skip
+        if protoc.main(argv) != 0:
+            raise RuntimeError(f"protoc failed on {PROTO}")
+        sys.path.insert(0, out)
+        try:
+            import etcd_watch_pb2  # type: ignore[import-not-found]
+            import etcd_watch_pb2_grpc  # type: ignore[import-not-found]
+        finally:
+            sys.path.remove(out)
     return etcd_watch_pb2, etcd_watch_pb2_grpc
 
 
