@@ -2,7 +2,7 @@
 """Member watches over etcd's JSON gateway or native gRPC, and the writer that feeds
 them; run inside a lab pod by bench/etcd_transport.py.
 
-    etcd_transport_client.py watch --url URL --transport json|grpc --prefix P
+    etcd_transport_client.py watch --url URL --transport json|grpc|grpc-trio --prefix P
                                    --watchers W --count N --go FILE
     etcd_transport_client.py write --url URL --prefix P --count N --rate R
 
@@ -11,9 +11,11 @@ prints ``connected``; once ``FILE`` exists it opens one watch per client on
 ``P`` from the revision written in it, prints ``ready`` when every watch is
 confirmed, and exits with one JSON line when every watcher holds ``N`` events.
 ``json`` watches through vnetd's own ``EtcdRegistry.watch`` (the daemon's
-decode path); ``grpc`` through grpcio (``grpc.aio``) with stubs generated now
-from ``bench/etcd_watch.proto``, each event decoded into the same
-``WatchEvent``. Its own CPU (``time.process_time``, every thread) is taken at
+decode path); ``grpc`` through grpcio (``grpc.aio``, on asyncio) with stubs
+generated now from ``bench/etcd_watch.proto``, each event decoded into the
+same ``WatchEvent``; ``grpc-trio`` through grpcio's sync API under trio, as a
+trio daemon could use it (a worker thread per watch, each message handed to
+trio). Its own CPU (``time.process_time``, every thread) is taken at
 the go, at ``ready`` and at the end.
 
 ``write`` puts ``N`` member records (``encode_member``, as a claim writes
@@ -29,7 +31,10 @@ import base64
 import json
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 from types import ModuleType
@@ -159,6 +164,78 @@ def grpc_stubs() -> tuple[ModuleType, ModuleType]:
     return etcd_watch_pb2, etcd_watch_pb2_grpc
 
 
+def watch_events(response: Any) -> list[WatchEvent]:  # noqa: ANN401 - a generated message
+    """A gRPC WatchResponse's events, decoded as the JSON path decodes them."""
+    return [WatchEvent(kind="delete" if event.type == 1 else "put",
+                       key=event.kv.key.decode("utf-8", "surrogateescape"),
+                       value=event.kv.value, mod_revision=event.kv.mod_revision,
+                       create_revision=event.kv.create_revision)
+            for event in response.events]  # fmt: skip
+
+
+def create_request(pb: ModuleType, prefix: str, start: int) -> Any:  # noqa: ANN401
+    request = pb.WatchCreateRequest(
+        key=prefix.encode(), range_end=prefix_end(prefix), start_revision=start
+    )
+    return pb.WatchRequest(create_request=request)
+
+
+async def grpc_trio_watch(args: argparse.Namespace) -> dict[str, Any]:
+    """grpcio's sync API under trio: a worker thread per watch, each message handed
+    to trio (``trio.from_thread``), as a trio daemon would have to use it."""
+    import grpc
+
+    pb, pb_grpc = grpc_stubs()
+    tally = Tally(args.watchers)
+    target = args.url.removeprefix("http://")
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.insecure_channel(target, options=options) for _ in range(args.watchers)]
+    for channel in channels:
+        await trio.to_thread.run_sync(grpc.channel_ready_future(channel).result, 10)
+    print("connected", flush=True)
+    start = await trio.to_thread.run_sync(go_revision, Path(args.go))
+    tally.mark("go")
+    create = create_request(pb, args.prefix, start)
+    finished = threading.Event()
+    confirmed = 0
+
+    def requests() -> Iterator[Any]:
+        yield create
+        finished.wait()  # keep the request side open until the end
+
+    def deliver(index: int, response: Any) -> None:  # noqa: ANN401
+        nonlocal confirmed
+        if response.created:
+            confirmed += 1
+            if confirmed == args.watchers:
+                tally.mark("ready")
+                print("ready", flush=True)
+            return
+        batch = watch_events(response)
+        if batch:
+            tally.messages += 1
+            tally.events[index] += len(batch)
+
+    def drain(index: int, channel: Any) -> None:  # noqa: ANN401 - a grpc channel
+        call = pb_grpc.WatchStub(channel).Watch(requests(), metadata=(("hasleader", "true"),))
+        for response in call:
+            trio.from_thread.run_sync(deliver, index, response)
+            if tally.events[index] >= args.count:
+                break
+        call.cancel()
+
+    limiter = trio.CapacityLimiter(args.watchers)
+    async with trio.open_nursery() as nursery:
+        for index, channel in enumerate(channels):
+            nursery.start_soon(partial(trio.to_thread.run_sync, drain, index, channel,
+                                       limiter=limiter))  # fmt: skip
+    tally.mark("done")
+    finished.set()
+    for channel in channels:
+        channel.close()
+    return tally.result("grpc-trio")
+
+
 async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
     import grpc
 
@@ -172,10 +249,7 @@ async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
     print("connected", flush=True)
     start = await asyncio.to_thread(go_revision, Path(args.go))
     tally.mark("go")
-    request = pb.WatchCreateRequest(
-        key=args.prefix.encode(), range_end=prefix_end(args.prefix), start_revision=start
-    )
-    create = pb.WatchRequest(create_request=request)
+    create = create_request(pb, args.prefix, start)
     calls = []
     for channel in channels:  # leader-required, as EtcdRegistry's watches are
         call = pb_grpc.WatchStub(channel).Watch(metadata=(("hasleader", "true"),))
@@ -189,12 +263,7 @@ async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
 
     async def drain(index: int, call: Any) -> None:  # noqa: ANN401 - a generated stream
         while tally.events[index] < args.count:
-            response = await call.read()
-            batch = [WatchEvent(kind="delete" if event.type == 1 else "put",
-                                key=event.kv.key.decode("utf-8", "surrogateescape"),
-                                value=event.kv.value, mod_revision=event.kv.mod_revision,
-                                create_revision=event.kv.create_revision)
-                     for event in response.events]  # fmt: skip
+            batch = watch_events(await call.read())
             if batch:
                 tally.messages += 1
                 tally.events[index] += len(batch)
@@ -214,7 +283,7 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--count", type=int, required=True)
-    parser.add_argument("--transport", choices=("json", "grpc"), default="json")
+    parser.add_argument("--transport", choices=("json", "grpc", "grpc-trio"), default="json")
     parser.add_argument("--watchers", type=int, default=1)
     parser.add_argument("--go", default="")
     parser.add_argument("--rate", type=float, default=0.0, help="puts/s; 0: back to back")
@@ -223,6 +292,8 @@ def main() -> None:
         write(args)
     elif args.transport == "json":
         print(json.dumps(trio.run(json_watch, args)), flush=True)
+    elif args.transport == "grpc-trio":
+        print(json.dumps(trio.run(grpc_trio_watch, args)), flush=True)
     else:
         print(json.dumps(asyncio.run(grpc_watch(args))), flush=True)
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from common import JSON
 
-ROWS = (("json", "live"), ("json", "batched"), ("grpc", "live"), ("grpc", "batched"))
-LABELS = {"json": "JSON gateway", "grpc": "native gRPC"}
+TRANSPORTS = ("json", "grpc", "grpc-trio")
+ROWS = tuple((t, m) for t in TRANSPORTS for m in ("live", "batched"))
+LABELS = {
+    "json": "JSON gateway",
+    "grpc": "gRPC (grpc.aio)",
+    "grpc-trio": "gRPC (sync, trio threads)",
+}
 HEADER = ("transport", "delivery", "events/message", "etcd µs", "client µs", "total µs", "open µs")
 
 
@@ -25,8 +30,10 @@ def etcd_transport_section(r: JSON | None) -> list[str]:
         if (c := s.get(f"{transport}_{mode}"))
     ]  # fmt: skip
     decision = s.get("decision", {})
-    ratios = ", ".join(f"{mode} {ratio:.2f}" for mode, ratio in
-                       decision.get("grpc_over_json_total", {}).items())  # fmt: skip
+    ratios = "; ".join(
+        f"{LABELS[t]} " + ", ".join(f"{mode} {ratio:.2f}" for mode, ratio in by_mode.items())
+        for t, by_mode in decision.get("over_json_total", {}).items()
+    )
     out += [
         f"{'/'.join(map(str, p['watchers']))} watchers (one connection each) in one pod, "
         f"{p['puts']} member records written at {p['rate']:g}/s, one real etcd 3.4. *live*:",
@@ -36,7 +43,7 @@ def etcd_transport_section(r: JSON | None) -> list[str]:
         "*open* is the client's CPU to open one watch (batched: with the first events).",
         "",
         *table(HEADER, rows),
-        f"gRPC total / JSON total: {ratios or '–'} (the rule for adopting gRPC: ≤ 0.5; "
+        f"Total / JSON total: {ratios or '–'} (the rule for adopting gRPC: ≤ 0.5; "
         'the decision and why are in docs/architecture.md, "etcd transport"). '
         f"Load: {load_note(r)}.",
         "",
