@@ -7,7 +7,10 @@ JSON gateway and through native gRPC, one event per message and batched.
 One lab (one pod, etcd 3.4 in its own namespace). Each case is one process in
 the pod (bench/etcd_transport_client.py) holding W watchers (``--sizes``), one
 connection each, on a fresh members prefix, and ``--puts`` member records
-written by another process in the pod at ``--rate`` per second:
+written by another process in the pod at ``--rate`` per second. Three
+clients: the JSON gateway through ``EtcdRegistry.watch``; gRPC through
+``grpc.aio``; gRPC through grpcio's sync API in trio worker threads, as a
+trio daemon could use it. Two deliveries:
 
 * ``live``: the watches are open and up to date before the puts, so etcd sends
   each watcher one message per revision;
