@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common import JSON, RESULTS, ROOT, read_result
+from report_transport import etcd_transport_section
 
 DOC = ROOT / "docs" / "benchmarks.md"
 PLOTS = {"dir": ROOT / "docs" / "benchmarks"}
@@ -816,7 +817,7 @@ def targets_table(verdicts: list[tuple[str, bool | None]]) -> list[str]:
 def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
-        "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting",
+        "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting", "etcd_transport",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -867,6 +868,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *data,
         *faults,
         *bursting_section(results.get("bursting")),
+        *etcd_transport_section(results.get("etcd_transport")),
     ]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines).rstrip() + "\n")
