@@ -91,7 +91,7 @@ WgFactory = Callable[[str | None], WgClient]
 
 def open_wireguard(netns: str | None) -> WgClient:
     """pyroute2's generic netlink WireGuard socket, in ``netns`` (never created)."""
-    from pyroute2 import WireGuard
+    from pyroute2.netlink.generic.wireguard import WireGuard
 
     client: WgClient = WireGuard(netns=netns, flags=0) if netns else WireGuard()
     return client

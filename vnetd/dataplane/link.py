@@ -24,7 +24,7 @@ from ipaddress import IPv4Interface, IPv6Interface, ip_address, ip_network
 from typing import TypeVar
 
 import trio
-from pyroute2 import IPRoute
+from pyroute2.iproute.linux import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE
 
