@@ -34,6 +34,7 @@ from common import (
     run_repeated,
     runs_for,
     spread,
+    wait_for,
     write_result,
 )
 
@@ -76,13 +77,9 @@ async def one_start(lab: Lab, mesh: JsonMesh, run: int) -> JSON:
         await trio.sleep(0.3)  # the monitor has subscribed
         started = time.monotonic()
         process = await mesh.start_rank(0)
-        with trio.fail_after(BOUND):
-            while not seen:  # noqa: ASYNC110 - address_seen appends
-                await trio.sleep(0.005)
+        await wait_for(lambda: seen, "the address on vnet0", BOUND, 0.005)
     address_s = seen[0] - started
-    with trio.fail_after(BOUND):
-        while claim_time(mesh.log(0), 0) is None:
-            await trio.sleep(0.05)
+    await wait_for(lambda: claim_time(mesh.log(0), 0) is not None, "the claim", BOUND, 0.05)
     lines = mesh.log(0)
 
     def since(prefix: str) -> float | None:

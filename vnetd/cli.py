@@ -22,7 +22,6 @@ import select
 import signal
 import sys
 from collections.abc import Sequence
-
 from types import ModuleType
 
 from vnetd import __version__, up

@@ -1,15 +1,7 @@
 """The data-plane port: a WireGuard device vnetd adds and removes peers on, its
-optional capabilities, and the ways to choose and open a backend.
+optional capabilities, and the ways to choose and open a backend."""
 
-pyroute2 is registered here with its package ``__init__`` deferred, before any
-backend imports it (``pyroute2_package``).
-"""
-
-from vnetd.dataplane.pyroute2_package import defer_package_init
-
-defer_package_init()
-
-from vnetd.dataplane.base import (  # noqa: E402 (after defer_package_init)
+from vnetd.dataplane.base import (
     Dataplane,
     DeviceConfig,
     IdentifiedDataplane,
@@ -18,7 +10,7 @@ from vnetd.dataplane.base import (  # noqa: E402 (after defer_package_init)
     device_id_of,
     restarts_of,
 )
-from vnetd.dataplane.select import (  # noqa: E402
+from vnetd.dataplane.select import (
     DataplaneFactory,
     choose_dataplane,
     dataplane_factory,

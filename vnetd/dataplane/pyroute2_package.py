@@ -9,6 +9,9 @@ of its modules, about 6 MiB less resident, tens of ms less CPU at start; see
 docs/architecture.md, "Start-up"). The first attribute asked of the package
 itself (``from pyroute2 import NDB``, ``pyroute2.__version__``) runs the real
 ``__init__`` then, so code that imports the package the usual way is unaffected.
+
+The data plane's modules import pyroute2's names from here (the deferral then
+always comes first); the rest of pyroute2 they import from its own modules.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ def defer_package_init() -> None:
 
     package.__dict__["__getattr__"] = run_init
     sys.modules[PACKAGE] = package
+
+
+defer_package_init()
+
+from pyroute2.iproute.linux import IPRoute  # noqa: E402 (after the deferral)
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
+from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE  # noqa: E402
+
+__all__ = ["IFA_F_NOPREFIXROUTE", "IPRoute", "NetlinkError", "defer_package_init"]
 
 
 def package_init_ran(module: ModuleType | None = None) -> bool:
