@@ -576,8 +576,9 @@ def startup_section(r: JSON | None) -> tuple[list[str], bool | None]:
         return out + ["Not measured (run `bench/startup.py`).", ""], None
     s = r["summary"]
     rows = [
-        [label, mmm(part["address_s"], 0, 1000, " ms"), mmm(part["logged_starting_s"], 0, 1000,
-         " ms"), mmm(part["claimed_s"], 0, 1000, " ms")]
+        [label, mmm(part["address_s"], 0, 1000, " ms"), mmm(part.get("cpu_at_address_s"), 0, 1000,
+         " ms"), mmm(part["logged_starting_s"], 0, 1000, " ms"), mmm(part["claimed_s"], 0, 1000,
+         " ms")]
         for label, part in (("every start", s["all"]), ("key already made", s["key_kept"]))
     ]  # fmt: skip
     worst = s["all"]["address_s"]["max"]
@@ -589,7 +590,16 @@ def startup_section(r: JSON | None) -> tuple[list[str], bool | None]:
         "daemon's `starting:` line (imports, settings, identity done) and to its claim.",
         "Median (min–max).",
         "",
-        *table(["", "address on the interface", "`starting:` logged", "rank claimed"], rows),
+        *table(
+            [
+                "",
+                "address on the interface",
+                "its CPU by then",
+                "`starting:` logged",
+                "rank claimed",
+            ],
+            rows,
+        ),  # fmt: skip
         f"Target: address ≤ {s['target_address_s'] * 1000:.0f} ms after the start, every"
         f" start — {verdict(ok)}. Load: {load_note(r)}.",
         "",
