@@ -618,9 +618,10 @@ def _footprint_why(s: JSON) -> list[str]:
         "Python interpreter (10 MiB) and the libraries it imports at start (measured one by one "
         "in a fresh interpreter: trio +11 MiB, pyroute2 +12 MiB with its package importing "
         "all of its modules, httpx +3, cryptography +1, prometheus-client +1); 1022 more peers "
-        f"add {num(full - one)} MiB. The peers' cost is in wireguard-go. Importing only the "
-        "pyroute2 modules vnetd uses (bypassing the package's __init__) measured 6 MiB less; "
-        "that depends on pyroute2's internals and was not done.",
+        f"add {num(full - one)} MiB. The peers' cost is in wireguard-go. vnetd now imports "
+        "only the pyroute2 modules it uses (its package __init__ deferred: 6 MiB less), and "
+        "prometheus-client and the HTTP server only with [http] listen (docs/architecture.md, "
+        "Start-up).",
         "",
     ]
 
