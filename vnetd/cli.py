@@ -6,6 +6,12 @@ Each command registers its own parser with a ``run`` default (its
 can cause print one line (``vnetd: error: ...``) and exit 2; Ctrl-C exits
 130; a reader that closes the output early (``vnetd plan ... | head -3``)
 ends the command quietly with 141, as a Unix tool killed by SIGPIPE does.
+
+``vnetd up`` is what a launcher waits on, so its command line builds only the
+``up`` parser (``command_of``): the other commands' modules (the renderers,
+YAML) are not imported for it. Its usage, help and errors are the same, since
+the top-level usage names the command ``COMMAND`` and a subparser's help is
+its own.
 """
 
 from __future__ import annotations
@@ -16,23 +22,47 @@ import select
 import signal
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
-from vnetd import __version__, demo, plan, register, up
+from vnetd import __version__, up
 from vnetd.errors import VnetdError
 from vnetd.logs import LOG_FORMATS, setup_logging
-from vnetd.render import command as render_command
-from vnetd.status import command as status_command
-from vnetd.wait import command as wait_command
-
-COMMANDS = (up, register, plan, render_command, status_command, wait_command, demo)
-"""In the order ``vnetd --help`` lists them (render adds ``render`` and ``hosts``)."""
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 
 
-def build_parser() -> argparse.ArgumentParser:
+def commands() -> tuple[ModuleType, ...]:
+    """Every command's module, in the order ``vnetd --help`` lists them (render adds
+    ``render`` and ``hosts``)."""
+    from vnetd import demo, plan, register
+    from vnetd.render import command as render_command
+    from vnetd.status import command as status_command
+    from vnetd.wait import command as wait_command
+
+    return (up, register, plan, render_command, status_command, wait_command, demo)
+
+
+VALUED_OPTIONS = ("--log-level", "--log-format")
+"""The top-level options that take a value (``command_of`` steps over it)."""
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names when only ``VALUED_OPTIONS`` (spelled in full) come
+    before it; None for anything else (help, version, an abbreviation), which the
+    full parser handles."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        option, equals, _value = argv[i].partition("=")
+        if option not in VALUED_OPTIONS:
+            return None
+        i += 1 if equals else 2
+    return argv[i] if i < len(argv) else None
+
+
+def build_parser(only: Sequence[ModuleType] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser, with every command or ``only`` these commands' modules."""
     parser = argparse.ArgumentParser(
         prog="vnetd",
         description="Rank-addressed WireGuard overlay: fixed addresses, any start order.",
@@ -46,13 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="text (default) or json: one JSON object per line, for log collectors",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
+    for command in commands() if only is None else only:
         command.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser([up] if command_of(given) == "up" else None).parse_args(given)
     setup_logging(args.log_level, args.log_format)
     try:
         status: int = args.run(args)

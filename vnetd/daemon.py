@@ -2,9 +2,15 @@
 
 Start-up order: the device comes up first with the rank's fixed address,
 so the address exists even while the registry is still unreachable; then
-the stored spec is checked, the rank claimed, the members watched and the
-reconciler started. On SIGTERM or SIGINT the lease is revoked (peers drop
-this rank at once), wireguard-go is stopped and the link removed.
+the registry is opened, the stored spec checked, the rank claimed, the
+members watched and the reconciler started (``vnetd.serving``). On SIGTERM
+or SIGINT the lease is revoked (peers drop this rank at once), wireguard-go
+is stopped and the link removed.
+
+A launcher waits for that address, so what comes after it is imported after
+it: ``vnetd.serving`` (the control plane) and the registry's client once the
+device is up, the HTTP endpoints and prometheus-client only when ``[http]
+listen`` is set (docs/architecture.md, "Start-up").
 """
 
 from __future__ import annotations
@@ -16,22 +22,13 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from vnetd import __version__
 from vnetd.config import Settings, resolve_site
-from vnetd.control.claim import ClaimHolder, follow_public_endpoint
-from vnetd.control.membership import ensure_spec, spec_key
-from vnetd.control.watcher import MemberView, sync_members
-from vnetd.dataplane import (
-    Dataplane,
-    DataplaneFactory,
-    DeviceConfig,
-    RestartingDataplane,
-    choose_dataplane,
-    device_id_of,
-)
+from vnetd.dataplane import DataplaneFactory, DeviceConfig, choose_dataplane, device_id_of
 from vnetd.dataplane.link import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import (
@@ -44,20 +41,16 @@ from vnetd.identity import (
 )
 from vnetd.logs import set_rank
 from vnetd.model import Member
-from vnetd.observe.endpoints import DaemonEndpoints
-from vnetd.observe.metrics import DaemonMetrics
-from vnetd.reconciler import Reconciler
-from vnetd.registry import Registry, RegistryOpener
+from vnetd.registry import RegistryOpener
 from vnetd.registry import open_registry as open_settings_registry
 from vnetd.retry import RegistryHealth, retry_registry
-from vnetd.running import Running
 from vnetd.spec import DEFAULT_SITE, MeshSpec, SiteSpec
 
+if TYPE_CHECKING:  # imported when used: see the module doc
+    from vnetd.observe.endpoints import DaemonEndpoints
+    from vnetd.running import Running
+
 log = logging.getLogger("vnetd.daemon")
-
-
-PEERS_BEFORE_CLAIM = 5.0
-"""How long the claim waits for the known peers to be on the device (etcd may be down)."""
 
 
 def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
@@ -150,33 +143,30 @@ async def run_daemon(
         log.info("site %s, public endpoint %s", me.site, me.public_endpoint or "none")
     if open_dataplane is None:
         open_dataplane = await choose_dataplane(settings.dataplane, spec, config.interface)
-    metrics = DaemonMetrics()
-    endpoints = DaemonEndpoints(spec, me, metrics)
+    endpoints = _endpoints(spec, me) if spec.http.listen else None
     with plain_errors():
         async with trio.open_nursery() as nursery:
-            if spec.http.listen:
+            if endpoints is not None:
                 await nursery.start(_serve_http, spec.http.listen, endpoints)
-            async with (
-                open_registry(spec.registry) as registry,
-                open_dataplane(config) as dataplane,
-            ):
-                endpoints.attach_dataplane(dataplane)
+            async with open_dataplane(config) as dataplane:
+                if endpoints is not None:
+                    endpoints.attach_dataplane(dataplane)
+                from vnetd.serving import Started, serve  # after the address: module doc
+
                 me = replace(me, device_id=device_id_of(dataplane))
-                started = _Started(task_status, endpoints)
-                await _serve(spec, me, registry, dataplane, settings, metrics, started)
+                started = Started(task_status, endpoints)
+                on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
+                async with open_registry(spec.registry) as registry:
+                    await serve(spec, me, registry, dataplane, settings, on_pass, started)
             nursery.cancel_scope.cancel()
 
 
-class _Started:
-    """Hands the running daemon to both the caller and the HTTP endpoints."""
+def _endpoints(spec: MeshSpec, me: Member) -> DaemonEndpoints:
+    """The HTTP endpoints and their metrics (prometheus-client is imported here)."""
+    from vnetd.observe.endpoints import DaemonEndpoints
+    from vnetd.observe.metrics import DaemonMetrics
 
-    def __init__(self, task_status: trio.TaskStatus[Running], endpoints: DaemonEndpoints) -> None:
-        self.task_status = task_status
-        self.endpoints = endpoints
-
-    def started(self, running: Running) -> None:
-        self.endpoints.attach(running)
-        self.task_status.started(running)
+    return DaemonEndpoints(spec, me, DaemonMetrics())
 
 
 async def _serve_http(
@@ -232,61 +222,6 @@ async def run_until_signal(settings: Settings, env: Mapping[str, str]) -> None:
             await run_daemon(settings, env)
             root.cancel_scope.cancel()
     log.info("stopped")
-
-
-async def _serve(
-    spec: MeshSpec,
-    me: Member,
-    registry: Registry,
-    dataplane: Dataplane,
-    settings: Settings,
-    metrics: DaemonMetrics,
-    task_status: _Started,
-) -> None:
-    health = RegistryHealth()
-    await _check_spec(registry, spec, health)
-    view = MemberView()
-    claim = ClaimHolder(registry, spec, me, health, view)
-    reconciler = Reconciler(
-        spec,
-        me.rank,
-        me.public_key,
-        view,
-        dataplane,
-        resync_interval=settings.resync_interval,
-        on_pass=metrics.observe_pass,
-    )
-    if isinstance(dataplane, RestartingDataplane):
-
-        def restarted(reason: str) -> None:
-            # The new device id is registered once the peers are back on the device,
-            # as the claim waits for them at start: peers that see it re-add us and
-            # start a handshake at once, which the device must be able to answer.
-            reconciler.request_resync(
-                reason, then=lambda: claim.set_device_id(device_id_of(dataplane))
-            )
-
-        dataplane.on_restart = restarted
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(sync_members, registry, spec, view, health)
-            await nursery.start(reconciler.run)
-            # Peers first, then the claim: whoever learns of us from the
-            # registry then finds itself already a peer on our device, and
-            # its first handshake is answered instead of dropped.
-            with trio.move_on_after(PEERS_BEFORE_CLAIM):
-                await reconciler.wait_synced()
-            await nursery.start(claim.run)
-            if settings.public_endpoint_file is not None:
-                nursery.start_soon(follow_public_endpoint, settings.public_endpoint_file, claim)
-            task_status.started(Running(spec, me, view, claim, reconciler, dataplane, health))
-    finally:
-        await claim.release()
-
-
-async def _check_spec(registry: Registry, spec: MeshSpec, health: RegistryHealth) -> None:
-    stored = await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)
-    log.info("spec %s at %s", "stored" if stored else "matches the one", spec_key(spec))
 
 
 async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:

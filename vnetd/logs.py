@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 import sys
 
-from pythonjsonlogger.json import JsonFormatter
-
 LOG_FORMATS = ("text", "json")
 _rank: str = "-"
 
@@ -29,6 +27,8 @@ def set_rank(rank: int) -> None:
 
 def _formatter(log_format: str) -> logging.Formatter:
     if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter  # only for json logs
+
         return JsonFormatter(
             "%(levelname)s %(name)s %(rank)s %(message)s",
             rename_fields={"levelname": "level", "name": "logger"},

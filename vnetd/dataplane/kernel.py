@@ -29,7 +29,6 @@ from ipaddress import ip_address, ip_network
 from typing import Any, Protocol, TypeVar
 
 import trio
-from pyroute2.netlink.exceptions import NetlinkError
 
 from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, keepalive_of, key_to_hex
 from vnetd.dataplane.link import (
@@ -41,6 +40,7 @@ from vnetd.dataplane.link import (
     remove_link,
     run_netlink,
 )
+from vnetd.dataplane.pyroute2_package import NetlinkError
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
@@ -91,7 +91,7 @@ WgFactory = Callable[[str | None], WgClient]
 
 def open_wireguard(netns: str | None) -> WgClient:
     """pyroute2's generic netlink WireGuard socket, in ``netns`` (never created)."""
-    from pyroute2 import WireGuard
+    from pyroute2.netlink.generic.wireguard import WireGuard
 
     client: WgClient = WireGuard(netns=netns, flags=0) if netns else WireGuard()
     return client

@@ -24,11 +24,9 @@ from ipaddress import IPv4Interface, IPv6Interface, ip_address, ip_network
 from typing import TypeVar
 
 import trio
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE
 
 from vnetd.dataplane.base import DeviceConfig, LinkState, route_changes
+from vnetd.dataplane.pyroute2_package import IFA_F_NOPREFIXROUTE, IPRoute, NetlinkError
 from vnetd.errors import DataplaneError, VnetdError
 from vnetd.model import DevicePeer, Plan
 from vnetd.spec import MeshSpec

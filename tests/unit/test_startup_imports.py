@@ -1,0 +1,94 @@
+"""What ``vnetd up`` imports before the rank's address is on the interface.
+
+A launcher waits on that address, so the modules on its path are only the
+ones the device needs; the rest is imported after it or when configured
+(docs/architecture.md, "Start-up"). Each check runs in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from vnetd.cli import command_of
+
+UP_PATH = """
+import sys
+from vnetd.cli import main
+try:
+    main(["--log-level", "INFO", "up", "--help"])
+except SystemExit:
+    pass
+import trio, vnetd.daemon, vnetd.dataplane.uapi, vnetd.dataplane.kernel
+print(" ".join(sorted(sys.modules)))
+"""
+
+NOT_BEFORE_THE_ADDRESS = (
+    "hypercorn",  # the HTTP server: only with [http] listen
+    "prometheus_client",  # metrics: only with [http] listen
+    "vnetd.observe.metrics",
+    "vnetd.observe.endpoints",
+    "httpx",  # the registry client: opened once the device is up
+    "vnetd.registry.etcd",
+    "vnetd.serving",  # the control plane: after the device
+    "vnetd.control.claim",
+    "vnetd.reconciler",
+    "vnetd.render",  # other commands
+    "vnetd.render.command",
+    "vnetd.status",
+    "vnetd.wait",
+    "yaml",
+    "pythonjsonlogger",  # text logs
+    "pyroute2.ndb",  # pyroute2's package __init__ (NDB, IPDB, ...) did not run
+    "pyroute2.ipdb",
+    "sqlite3",
+)
+
+
+def fresh_modules(code: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(result.stdout.split("\n")[-2].split())
+
+
+def test_up_imports_only_what_the_device_needs():
+    loaded = fresh_modules(UP_PATH)
+    assert "vnetd.dataplane.link" in loaded and "pyroute2.iproute.linux" in loaded
+    assert sorted(set(NOT_BEFORE_THE_ADDRESS) & loaded) == []
+
+
+def test_pyroute2_package_still_imports_whole_when_asked():
+    code = """
+import sys
+import vnetd.dataplane.link as link
+from vnetd.dataplane.pyroute2_package import package_init_ran
+before = package_init_ran()
+import pyroute2
+from pyroute2 import NDB, IPRoute
+from pyroute2.netlink.generic.wireguard import WireGuard
+print(before, package_init_ran(), IPRoute is link.IPRoute, pyroute2.WireGuard is WireGuard,
+      bool(pyroute2.__version__))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.split() == ["False", "True", "True", "True", "True"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["up", "--config", "m.toml"], "up"),
+        (["--log-level", "DEBUG", "--log-format=json", "up"], "up"),
+        (["render", "flux", "--config", "up"], "render"),
+        (["-h", "up"], None),
+        (["--version"], None),
+        (["--log-l", "DEBUG", "up"], None),  # an abbreviation: the full parser decides
+        ([], None),
+    ],
+)
+def test_command_of(argv: list[str], command: str | None):
+    assert command_of(argv) == command
