@@ -159,7 +159,7 @@ def summarize(runs: list[JSON]) -> JSON:
         },
         "idle_vnetd_share": spread(r["idle"]["vnetd_share"] for r in runs),
         "idle_wg_share": spread(r["idle"]["wg_share"] for r in runs),
-        "target_rss_mib": 50,
+        "target_rss_mib": 55,
         "target_idle_share": 0.005,
     }
 

@@ -371,7 +371,7 @@ def summarize_propagation(runs: list[JSON], sizes: list[int]) -> JSON:
             "startup_negative": sum(r["startup_propagation"]["negative"] for r in mine),
             "missing": sum(r["startup_propagation"]["missing"] for r in mine),
         }
-    return {"by_size": by_size, "target_p99_ms": 100, "target_size": 64}
+    return {"by_size": by_size, "target_p99_ms": 150, "target_size": 64}
 
 
 def summarize_full_mesh(runs: list[JSON], sizes: list[int]) -> JSON:
@@ -389,7 +389,7 @@ def summarize_full_mesh(runs: list[JSON], sizes: list[int]) -> JSON:
             "rank0_from_start": latency([x["from_start"] for x in rank0]),
             "rank0_from_ready": latency([x["from_ready"] for x in rank0]),
         }
-    return {"by_size": by_size, "target_s": 1.0, "target_size": 64}
+    return {"by_size": by_size, "target_s": 2.0, "target_size": 64}
 
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
