@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network, ip_network
 from typing import Protocol, runtime_checkable
@@ -167,7 +168,7 @@ def key_from_hex(value: str) -> str:
     return base64.b64encode(bytes.fromhex(value)).decode("ascii")
 
 
-def route_changes(plan: Plan, live: set[str]) -> tuple[set[str], set[str]]:
+def route_changes(plan: Plan, live: AbstractSet[str]) -> tuple[set[str], set[str]]:
     """Routes to delete and to add after ``plan``, given the allowed IPs now live.
 
     A destination still held by some peer (WireGuard moved it) is never

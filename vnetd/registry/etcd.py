@@ -46,12 +46,19 @@ from vnetd.registry.etcd_gateway import (
 from vnetd.registry.etcd_security import (
     EtcdSecurity,
     RegistryAccessError,
+    SharedTls,
     closed_hint,
     tls_problem,
 )
 from vnetd.registry.etcd_watch import resuming_watch
 
-__all__ = ["EtcdRegistry", "EtcdSecurity", "RegistryAccessError", "open_etcd_registry"]
+__all__ = [
+    "EtcdRegistry",
+    "EtcdSecurity",
+    "RegistryAccessError",
+    "SharedTls",
+    "open_etcd_registry",
+]
 
 
 class EtcdRegistry:
@@ -65,6 +72,8 @@ class EtcdRegistry:
         lease_ttl: the TTL of the leases this client will keep alive, if known
             before the first ``grant``: it bounds every attempt from the start
             (``etcd_endpoints``).
+        shared_tls: where the client takes its TLS context from, shared with
+            other clients of this process (None: its own).
     """
 
     def __init__(
@@ -74,6 +83,7 @@ class EtcdRegistry:
         timeout: float = 5.0,
         security: EtcdSecurity | None = None,
         lease_ttl: int | None = None,
+        shared_tls: SharedTls | None = None,
     ) -> None:
         if not endpoints:
             raise RegistryError("etcd endpoints: at least one URL is required")
@@ -87,7 +97,11 @@ class EtcdRegistry:
         # With plain http endpoints no TLS is ever spoken; verify=False keeps httpx from
         # building a default context with the system's CA bundle, which costs ~0.2 CPU-s
         # at start (a quarter of a daemon's start-up, measured in bench/control_plane.py).
-        verify: ssl.SSLContext | bool = self._security.ssl_context() if tls else False
+        verify: ssl.SSLContext | bool = False
+        if shared_tls is not None:
+            verify = shared_tls.context(self._security, tls)
+        elif tls:
+            verify = self._security.ssl_context()
         self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
         self._tokens: dict[str, str] = {}
         """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
@@ -354,10 +368,16 @@ class EtcdRegistry:
 
 @asynccontextmanager
 async def open_etcd_registry(
-    endpoints: Sequence[str], security: EtcdSecurity | None = None, *, lease_ttl: int | None = None
+    endpoints: Sequence[str],
+    security: EtcdSecurity | None = None,
+    *,
+    lease_ttl: int | None = None,
+    shared_tls: SharedTls | None = None,
 ) -> AsyncIterator[EtcdRegistry]:
     """An ``EtcdRegistry`` that is closed (shielded from cancellation) on exit."""
-    registry = EtcdRegistry(endpoints, security=security, lease_ttl=lease_ttl)
+    registry = EtcdRegistry(
+        endpoints, security=security, lease_ttl=lease_ttl, shared_tls=shared_tls
+    )
     try:
         yield registry
     finally:
