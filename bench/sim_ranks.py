@@ -10,7 +10,8 @@ state dir (key) and instance name; only the device is the in-memory
 ``FakeDataplane``, wrapped to note when it first holds every other rank of
 the spec. One JSON line per event on stdout (``t``: wall clock, epoch s):
 
-- ``{"event": "claimed", "rank": R, "t": T}`` when a daemon's claim is in etcd;
+- ``{"event": "claimed", "rank": R, "t": T, "started": S}`` when a daemon's claim is
+  in etcd (``S``: when its ``run_daemon`` was started);
 - ``{"event": "full", "rank": R, "t": T}`` when its device first holds N-1 peers;
 - ``{"event": "progress", "claimed": n, "full": n, "cpu": s, "t": T}`` every second,
   ``cpu`` being this process's CPU seconds so far.
@@ -38,6 +39,7 @@ from dataclasses import replace
 from functools import partial
 from ipaddress import ip_network
 from pathlib import Path
+from typing import ClassVar
 
 import trio
 
@@ -81,7 +83,9 @@ class CountingDataplane(FakeDataplane):
         self.full = False
         self._owner: dict[str, str] = {}
         """Allowed IP -> the peer that holds it now (exactly: kept on every change)."""
-        self._normal: dict[str, str] = {}
+
+    _normal: ClassVar[dict[str, str]] = {}
+    """Allowed IP as given -> its normal form, shared by every daemon of the process."""
 
     def _cidr(self, ip: str) -> str:
         found = self._normal.get(ip)
@@ -172,6 +176,7 @@ async def _one(
         finally:
             fake.close()
 
+    started = time.time()
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(
             partial(run_daemon, opts, env, open_dataplane=dataplane, open_registry=opener)
@@ -179,7 +184,8 @@ async def _one(
         with trio.fail_after(600):
             await running.claim.claimed.wait()
         state.claimed += 1
-        emit({"event": "claimed", "rank": rank, "t": running.claim.claimed_at or time.time()})
+        claimed = running.claim.claimed_at or time.time()
+        emit({"event": "claimed", "rank": rank, "t": claimed, "started": started})
 
 
 async def _progress(state: Counters, total: int) -> None:
