@@ -20,7 +20,7 @@ import trio
 import trio.testing
 
 from vnetd.control.membership import encode_member, member_key
-from vnetd.control.storm import FULL_BATCH, PAUSE_MAX, PAUSE_MIN, StormGauge
+from vnetd.control.storm import FULL_BATCH, PAUSE_MAX, PAUSE_MAX_LARGE, PAUSE_MIN, StormGauge
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
@@ -140,3 +140,12 @@ def test_the_gauge_pauses_only_in_a_storm_and_never_after_a_full_batch() -> None
     assert pauses[:7] == [0.0] * 7, "the first joins of a storm come live"
     assert all(PAUSE_MIN <= pause <= PAUSE_MAX for pause in pauses[7:])
     assert gauge.pause_after(101, FULL_BATCH) == 0.0, "etcd has more waiting"
+
+
+def test_a_large_mesh_batches_a_slower_storm_with_longer_pauses() -> None:
+    small, large = StormGauge(), StormGauge()
+    joins = [i / 10 for i in range(40)]  # 10 joins a second: below STORM_RATE
+    assert [small.pause_after(t, 1, 64) for t in joins] == [0.0] * 40, "64 members: live"
+    pauses = [large.pause_after(t, 1, 1024) for t in joins]
+    assert pauses[-1] > PAUSE_MAX, "1024 members: 10/s is a storm, paused for more events"
+    assert max(pauses) <= PAUSE_MAX_LARGE

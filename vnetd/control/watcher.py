@@ -318,7 +318,9 @@ async def sync_members(
                         health.ok()
                         async for batch in batches:
                             view.apply_batch(spec, batch)
-                            pause = gauge.pause_after(trio.current_time(), len(batch))
+                            pause = gauge.pause_after(
+                                trio.current_time(), len(batch), len(view.members)
+                            )
                             if pause:
                                 break
                     if not pause:
