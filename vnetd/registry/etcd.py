@@ -20,6 +20,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from operator import attrgetter
 
 import httpx
 import trio
@@ -230,7 +231,8 @@ class EtcdRegistry:
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         body = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
         data = await self._post("/v3/kv/range", body)
-        kvs = sorted(key_value(raw) for raw in data.get("kvs", []))
+        # By key alone (keys are unique): comparing whole records was a tenth of a list.
+        kvs = sorted((key_value(raw) for raw in data.get("kvs", [])), key=attrgetter("key"))
         return kvs, int(data["header"]["revision"])
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
@@ -356,6 +358,7 @@ class EtcdRegistry:
                 stack.push_async_callback(attempt.aclose)
                 if not first.get("created", False):
                     raise_for_watch(first)
+                _check_not_behind(first, body)
                 return endpoint, lines
             await attempt.aclose()
             failures.append(f"{endpoint}: no watch confirmation within {bound:g} s")
@@ -364,6 +367,19 @@ class EtcdRegistry:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _check_not_behind(created: JSON, body: JSON) -> None:
+    """A watch resumed after a revision the store has not reached: the store was reset
+    (restored, or a new cluster), and etcd would wait silently for revisions that will
+    carry other writes. Raised as unavailable: the watcher lists again, which finds it."""
+    store = int(created.get("header", {}).get("revision", 0))
+    start = int(body.get("create_request", {}).get("start_revision", 0))
+    if store and start > store + 1:
+        raise RegistryUnavailable(
+            f"etcd watch from revision {start}: the store is at revision {store} "
+            "(it was reset); listing again"
+        )
 
 
 @asynccontextmanager
