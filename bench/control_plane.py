@@ -22,7 +22,26 @@ Figures per run:
 * ``cpu_s_per_daemon``: CPU seconds of all sim processes from their start to
   full, divided by N; and at rest (``--rest`` s after full) as a share of a core;
 * etcd requests per second (gRPC messages received, by method) during the
-  storm and at rest, and etcd's own CPU.
+  storm and at rest, and etcd's own CPU;
+* ``etcd_us_per_event``: etcd's CPU from the first start to full (all of it:
+  grants, claims, lists and keepalives included) over the watch events it
+  delivered meanwhile (``etcd_debugging_mvcc_events_total``). A daemon's watch
+  starts at its own list, so it is sent every registration after its own and
+  its own: N(N+1)/2 events for a mesh of N (``etcd_events``, next to that figure);
+* ``claim_s``: a daemon's start (``run_daemon``) → its claim in etcd (spec
+  check, list, watch, its peers on the device, lease, claim), min and median;
+* ``projection_s``: time to full mesh at ``TARGET_SIZE`` ranks all started at
+  once, with one core per daemon and a 4-core etcd, from this run's costs::
+
+      T = claim_min + cpu_per_daemon × TARGET_SIZE / N
+          + TARGET_SIZE (TARGET_SIZE + 1) / 2 × etcd_us_per_event / ETCD_CORES
+
+  A daemon's work to take the mesh is O(N) (it lists, adds and is sent the
+  registrations of N-1 peers) and runs serially on its own core; etcd's is
+  one delivered event per pair and spreads over its cores. The terms are
+  added as if they ran one after the other: an upper bound, since a daemon
+  takes events while etcd sends the rest. ``claim_min`` is the least
+  start → claim of the run, the one least delayed by the packed cores.
 
 Run alone: ``.venv/bin/python bench/control_plane.py --sizes 256 --runs 1``.
 """
@@ -56,6 +75,11 @@ from vnetd.lab.lab import LabProcess, open_lab
 
 NAME = "control_plane"
 TITLE = "Control-plane scale (simulated ranks)"
+TARGET_SIZE = 1024
+ETCD_CORES = 4
+"""The cluster ``projection_s`` is for: one core per daemon, an etcd of this many cores."""
+CONVERGE_TARGET = 60.0
+"""Issue 16's target: 1024 simulated ranks full this long after the last registration."""
 CONVERGE_AFTER = 60.0
 """Default for ``--window``: how long after the last scheduled start the mesh may
 take before the run is recorded as not converged."""
@@ -123,6 +147,35 @@ def rates(samples: list[JSON], start: float, end: float) -> JSON:
     }
 
 
+def event_cost(samples: list[JSON], start: float, end: float) -> JSON:
+    """Watch events etcd delivered between the scrapes nearest ``start`` and ``end``,
+    its CPU meanwhile, and the CPU per event (µs)."""
+    good = [s for s in samples if "error" not in s]
+    if len(good) < 2:
+        return {}
+    first = min(good, key=lambda s: abs(s["t"] - start))
+    last = min(good, key=lambda s: abs(s["t"] - end))
+    delivered = last["mvcc"].get("events", 0) - first["mvcc"].get("events", 0)
+    cpu = last["cpu"] - first["cpu"]
+    return {
+        "events": int(delivered),
+        "cpu_s": round(cpu, 3),
+        "us_per_event": round(cpu / delivered * 1e6, 1) if delivered > 0 else None,
+    }
+
+
+def projection(
+    size: int, cpu_per_daemon: float, us_per_event: float | None, claim_min: float | None
+) -> JSON | None:
+    """Time to full mesh at ``TARGET_SIZE`` ranks on a cluster (module docstring)."""
+    if us_per_event is None or claim_min is None:
+        return None
+    daemon = cpu_per_daemon * TARGET_SIZE / size
+    etcd = TARGET_SIZE * (TARGET_SIZE + 1) / 2 * us_per_event / 1e6 / ETCD_CORES
+    return {"claim_s": round(claim_min, 3), "daemon_s": round(daemon, 3),
+            "etcd_s": round(etcd, 3), "total_s": round(claim_min + daemon + etcd, 3)}  # fmt: skip
+
+
 def series(samples: list[JSON], t0: float) -> list[list[float]]:
     """``[[s since t0, requests/s], ...]`` between consecutive scrapes (for the plot)."""
     good = [s for s in samples if "error" not in s]
@@ -185,6 +238,10 @@ async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, win
             warned = warnings(sims)
             nursery.cancel_scope.cancel()
     last_claim = max(claims)
+    waits = [e["t"] - e["started"] for e in all_events
+             if e.get("event") == "claimed" and "started" in e]  # fmt: skip
+    cost = event_cost(metrics, t0, full_at)
+    cpu_per_daemon = cpu_full / size
     result = {
         "size": size,
         "procs": procs,
@@ -196,7 +253,16 @@ async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, win
         "storm_s": full_at - t0,
         "registration_span_s": last_claim - min(claims),
         "first_claim_s": min(claims) - t0,
-        "cpu_s_per_daemon_to_full": cpu_full / size,
+        "cpu_s_per_daemon_to_full": cpu_per_daemon,
+        "etcd_events": cost.get("events"),
+        "etcd_events_expected": size * (size + 1) // 2,
+        "etcd_us_per_event": cost.get("us_per_event"),
+        "claim_s": spread(waits),
+        "projection_s": projection(
+            size, cpu_per_daemon, cost.get("us_per_event"), min(waits, default=None)
+        )
+        if converged
+        else None,
         "cpu_share_per_daemon_rest": cpu_rest / size / rest if converged else None,
         "etcd_storm": rates(metrics, t0, full_at),
         "etcd_rest": rates(metrics, full_at + 1, rest_end),
@@ -214,7 +280,8 @@ async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, win
     print(
         f"  {size} ranks in {procs} processes: {outcome} ({result['storm_s']:.1f} s after "
         "start); CPU "
-        f"{result['cpu_s_per_daemon_to_full']:.2f} s/daemon; etcd "
+        f"{result['cpu_s_per_daemon_to_full']:.3f} s/daemon; etcd "
+        f"{result['etcd_us_per_event'] or 0:.0f} µs/event ({result['etcd_events']} events), "
         f"{result['etcd_storm'].get('requests_per_s', 0):.0f} req/s storm, "
         f"{result['etcd_rest'].get('requests_per_s', 0):.0f} req/s rest",
         flush=True,
@@ -244,8 +311,12 @@ def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
             "etcd_rest_rps": spread(r["etcd_rest"].get("requests_per_s") for r in mine),
             "etcd_storm_cpu": spread(r["etcd_storm"].get("etcd_cpu_share") for r in mine),
             "etcd_rest_cpu": spread(r["etcd_rest"].get("etcd_cpu_share") for r in mine),
+            "etcd_us_per_event": spread(r.get("etcd_us_per_event") for r in mine),
+            "claim_s_min": spread((r.get("claim_s") or {}).get("min") for r in mine),
+            "projection_s": spread((r.get("projection_s") or {}).get("total_s") for r in mine),
         }
-    return {"by_size": by_size, "target_s": 10.0, "target_size": 1024}
+    return {"by_size": by_size, "target_s": CONVERGE_TARGET, "target_size": TARGET_SIZE,
+            "target_cpu_s_per_daemon": 0.1, "target_etcd_us_per_event": 30.0}  # fmt: skip
 
 
 async def main_async(args: Any) -> int:  # noqa: ANN401

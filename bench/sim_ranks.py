@@ -4,12 +4,14 @@
     sim_ranks.py --config mesh.toml --ranks 0-255 --state-root DIR [--stagger 0.005]
 
 Each rank is a whole ``vnetd.daemon.run_daemon`` (spec check, claim under a
-lease with keepalive, list-then-watch, reconciler) with its own etcd client,
+lease with keepalive, list-then-watch, reconciler) with its own etcd client
+(the clients share one TLS context, as ``sharing_tls`` lets a process),
 state dir (key) and instance name; only the device is the in-memory
 ``FakeDataplane``, wrapped to note when it first holds every other rank of
 the spec. One JSON line per event on stdout (``t``: wall clock, epoch s):
 
-- ``{"event": "claimed", "rank": R, "t": T}`` when a daemon's claim is in etcd;
+- ``{"event": "claimed", "rank": R, "t": T, "started": S}`` when a daemon's claim is
+  in etcd (``S``: when its ``run_daemon`` was started);
 - ``{"event": "full", "rank": R, "t": T}`` when its device first holds N-1 peers;
 - ``{"event": "progress", "claimed": n, "full": n, "cpu": s, "t": T}`` every second,
   ``cpu`` being this process's CPU seconds so far.
@@ -31,11 +33,13 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Iterable
+from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import partial
 from ipaddress import ip_network
 from pathlib import Path
+from typing import ClassVar
 
 import trio
 
@@ -45,6 +49,7 @@ from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Plan
 from vnetd.ranks import parse_ranks
+from vnetd.registry import RegistryOpener, sharing_tls
 from vnetd.running import Running
 from vnetd.spec import load_spec
 
@@ -63,10 +68,11 @@ class CountingDataplane(FakeDataplane):
     """A ``FakeDataplane`` that reports when it first holds ``want`` peers.
 
     It also indexes which peer holds each allowed IP: the stock fake finds
-    the previous holder by scanning every peer for every peer it adds, so a
-    daemon starting into a 1024-rank mesh would spend ~0.1 s of CPU in the
-    fake alone (1023 adds × 1023 peers). The semantics are the same: an
-    allowed IP belongs to one peer, the last one given it.
+    the previous holder, and the IPs still held after a plan, by scanning
+    every peer, so a daemon of a 1024-rank mesh would spend more CPU in the
+    fake (O(peers) per plan, O(peers²) to take a join) than in its own
+    pass. The semantics are the same: an allowed IP belongs to one peer, the
+    last one given it. Allowed IPs are the spec's, already in normal form.
     """
 
     def __init__(self, config: DeviceConfig, rank: int, want: int, state: Counters) -> None:
@@ -76,9 +82,26 @@ class CountingDataplane(FakeDataplane):
         self.state = state
         self.full = False
         self._owner: dict[str, str] = {}
+        """Allowed IP -> the peer that holds it now (exactly: kept on every change)."""
+
+    _normal: ClassVar[dict[str, str]] = {}
+    """Allowed IP as given -> its normal form, shared by every daemon of the process."""
+
+    def _cidr(self, ip: str) -> str:
+        found = self._normal.get(ip)
+        if found is None:
+            found = self._normal[ip] = str(ip_network(ip, strict=False))
+        return found
+
+    def _release(self, public_key: str, ips: Iterable[str]) -> None:
+        for ip in ips:
+            if self._owner.get(ip) == public_key:
+                del self._owner[ip]
 
     def _assign(self, public_key: str, allowed_ips: Iterable[str]) -> None:
-        wanted = {str(ip_network(ip, strict=False)) for ip in allowed_ips}
+        wanted = {self._cidr(ip) for ip in allowed_ips}
+        mine = self.device[public_key]
+        self._release(public_key, set(mine.allowed_ips) - wanted)
         for ip in wanted:
             owner = self._owner.get(ip)
             if owner is not None and owner != public_key:
@@ -87,11 +110,16 @@ class CountingDataplane(FakeDataplane):
                     kept = tuple(x for x in peer.allowed_ips if x != ip)
                     self.device[owner] = replace(peer, allowed_ips=kept)
             self._owner[ip] = public_key
-        self.device[public_key] = replace(
-            self.device[public_key], allowed_ips=tuple(sorted(wanted))
-        )
+        self.device[public_key] = replace(mine, allowed_ips=tuple(sorted(wanted)))
+
+    def _live_ips(self) -> AbstractSet[str]:
+        return self._owner.keys()
 
     async def apply(self, plan: Plan) -> None:
+        for removed in plan.remove:
+            held = self.device.get(removed.public_key)
+            if held is not None:
+                self._release(removed.public_key, held.allowed_ips)
         await super().apply(plan)
         if not self.full and len(self.device) >= self.want:
             self.full = True
@@ -115,18 +143,21 @@ async def main_async(args: argparse.Namespace) -> None:
     spec = load_spec(args.config)
     ranks = parse_ranks(args.ranks, spec.size)
     state = Counters()
+    opener = sharing_tls()  # one TLS context for every daemon's etcd client
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, signals, nursery.cancel_scope)
             nursery.start_soon(_progress, state, len(ranks))
             emit({"event": "starting", "ranks": len(ranks), "t": time.time()})
             for rank in ranks:
-                nursery.start_soon(_one, rank, args, spec.size, state)
+                nursery.start_soon(_one, rank, args, spec.size, state, opener)
                 if args.stagger:
                     await trio.sleep(args.stagger)
 
 
-async def _one(rank: int, args: argparse.Namespace, size: int, state: Counters) -> None:
+async def _one(
+    rank: int, args: argparse.Namespace, size: int, state: Counters, opener: RegistryOpener
+) -> None:
     opts = Settings(
         spec=load_spec(args.config),
         rank=str(rank),
@@ -145,14 +176,16 @@ async def _one(rank: int, args: argparse.Namespace, size: int, state: Counters) 
         finally:
             fake.close()
 
+    started = time.time()
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(
-            partial(run_daemon, opts, env, open_dataplane=dataplane)
+            partial(run_daemon, opts, env, open_dataplane=dataplane, open_registry=opener)
         )
         with trio.fail_after(600):
             await running.claim.claimed.wait()
         state.claimed += 1
-        emit({"event": "claimed", "rank": rank, "t": running.claim.claimed_at or time.time()})
+        claimed = running.claim.claimed_at or time.time()
+        emit({"event": "claimed", "rank": rank, "t": claimed, "started": started})
 
 
 async def _progress(state: Counters, total: int) -> None:

@@ -167,9 +167,15 @@ class HandshakeWatch:
             self.initiating.pop(peer.public_key, None)
             self.awaiting.pop(peer.public_key, None)
         for table in (self.initiating, self.awaiting):
-            for key, due in table.items():
-                if key in wanted:
-                    want = wanted[key]
+            # O(the smaller side): a pass over one change must not walk a join's
+            # thousand watched peers, nor a full pass's thousand peers a few watched.
+            keys = table.keys() & wanted.keys() if len(table) < len(wanted) else wanted
+            for key in keys:
+                due = table.get(key)
+                if due is None:
+                    continue
+                want = wanted[key]
+                if (due.peer.endpoint, due.peer.allowed_ips) != (want.endpoint, want.allowed_ips):
                     due.peer = replace(
                         due.peer, endpoint=want.endpoint, allowed_ips=want.allowed_ips
                     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from vnetd.gateways import route_through_gateways
 from vnetd.initiator import PairRule
@@ -248,7 +248,7 @@ def _as_added(want: Peer, pairs: PairRule | None) -> Peer:
     if pairs is None:
         return want
     held = pairs.holds_back and not pairs.initiates(want)
-    return replace(want, keepalive=pairs.keepalive(want), endpoint_held=held)
+    return want.added_as(pairs.keepalive(want), held)
 
 
 def device_restarted(want: Peer, devices: Mapping[str, str]) -> bool:

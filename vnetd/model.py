@@ -60,6 +60,19 @@ class Peer:
     """Persistent keepalive (s) set when the peer is added; None: the device's."""
     endpoint_held: bool = field(default=False, compare=False)
 
+    def added_as(self, keepalive: int | None, endpoint_held: bool) -> Peer:
+        """This peer with ``keepalive`` and ``endpoint_held`` (``dataclasses.replace``
+        at a third of its cost: a join adds a thousand peers in one pass)."""
+        return Peer(
+            self.public_key,
+            self.allowed_ips,
+            self.endpoint,
+            self.rank,
+            self.device_id,
+            keepalive,
+            endpoint_held,
+        )
+
 
 @dataclass(frozen=True, order=True)
 class DevicePeer:

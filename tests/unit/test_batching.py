@@ -20,10 +20,11 @@ import trio
 import trio.testing
 
 from vnetd.control.membership import encode_member, member_key
-from vnetd.control.storm import FULL_BATCH, PAUSE_MAX, PAUSE_MIN, StormGauge
+from vnetd.control.storm import FULL_BATCH, PAUSE_MAX, PAUSE_MAX_LARGE, PAUSE_MIN, StormGauge
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
+from vnetd.errors import RegistryUnavailable
 from vnetd.model import Member
 from vnetd.reconciler import Reconciler
 from vnetd.registry.memory import MemoryRegistry
@@ -140,3 +141,44 @@ def test_the_gauge_pauses_only_in_a_storm_and_never_after_a_full_batch() -> None
     assert pauses[:7] == [0.0] * 7, "the first joins of a storm come live"
     assert all(PAUSE_MIN <= pause <= PAUSE_MAX for pause in pauses[7:])
     assert gauge.pause_after(101, FULL_BATCH) == 0.0, "etcd has more waiting"
+
+
+def test_a_large_mesh_batches_a_slower_storm_with_longer_pauses() -> None:
+    small, large = StormGauge(), StormGauge()
+    joins = [i / 10 for i in range(40)]  # 10 joins a second: below STORM_RATE
+    assert [small.pause_after(t, 1, 64) for t in joins] == [0.0] * 40, "64 members: live"
+    pauses = [large.pause_after(t, 1, 1024) for t in joins]
+    assert pauses[-1] > PAUSE_MAX, "1024 members: 10/s is a storm, paused for more events"
+    assert max(pauses) <= PAUSE_MAX_LARGE
+
+
+class FailingResumes(CountingWatches):
+    """The watch opened after ``fail_from`` streams fails, as one that etcd or a
+    loaded client did not confirm in time, every ``fail_every``-th time."""
+
+    fail_from = 10**9
+    fail_every = 1
+    failed = 0
+
+    def watch(self, prefix, start_revision):  # noqa: ANN001, ANN201
+        self.opened += 1
+        if self.opened > self.fail_from and self.opened % self.fail_every == 0:
+            self.failed += 1
+            raise RegistryUnavailable("etcd watch failed on every endpoint: no confirmation")
+        return MemoryRegistry.watch(self, prefix, start_revision)
+
+
+async def test_a_storm_resume_that_fails_once_is_resumed_not_listed_again(autojump_clock):
+    registry = FailingResumes()
+    view = MemberView()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sync_members, registry, SPEC, view, RegistryHealth())
+        await until(lambda: view.synced)
+        registry.fail_from, registry.fail_every = registry.opened, 2
+        for rank in range(300):
+            await join(registry, rank)
+            await trio.sleep(0.002)
+        await until(lambda: len(view.members) == 300)
+        assert registry.failed >= 1
+        assert view.lists == 1, "a resume that failed once listed the members again"
+        nursery.cancel_scope.cancel()

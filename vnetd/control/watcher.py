@@ -14,13 +14,14 @@ import logging
 import math
 import time
 from collections.abc import Iterable
+from contextlib import AsyncExitStack
 from typing import NoReturn
 
 import trio
 
 from vnetd.control.membership import BadEntry, decode_member, members_prefix, rank_of_key
 from vnetd.control.storm import StormGauge
-from vnetd.errors import WatchCompacted
+from vnetd.errors import RegistryUnavailable, WatchCompacted
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry, WatchEvent
 from vnetd.retry import Backoff, RegistryHealth, retry_registry
@@ -293,14 +294,20 @@ async def sync_members(
     grace = RESET_GRACE_TTLS * spec.registry.lease_ttl if reset_grace is None else reset_grace
     backoff = Backoff()
     gauge = StormGauge()
+    listed = False
+    resuming = False  # the next watch resumes a storm's after a pause
     task_status.started()
 
     async def follow() -> NoReturn:
         """List, then watch; list again after a compaction, a reset's grace or a
         stream that ended; in a storm, end the watch after a batch and resume it
-        after a pause. Raises ``RegistryUnavailable``; a retry lists first."""
-        listed = False
+        after a pause. Raises ``RegistryUnavailable``; a retry lists first, except
+        after a storm's resume that could not open (a loaded etcd or client): that
+        is tried once more as a resume, not as an O(N) list for etcd and for us (a
+        reset store refuses a resume: ``EtcdRegistry`` checks its revision)."""
+        nonlocal listed, resuming
         while True:
+            opening = resumed = False
             try:
                 if not listed:
                     kvs, revision = await registry.list_prefix(prefix)
@@ -314,11 +321,18 @@ async def sync_members(
                 resync_at = trio.current_time() + resync_interval
                 pause = 0.0
                 with trio.move_on_at(min(resync_at, held_until)) as timer:
-                    async with registry.watch(prefix, view.revision + 1) as batches:
+                    async with AsyncExitStack() as stack:
+                        opening, resumed = True, resuming
+                        batches = await stack.enter_async_context(
+                            registry.watch(prefix, view.revision + 1)
+                        )
+                        opening = resuming = False
                         health.ok()
                         async for batch in batches:
                             view.apply_batch(spec, batch)
-                            pause = gauge.pause_after(trio.current_time(), len(batch))
+                            pause = gauge.pause_after(
+                                trio.current_time(), len(batch), len(view.members)
+                            )
                             if pause:
                                 break
                     if not pause:
@@ -327,11 +341,17 @@ async def sync_members(
                         await trio.sleep(backoff.next_delay())
                 if pause:
                     await trio.sleep(pause)  # then resume: etcd sends the batch since
+                    resuming = True
                 elif timer.cancelled_caught and held_until <= resync_at:
                     listed = False
             except WatchCompacted as exc:
                 log.info("%s; listing members again", exc)
                 listed = False
+            except RegistryUnavailable:
+                # A storm's resume that did not open is tried once more as a resume.
+                listed = listed and opening and resumed
+                resuming = False
+                raise
 
     await retry_registry("watch", follow, health, backoff)
 

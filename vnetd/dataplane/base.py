@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import re
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network, ip_network
 from typing import Protocol, runtime_checkable
@@ -167,7 +170,7 @@ def key_from_hex(value: str) -> str:
     return base64.b64encode(bytes.fromhex(value)).decode("ascii")
 
 
-def route_changes(plan: Plan, live: set[str]) -> tuple[set[str], set[str]]:
+def route_changes(plan: Plan, live: AbstractSet[str]) -> tuple[set[str], set[str]]:
     """Routes to delete and to add after ``plan``, given the allowed IPs now live.
 
     A destination still held by some peer (WireGuard moved it) is never
@@ -204,5 +207,17 @@ def handshake_keepalives(plan: Plan, default: int) -> dict[str, int]:
     }
 
 
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4_HOST = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}/32")
+"""An IPv4 host route already in normal form (the spec writes every allowed IP so)."""
+
+
 def _cidr(ip: str) -> str:
+    """``ip`` in normal form. A join moves a thousand routes: an IPv4 host route in
+    normal form is taken as it is (a match costs 1 µs, ``ipaddress`` 10-20 µs)."""
+    return ip if _IPV4_HOST.fullmatch(ip) else _parsed_cidr(ip)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _parsed_cidr(ip: str) -> str:
     return str(ip_network(ip, strict=False))

@@ -17,6 +17,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from ipaddress import ip_network
@@ -91,8 +92,7 @@ class FakeDataplane:
                 added, self.config.persistent_keepalive
             )
             self._assign(added.public_key, added.allowed_ips)
-        live = {ip for peer in self.device.values() for ip in peer.allowed_ips}
-        gone, new = route_changes(plan, live)
+        gone, new = route_changes(plan, self._live_ips())
         self.device_routes = (self.device_routes - gone) | new
         self.applied.append(plan)
         self.handshakes += [key for key in plan.handshake if key in self.device]
@@ -105,6 +105,10 @@ class FakeDataplane:
             len(gone),
             len(new),
         )
+
+    def _live_ips(self) -> AbstractSet[str]:
+        """Every allowed IP some peer holds now (after a plan, before its routes)."""
+        return {ip for peer in self.device.values() for ip in peer.allowed_ips}
 
     def _far_side(self, plan: Plan) -> None:
         """The simulated far side of each peer: it answers the handshakes we start, and

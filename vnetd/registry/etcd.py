@@ -20,6 +20,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from operator import attrgetter
 
 import httpx
 import trio
@@ -46,12 +47,19 @@ from vnetd.registry.etcd_gateway import (
 from vnetd.registry.etcd_security import (
     EtcdSecurity,
     RegistryAccessError,
+    SharedTls,
     closed_hint,
     tls_problem,
 )
 from vnetd.registry.etcd_watch import resuming_watch
 
-__all__ = ["EtcdRegistry", "EtcdSecurity", "RegistryAccessError", "open_etcd_registry"]
+__all__ = [
+    "EtcdRegistry",
+    "EtcdSecurity",
+    "RegistryAccessError",
+    "SharedTls",
+    "open_etcd_registry",
+]
 
 
 class EtcdRegistry:
@@ -65,6 +73,8 @@ class EtcdRegistry:
         lease_ttl: the TTL of the leases this client will keep alive, if known
             before the first ``grant``: it bounds every attempt from the start
             (``etcd_endpoints``).
+        shared_tls: where the client takes its TLS context from, shared with
+            other clients of this process (None: its own).
     """
 
     def __init__(
@@ -74,6 +84,7 @@ class EtcdRegistry:
         timeout: float = 5.0,
         security: EtcdSecurity | None = None,
         lease_ttl: int | None = None,
+        shared_tls: SharedTls | None = None,
     ) -> None:
         if not endpoints:
             raise RegistryError("etcd endpoints: at least one URL is required")
@@ -87,7 +98,11 @@ class EtcdRegistry:
         # With plain http endpoints no TLS is ever spoken; verify=False keeps httpx from
         # building a default context with the system's CA bundle, which costs ~0.2 CPU-s
         # at start (a quarter of a daemon's start-up, measured in bench/control_plane.py).
-        verify: ssl.SSLContext | bool = self._security.ssl_context() if tls else False
+        verify: ssl.SSLContext | bool = False
+        if shared_tls is not None:
+            verify = shared_tls.context(self._security, tls)
+        elif tls:
+            verify = self._security.ssl_context()
         self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
         self._tokens: dict[str, str] = {}
         """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
@@ -216,7 +231,8 @@ class EtcdRegistry:
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         body = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
         data = await self._post("/v3/kv/range", body)
-        kvs = sorted(key_value(raw) for raw in data.get("kvs", []))
+        # By key alone (keys are unique): comparing whole records was a tenth of a list.
+        kvs = sorted((key_value(raw) for raw in data.get("kvs", [])), key=attrgetter("key"))
         return kvs, int(data["header"]["revision"])
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
@@ -342,6 +358,7 @@ class EtcdRegistry:
                 stack.push_async_callback(attempt.aclose)
                 if not first.get("created", False):
                     raise_for_watch(first)
+                _check_not_behind(first, body)
                 return endpoint, lines
             await attempt.aclose()
             failures.append(f"{endpoint}: no watch confirmation within {bound:g} s")
@@ -352,12 +369,31 @@ class EtcdRegistry:
         await self._client.aclose()
 
 
+def _check_not_behind(created: JSON, body: JSON) -> None:
+    """A watch resumed after a revision the store has not reached: the store was reset
+    (restored, or a new cluster), and etcd would wait silently for revisions that will
+    carry other writes. Raised as unavailable: the watcher lists again, which finds it."""
+    store = int(created.get("header", {}).get("revision", 0))
+    start = int(body.get("create_request", {}).get("start_revision", 0))
+    if store and start > store + 1:
+        raise RegistryUnavailable(
+            f"etcd watch from revision {start}: the store is at revision {store} "
+            "(it was reset); listing again"
+        )
+
+
 @asynccontextmanager
 async def open_etcd_registry(
-    endpoints: Sequence[str], security: EtcdSecurity | None = None, *, lease_ttl: int | None = None
+    endpoints: Sequence[str],
+    security: EtcdSecurity | None = None,
+    *,
+    lease_ttl: int | None = None,
+    shared_tls: SharedTls | None = None,
 ) -> AsyncIterator[EtcdRegistry]:
     """An ``EtcdRegistry`` that is closed (shielded from cancellation) on exit."""
-    registry = EtcdRegistry(endpoints, security=security, lease_ttl=lease_ttl)
+    registry = EtcdRegistry(
+        endpoints, security=security, lease_ttl=lease_ttl, shared_tls=shared_tls
+    )
     try:
         yield registry
     finally:

@@ -10,16 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
 from vnetd.registry.base import Registry
 from vnetd.spec import RegistrySpec
+
+if TYPE_CHECKING:
+    from vnetd.registry.etcd_security import SharedTls
 
 RegistryOpener = Callable[[RegistrySpec], AbstractAsyncContextManager[Registry]]
 """What opens a registry from settings: ``open_registry``, or a test's memory registry."""
 
 
-def open_registry(settings: RegistrySpec) -> AbstractAsyncContextManager[Registry]:
+def open_registry(
+    settings: RegistrySpec, *, shared_tls: SharedTls | None = None
+) -> AbstractAsyncContextManager[Registry]:
     """The registry ``settings`` name (TLS and auth already resolved), closed on exit.
+
+    Args:
+        shared_tls: TLS contexts shared with the other registries of this
+            process (``sharing_tls``); None: the client builds its own.
 
     Raises:
         RegistryError: the settings cannot make a client (no endpoint, an
@@ -29,5 +39,22 @@ def open_registry(settings: RegistrySpec) -> AbstractAsyncContextManager[Registr
     from vnetd.registry.etcd_security import security_of
 
     return open_etcd_registry(
-        settings.endpoints, security_of(settings), lease_ttl=settings.lease_ttl
+        settings.endpoints,
+        security_of(settings),
+        lease_ttl=settings.lease_ttl,
+        shared_tls=shared_tls,
     )
+
+
+def sharing_tls() -> RegistryOpener:
+    """An opener whose registries share their TLS contexts: for a process that runs
+    many daemons (``run_daemon(open_registry=...)``), each then pays 0.1 ms instead
+    of 5-20 ms of CPU for its client (``etcd_security.SharedTls``)."""
+    from vnetd.registry.etcd_security import SharedTls
+
+    shared = SharedTls()
+
+    def opener(settings: RegistrySpec) -> AbstractAsyncContextManager[Registry]:
+        return open_registry(settings, shared_tls=shared)
+
+    return opener
