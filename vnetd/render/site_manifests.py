@@ -89,9 +89,10 @@ def site_part(spec: MeshSpec, mode: str, site: str | None, ranks: str) -> SitePa
     for other, gateways in spec.gateways:
         foreign = [rank for rank in gateways if other != name and first <= rank <= last]
         if foreign:
+            which = "rank {} is a gateway" if len(foreign) == 1 else "ranks {} are gateways"
             raise SpecError(
-                f"--ranks: {format_ranks(foreign)} of {first}-{last} are gateways of site "
-                f"{other} ([sites.{other}] gateways), not of site {name}; render them with "
+                f"--ranks: {which.format(format_ranks(foreign))} of site {other} "
+                f"([sites.{other}] gateways), not of site {name}; render them with "
                 f"--site {other}, or give --ranks without them"
             )
     own = dict(spec.gateways).get(name, ())
