@@ -133,6 +133,14 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type i
         "of the site among --ranks a UDP LoadBalancer Service and IP forwarding",
     )
     manifests.add_argument(
+        "--etcd",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="etcd client URL the daemons use instead of registry.endpoints, such as the "
+        "other site's etcd; repeat for several",
+    )
+    manifests.add_argument(
         "--ranks",
         default="all",
         metavar="A-B",
@@ -228,10 +236,11 @@ def run_manifests(args: argparse.Namespace) -> int:
         text = args.config.read_text()
     except OSError as exc:
         raise SpecError(f"{args.config}: cannot read: {exc.strerror}") from None
-    options = ManifestOptions(mode=args.mode, image=args.image, site=args.site, ranks=args.ranks)
+    etcd = tuple(args.etcd)
+    options = ManifestOptions(args.mode, args.image, args.site, args.ranks, etcd)
     rendered = render_manifests(spec, text, options)
     part = site_part(spec, args.mode, args.site, args.ranks)
-    for warning in [*manifest_warnings(spec, args.image), *site_warnings(spec, part)]:
+    for warning in [*manifest_warnings(spec, args.image, etcd), *site_warnings(spec, part)]:
         warn_on_stderr(warning)
     _emit(rendered, args.output)
     return 0

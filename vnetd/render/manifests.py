@@ -61,7 +61,7 @@ from vnetd.render.pods import (
     with_etcd_tls,
     with_underlay_choice,
 )
-from vnetd.render.site_manifests import SitePart, site_objects, site_part, vnetd_site_args
+from vnetd.render.site_manifests import etcd_args, site_objects, site_part, vnetd_site_args
 from vnetd.spec import MeshSpec, parse_spec
 
 Mode = Literal["sidecar", "daemonset"]
@@ -97,6 +97,8 @@ class ManifestOptions:
     image: str = DEFAULT_IMAGE
     site: str | None = None
     ranks: str = "all"
+    etcd: tuple[str, ...] = ()
+    """``--etcd``: URLs the daemons use instead of ``registry.endpoints``."""
 
 
 def render_manifests(spec: MeshSpec, spec_toml: str, options: ManifestOptions | None = None) -> str:
@@ -149,11 +151,12 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
         objects = [
             _config_map(spec, data),
             _headless_service(spec, job, port),
-            _job(spec, job, image, port, _digest(data), part),
+            _job(spec, job, image, port, _digest(data), vnetd_site_args(part, options.etcd)),
         ]
         return objects if part is None else site_objects(spec, part, objects, image)
     data = {SPEC_KEY: spec_toml}
-    return [_config_map(spec, data), _daemon_set(spec, image, port, _digest(data))]
+    daemons = _daemon_set(spec, image, port, _digest(data), etcd_args(options.etcd))
+    return [_config_map(spec, data), daemons]
 
 
 def job_name(spec: MeshSpec) -> str:
@@ -205,14 +208,18 @@ def check_image(image: str, flag: str = "--image") -> str:
     return image
 
 
-def manifest_warnings(spec: MeshSpec, image: str = DEFAULT_IMAGE) -> list[str]:
-    """Problems that make the manifests useless although they are valid."""
+def manifest_warnings(
+    spec: MeshSpec, image: str = DEFAULT_IMAGE, etcd: tuple[str, ...] = ()
+) -> list[str]:
+    """Problems that make the manifests useless although they are valid; ``etcd``:
+    the ``--etcd`` URLs, which replace ``registry.endpoints``."""
     warnings = []
-    for url in spec.registry.endpoints:
+    source = "--etcd" if etcd else "registry.endpoints"
+    for url in etcd or spec.registry.endpoints:
         host = urlsplit(url).hostname or ""
         if host == "localhost" or _is_loopback(host):
             warnings.append(
-                f"registry.endpoints: {url} is a loopback address, which in a pod is the pod "
+                f"{source}: {url} is a loopback address, which in a pod is the pod "
                 "itself; point it at etcd's client Service (https://etcd-client:2379 for "
                 "manifests/etcd)"
             )
@@ -275,10 +282,8 @@ def _headless_service(spec: MeshSpec, job: str, port: int) -> Obj:
     }
 
 
-def _job(
-    spec: MeshSpec, job: str, image: str, port: int, digest: str, part: SitePart | None
-) -> Obj:
-    identity = ["--config", f"{CONFIG_DIR}/{SPEC_KEY}", *vnetd_site_args(part)]
+def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str, extra: list[str]) -> Obj:
+    identity = ["--config", f"{CONFIG_DIR}/{SPEC_KEY}", *extra]
     sidecar = vnetd_container(spec, image, port, identity)
     sidecar["restartPolicy"] = "Always"
     pod_labels = labels(spec, "sidecar")
@@ -335,12 +340,10 @@ def _job(
     }
 
 
-def _daemon_set(spec: MeshSpec, image: str, port: int, digest: str) -> Obj:
+def _daemon_set(spec: MeshSpec, image: str, port: int, digest: str, extra: list[str]) -> Obj:
+    identity = ["--config", f"{CONFIG_DIR}/{SPEC_KEY}", *extra]
     container = vnetd_container(
-        spec,
-        image,
-        port,
-        ["--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--rank", "auto", "--instance", "$(NODE_NAME)"],
+        spec, image, port, [*identity, "--rank", "auto", "--instance", "$(NODE_NAME)"]
     )
     container["env"].append(field_env("NODE_NAME", "spec.nodeName"))
     pod_labels = labels(spec, "daemonset")

@@ -29,11 +29,11 @@ from vnetd.ranks import format_ranks, parse_ranks
 from vnetd.render.pods import config_name, field_env, resources
 from vnetd.render.podscripts import FORWARDING_SCRIPT
 from vnetd.spec import MeshSpec
-from vnetd.spec.parse import check_site_name
+from vnetd.spec.parse import check_etcd_url, check_site_name
 
 Obj = dict[str, Any]
 
-PUBLIC_DIR = "/etc/vnetd/public"
+PUBLIC_DIR = "/etc/vnetd-public"
 """Where the public endpoints' ConfigMap is mounted: one file per rank, empty for none."""
 POD_INDEX_ENV = "VNETD_POD_INDEX"
 JOB_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
@@ -117,11 +117,18 @@ def site_warnings(spec: MeshSpec, part: SitePart | None) -> list[str]:
     ]
 
 
-def vnetd_site_args(part: SitePart | None) -> list[str]:
-    """The sidecar's extra flags: ``--site`` when given, the public endpoint file for gateways."""
+def etcd_args(etcd: tuple[str, ...]) -> list[str]:
+    """``--etcd URL`` for each URL of ``render manifests --etcd``, checked."""
+    return [arg for url in etcd for arg in ("--etcd", check_etcd_url(url))]
+
+
+def vnetd_site_args(part: SitePart | None, etcd: tuple[str, ...] = ()) -> list[str]:
+    """The sidecar's extra flags: ``--etcd`` and ``--site`` when given, and the public
+    endpoint file when the part runs gateways."""
+    args = etcd_args(etcd)
     if part is None:
-        return []
-    args = ["--site", part.site] if part.site_flag else []
+        return args
+    args += ["--site", part.site] if part.site_flag else []
     if part.gateways:
         args += ["--public-endpoint-file", f"{PUBLIC_DIR}/$({POD_INDEX_ENV})"]
     return args
@@ -197,7 +204,12 @@ def _forwarding_container(spec: MeshSpec, part: SitePart, image: str) -> Obj:
         "resources": resources("10m", "16Mi", "32Mi"),
         # /proc/sys is read-only in any other container; this one only writes the
         # pod's own network namespace's sysctls, and only in a gateway's pod.
-        "securityContext": {"privileged": True, "runAsUser": 0, "runAsNonRoot": False},
+        "securityContext": {
+            "privileged": True,
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "readOnlyRootFilesystem": True,
+        },
     }
 
 

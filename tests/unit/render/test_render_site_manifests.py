@@ -25,7 +25,8 @@ from vnetd.spec import MeshSpec, parse_spec
 
 IMAGE = "harbor.hpc.internal/hpc/vnetd:0.1.0"
 SITE_A = ManifestOptions(image=IMAGE, site="a", ranks="0-31")
-SITE_B = ManifestOptions(image=IMAGE, site="b", ranks="32-63")
+ETCD_A = "https://etcd.a.example.org:2379"
+SITE_B = ManifestOptions(image=IMAGE, site="b", ranks="32-63", etcd=(ETCD_A,))
 
 
 def spec_of(text: str) -> MeshSpec:
@@ -86,7 +87,7 @@ def test_site_a_is_an_indexed_job_of_its_ranks_with_a_gateway_at_index_0():
     assert init["vnetd-forwarding"]["command"][3:] == ["forwarding", "4", "flux-0"]
     args = init["vnetd"]["args"]
     assert args[args.index("--site") + 1] == "a"
-    assert args[args.index("--public-endpoint-file") + 1] == "/etc/vnetd/public/$(VNETD_POD_INDEX)"
+    assert args[args.index("--public-endpoint-file") + 1] == "/etc/vnetd-public/$(VNETD_POD_INDEX)"
     env = {e["name"]: e for e in init["vnetd"]["env"]}
     assert env["VNETD_POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -121,6 +122,16 @@ def test_site_b_is_a_stateful_set_whose_pods_are_named_after_ranks_32_to_63():
         selector = by_name[("Service", f"flux-gateway-{rank}")]["spec"]["selector"]
         assert selector["statefulset.kubernetes.io/pod-name"] == f"flux-{rank}"
     init = init_containers(by_name[("StatefulSet", "flux")])
+    assert init["vnetd"]["args"][1:9] == [
+        "--config",
+        "/etc/vnetd/mesh.toml",
+        "--etcd",
+        ETCD_A,
+        "--site",
+        "b",
+        "--public-endpoint-file",
+        "/etc/vnetd-public/$(VNETD_POD_INDEX)",
+    ]
     assert init["vnetd-forwarding"]["command"][3:] == ["forwarding", "4", "flux-32", "flux-33"]
     assert init["vnetd-forwarding"]["securityContext"]["privileged"] is True
     assert "privileged" not in init["vnetd"]["securityContext"]
@@ -149,6 +160,18 @@ def test_ranks_alone_keep_the_spec_site():
     job = next(d for d in docs if d["kind"] == "Job")
     assert job["spec"]["completions"] == 4
     assert "--site" not in init_containers(job)["vnetd"]["args"]
+
+
+def test_etcd_urls_replace_the_spec_endpoints_in_both_modes():
+    for mode in ("sidecar", "daemonset"):
+        docs = documents(ManifestOptions(mode=mode, etcd=(ETCD_A, "https://etcd-2:2379")))
+        pod = docs[-1]["spec"]["template"]["spec"]
+        (vnetd,) = [
+            c for c in pod.get("initContainers", []) + pod["containers"] if c["name"] == "vnetd"
+        ]
+        assert vnetd["args"][3:7] == ["--etcd", ETCD_A, "--etcd", "https://etcd-2:2379"]
+    with pytest.raises(SpecError, match=r"--etcd: 'etcd-a:2379' is not an etcd URL"):
+        documents(ManifestOptions(etcd=("etcd-a:2379",)))
 
 
 def test_an_ipv6_overlay_forwards_ipv6_too():
@@ -234,12 +257,15 @@ def test_cli_renders_a_site_and_refuses_bad_flags(capsys, tmp_path: Path):
     config = tmp_path / "mesh.toml"
     config.write_text(BURST_TOML)
     argv = ["render", "manifests", "--config", str(config), "--image", IMAGE]
-    code, out, err = run(capsys, *argv, "--site", "b", "--ranks", "32-63")
+    code, out, err = run(capsys, *argv, "--site", "b", "--ranks", "32-63", "--etcd", ETCD_A)
     assert (code, err) == (0, "")
     assert out == render_manifests(spec_of(BURST_TOML), BURST_TOML, SITE_B)
     code, out, err = run(capsys, *argv, "--site", "c", "--ranks", "40-63")
     assert code == 0 and "kind: StatefulSet" in out
     assert err.startswith("vnetd: warning: --site: the spec names sites a, b and not c")
+    code, out, err = run(capsys, *argv, "--etcd", "http://127.0.0.1:2379")
+    assert code == 0 and "- http://127.0.0.1:2379\n" in out
+    assert err.startswith("vnetd: warning: --etcd: http://127.0.0.1:2379 is a loopback address")
     code, out, err = run(capsys, *argv, "--site", "b", "--ranks", "0-63")
     assert (code, out) == (2, "")
     assert err == (
