@@ -9,6 +9,8 @@ is in ``tests/unit/test_manifests.py``; the forwarding script runs in
 
 from __future__ import annotations
 
+import re
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from vnetd.render.manifests import ManifestOptions, render_manifests
 from vnetd.render.site_manifests import site_part, site_warnings
 from vnetd.spec import MeshSpec, parse_spec
 
+BURSTING = Path(__file__).parents[3] / "docs" / "bursting.md"
 IMAGE = "harbor.hpc.internal/hpc/vnetd:0.1.0"
 SITE_A = ManifestOptions(image=IMAGE, site="a", ranks="0-31")
 ETCD_A = "https://etcd.a.example.org:2379"
@@ -272,3 +275,26 @@ def test_cli_renders_a_site_and_refuses_bad_flags(capsys, tmp_path: Path):
         "vnetd: error: --ranks: rank 0 is a gateway of site a ([sites.a] gateways), not of "
         "site b; render them with --site a, or give --ranks without them\n"
     )
+
+
+def test_bursting_doc_renders_both_clusters_from_its_spec(capsys, tmp_path: Path):
+    """docs/bursting.md's spec and its ``render manifests`` commands, run as written."""
+    doc = BURSTING.read_text()
+    spec_text = re.search(r"### The spec \(`mesh.toml`.*?```toml\n(.*?)```", doc, re.S)
+    assert spec_text is not None
+    (tmp_path / "mesh.toml").write_text(spec_text.group(1))
+    commands = [
+        shlex.split(line.split(" #", 1)[0])
+        for block in re.findall(r"```sh\n(.*?)```", doc, flags=re.S)
+        for line in block.replace("\\\n", " ").splitlines()
+        if line.startswith("vnetd render manifests")
+    ]
+    assert len(commands) == 2
+    for argv in commands:
+        output = argv[argv.index("-o") + 1]
+        argv[argv.index("-o") + 1] = str(tmp_path / output)
+        argv[argv.index("--config") + 1] = str(tmp_path / "mesh.toml")
+        code, _, err = run(capsys, *argv[1:])
+        assert code == 0, err
+        kinds = [d["kind"] for d in yaml.safe_load_all((tmp_path / output).read_text())]
+        assert kinds.count("Service") == 3, "the headless Service and two gateways"
