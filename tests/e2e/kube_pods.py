@@ -10,7 +10,8 @@ Each container runs its exact ``command``/``args`` (the image's ENTRYPOINT
 when there is no ``command``) after Kubernetes' ``$(VAR)`` expansion, with
 the env the manifest gives it (``fieldRef`` resolved), under ``setpriv`` as
 its user (``runAsUser``, else the image's user), with its capabilities as
-the bounding set and ``no_new_privs`` when privilege escalation is off.
+the bounding set and ``no_new_privs`` when privilege escalation is off; a
+``privileged`` container runs as root with every capability.
 
 Not emulated: seccomp, the container's own root filesystem (one mount
 namespace per pod), resource limits, probes (callers wait themselves).
@@ -98,6 +99,9 @@ class KubePod:
 
     def privileges(self, container: Obj) -> list[str]:
         security = container.get("securityContext", {})
+        if security.get("privileged"):
+            assert security.get("runAsUser") == 0, f"{container['name']}: privileged as root"
+            return []  # every capability, and /proc/sys writable: nothing to restrict
         uid = security.get("runAsUser", IMAGE_USERS.get(container["image"]))
         if uid is None:
             uid = IMAGE_USERS[image_name(container["image"])]

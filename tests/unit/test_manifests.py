@@ -48,6 +48,7 @@ from vnetd.spec import load_spec, parse_spec
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(Path(__file__).parent / "render"))
 from crd_schemas import validate_custom  # noqa: E402  (a helper beside the render tests)
+from render_fixtures import BURST_TOML  # noqa: E402
 
 MANIFESTS = ROOT / "manifests"
 DOC = ROOT / "docs" / "kubernetes.md"
@@ -184,6 +185,22 @@ def test_rendered_manifests_validate(config: Path, mode: Mode):
     )
     for doc in docs:
         validate(doc, f"render manifests --config {rel(config)} --mode {mode}")
+
+
+@pytest.mark.parametrize(
+    ("site", "ranks", "workload"),
+    [("a", "0-31", "Job"), ("b", "32-63", "StatefulSet"), ("b", "40-63", "StatefulSet")],
+)
+def test_rendered_site_parts_validate(site: str, ranks: str, workload: str):
+    """``--site``/``--ranks`` add a StatefulSet, LoadBalancer Services and a ConfigMap."""
+    text = BURST_TOML
+    options = ManifestOptions(site=site, ranks=ranks)
+    docs = list(
+        yaml.safe_load_all(render_manifests(parse_spec(tomllib.loads(text)), text, options))
+    )
+    assert workload in [d["kind"] for d in docs]
+    for doc in docs:
+        validate(doc, f"render manifests --site {site} --ranks {ranks}")
 
 
 def test_schema_validation_catches_errors():

@@ -31,6 +31,7 @@ from vnetd.render.manifests import (
     render_manifests,
 )
 from vnetd.render.output import Rename, update_hosts_file, warn_on_stderr, write_file
+from vnetd.render.site_manifests import site_part, site_warnings
 from vnetd.spec import MeshSpec, load_spec
 
 if TYPE_CHECKING:
@@ -125,6 +126,27 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type i
         help="sidecar: an Indexed Job with vnetd as a native sidecar (default); "
         "daemonset: vnetd on host-network nodes, one rank per node",
     )
+    manifests.add_argument(
+        "--site",
+        metavar="NAME",
+        help="render the part of site NAME: the sidecars get --site NAME, and each gateway "
+        "of the site among --ranks a UDP LoadBalancer Service and IP forwarding",
+    )
+    manifests.add_argument(
+        "--etcd",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="etcd client URL the daemons use instead of registry.endpoints, such as the "
+        "other site's etcd; repeat for several",
+    )
+    manifests.add_argument(
+        "--ranks",
+        default="all",
+        metavar="A-B",
+        help="the ranks this cluster runs (default all): an Indexed Job when A is 0, "
+        "else a StatefulSet whose pods are named after ranks A..B",
+    )
     manifests.set_defaults(run=run_manifests)
     cluster_command.add_kinds(kinds)
 
@@ -214,8 +236,11 @@ def run_manifests(args: argparse.Namespace) -> int:
         text = args.config.read_text()
     except OSError as exc:
         raise SpecError(f"{args.config}: cannot read: {exc.strerror}") from None
-    rendered = render_manifests(spec, text, ManifestOptions(mode=args.mode, image=args.image))
-    for warning in manifest_warnings(spec, args.image):
+    etcd = tuple(args.etcd)
+    options = ManifestOptions(args.mode, args.image, args.site, args.ranks, etcd)
+    rendered = render_manifests(spec, text, options)
+    part = site_part(spec, args.mode, args.site, args.ranks)
+    for warning in [*manifest_warnings(spec, args.image, etcd), *site_warnings(spec, part)]:
         warn_on_stderr(warning)
     _emit(rendered, args.output)
     return 0

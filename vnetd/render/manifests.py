@@ -15,6 +15,9 @@ objects that run the mesh, so size, names and ports cannot drift apart.
   labelled node (``--rank auto``), of the PriorityClass
   ``manifests/daemonset/priorityclass.yaml`` defines.
 
+With ``--site`` or ``--ranks`` the sidecar objects become one site's part
+(``site_manifests``); without them the output is the whole mesh's.
+
 An Indexed Job names its pods' hosts ``<job name>-<index>``, and Flux finds
 a broker's rank by its host name, so the sidecar mode needs the spec's
 ``hostname`` pattern to be ``<job name>-{rank}``; the Job is named after it.
@@ -58,6 +61,7 @@ from vnetd.render.pods import (
     with_etcd_tls,
     with_underlay_choice,
 )
+from vnetd.render.site_manifests import etcd_args, site_objects, site_part, vnetd_site_args
 from vnetd.spec import MeshSpec, parse_spec
 
 Mode = Literal["sidecar", "daemonset"]
@@ -86,10 +90,15 @@ Obj = dict[str, Any]
 
 @dataclass(frozen=True)
 class ManifestOptions:
-    """What the spec does not say: the deployment mode and the vnetd image."""
+    """What the spec does not say: the deployment mode, the vnetd image, and which
+    part of the mesh this cluster runs (``--site``; ``--ranks``, default all)."""
 
     mode: Mode = "sidecar"
     image: str = DEFAULT_IMAGE
+    site: str | None = None
+    ranks: str = "all"
+    etcd: tuple[str, ...] = ()
+    """``--etcd``: URLs the daemons use instead of ``registry.endpoints``."""
 
 
 def render_manifests(spec: MeshSpec, spec_toml: str, options: ManifestOptions | None = None) -> str:
@@ -107,7 +116,9 @@ def render_manifests(spec: MeshSpec, spec_toml: str, options: ManifestOptions | 
     """
     options = options or ManifestOptions()
     objects = manifest_objects(spec, spec_toml, options)
-    header = manifest_objects_header(spec, f"{options.mode} mode", "vnetd render manifests")
+    part = site_part(spec, options.mode, options.site, options.ranks)
+    what = f"{options.mode} mode" + ("" if part is None else f", {part.described}")
+    header = manifest_objects_header(spec, what, "vnetd render manifests")
     return header + yaml_stream(objects)
 
 
@@ -133,16 +144,19 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
         raise ValueError("the spec text does not parse to the spec it was given with")
     image = check_image(options.image)
     port = http_port(spec)
+    part = site_part(spec, options.mode, options.site, options.ranks)
     if options.mode == "sidecar":
         job = job_name(spec)
         data = {SPEC_KEY: spec_toml, BOOTSTRAP_KEY: render_flux(spec)}
-        return [
+        objects = [
             _config_map(spec, data),
             _headless_service(spec, job, port),
-            _job(spec, job, image, port, _digest(data)),
+            _job(spec, job, image, port, _digest(data), vnetd_site_args(part, options.etcd)),
         ]
+        return objects if part is None else site_objects(spec, part, objects, image)
     data = {SPEC_KEY: spec_toml}
-    return [_config_map(spec, data), _daemon_set(spec, image, port, _digest(data))]
+    daemons = _daemon_set(spec, image, port, _digest(data), etcd_args(options.etcd))
+    return [_config_map(spec, data), daemons]
 
 
 def job_name(spec: MeshSpec) -> str:
@@ -194,14 +208,18 @@ def check_image(image: str, flag: str = "--image") -> str:
     return image
 
 
-def manifest_warnings(spec: MeshSpec, image: str = DEFAULT_IMAGE) -> list[str]:
-    """Problems that make the manifests useless although they are valid."""
+def manifest_warnings(
+    spec: MeshSpec, image: str = DEFAULT_IMAGE, etcd: tuple[str, ...] = ()
+) -> list[str]:
+    """Problems that make the manifests useless although they are valid; ``etcd``:
+    the ``--etcd`` URLs, which replace ``registry.endpoints``."""
     warnings = []
-    for url in spec.registry.endpoints:
+    source = "--etcd" if etcd else "registry.endpoints"
+    for url in etcd or spec.registry.endpoints:
         host = urlsplit(url).hostname or ""
         if host == "localhost" or _is_loopback(host):
             warnings.append(
-                f"registry.endpoints: {url} is a loopback address, which in a pod is the pod "
+                f"{source}: {url} is a loopback address, which in a pod is the pod "
                 "itself; point it at etcd's client Service (https://etcd-client:2379 for "
                 "manifests/etcd)"
             )
@@ -264,8 +282,9 @@ def _headless_service(spec: MeshSpec, job: str, port: int) -> Obj:
     }
 
 
-def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str) -> Obj:
-    sidecar = vnetd_container(spec, image, port, ["--config", f"{CONFIG_DIR}/{SPEC_KEY}"])
+def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str, extra: list[str]) -> Obj:
+    identity = ["--config", f"{CONFIG_DIR}/{SPEC_KEY}", *extra]
+    sidecar = vnetd_container(spec, image, port, identity)
     sidecar["restartPolicy"] = "Always"
     pod_labels = labels(spec, "sidecar")
     volumes = [
@@ -321,12 +340,10 @@ def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str) -> Obj:
     }
 
 
-def _daemon_set(spec: MeshSpec, image: str, port: int, digest: str) -> Obj:
+def _daemon_set(spec: MeshSpec, image: str, port: int, digest: str, extra: list[str]) -> Obj:
+    identity = ["--config", f"{CONFIG_DIR}/{SPEC_KEY}", *extra]
     container = vnetd_container(
-        spec,
-        image,
-        port,
-        ["--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--rank", "auto", "--instance", "$(NODE_NAME)"],
+        spec, image, port, [*identity, "--rank", "auto", "--instance", "$(NODE_NAME)"]
     )
     container["env"].append(field_env("NODE_NAME", "spec.nodeName"))
     pod_labels = labels(spec, "daemonset")

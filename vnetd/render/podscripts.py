@@ -52,6 +52,29 @@ exec vnetd "$@"
 """
 
 
+FORWARDING_SCRIPT = """\
+set -eu
+read -r host < /proc/sys/kernel/hostname
+versions=$1
+shift
+for gateway in "$@"; do
+  if [ "$host" = "$gateway" ]; then
+    case " $versions " in *" 4 "*)
+      echo 1 > /proc/sys/net/ipv4/ip_forward
+      echo 0 > /proc/sys/net/ipv4/conf/all/send_redirects ;;
+    esac
+    case " $versions " in *" 6 "*)
+      echo 1 > /proc/sys/net/ipv6/conf/all/forwarding ;;
+    esac
+    echo "forwarding: on, IP versions $versions ($host is a gateway of this site)"
+    exit 0
+  fi
+done
+echo "forwarding: unchanged ($host is not a gateway of this site)"
+"""
+"""``sh -c FORWARDING_SCRIPT forwarding "4 6" GATEWAY_HOST...``: the pod's own netns only."""
+
+
 def readyz_wait(host: str, port: int, timeout: int = READY_TIMEOUT) -> str:
     """Bash that returns once ``http://host:port/readyz`` answers 200, or exits 1.
 

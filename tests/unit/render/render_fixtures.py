@@ -47,6 +47,24 @@ network6 = "fd00:250::/64"
 hostname = "ds-{rank}"
 """
 
+BURST_TOML = """\
+[mesh]
+name = "flux"
+size = 64
+network = "10.250.0.0/24"
+site_keepalive = 25
+
+[registry]
+endpoints = ["https://etcd-client:2379"]
+
+[sites.a]
+gateways = [0]
+
+[sites.b]
+gateways = [32, 33]
+"""
+"""Two sites: a runs ranks 0-31 (gateway 0), b runs 32-63 (gateways 32 and 33)."""
+
 LAB = parse_spec(
     {"mesh": {"name": "lab", "size": 4, "network": "10.250.0.0/24", "hostname": "lab-{rank}"}}
 )
