@@ -4,11 +4,12 @@ A join's pass adds one /32 (/128) route (invariant 9). Through pyroute2's sync
 ``IPRoute`` that was a worker thread and a new ``IPRoute`` per change (an
 asyncio loop, a socketpair and an epoll each): about 2 ms of CPU and two
 thread wake-ups, which on loaded cores cost a pass tens of ms of wall time.
-Here the messages are pyroute2's ``rtmsg`` (the same fields its
-``route("add"/"del", dst=, oif=)`` sends), written to a non-blocking
-``NETLINK_ROUTE`` socket of the daemon's own network namespace on the event
-loop, and the kernel's acknowledgements read back; see docs/architecture.md,
-"Data plane and routing".
+Here each change is one netlink request (an add with the fields pyroute2's
+``route("add", dst=, oif=)`` sends, a delete with those of ``ip route del``;
+a unit test compares the bytes with pyroute2's ``rtmsg``), written to a
+non-blocking ``NETLINK_ROUTE`` socket of the daemon's own network namespace
+on the event loop, and the kernel's acknowledgements are read back; see
+docs/architecture.md, "Data plane and routing".
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import os
 import socket
 import struct
 from collections.abc import Iterable
-from ipaddress import ip_network
 
 import trio
 
@@ -35,7 +35,6 @@ from pyroute2.netlink import (  # noqa: E402 (after the deferral)
     NLMSG_ERROR,
 )
 from pyroute2.netlink.rtnl import RTM_DELROUTE, RTM_NEWROUTE  # noqa: E402
-from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
 
 ROUTE_TIMEOUT = 5.0  # one batch of route changes (invariant 8)
 _RT_TABLE_MAIN = 254
@@ -45,6 +44,11 @@ _RT_SCOPE_NOWHERE = 255  # on a delete: any scope (as ``ip route del``)
 _RTN_UNICAST = 1
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
 _ERRNO = struct.Struct("=i")
+_RTMSG = struct.Struct("=BBBBBBBBI")
+"""rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags."""
+_RTA = struct.Struct("=HH")  # rtattr: length, type
+_U32 = struct.Struct("=I")
+_RTA_DST, _RTA_OIF, _RTA_TABLE = 1, 4, 15
 _ADD_FLAGS = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
 _IGNORED_ON_ADD = (errno.EEXIST,)
 _IGNORED_ON_DEL = (errno.ESRCH, errno.ENOENT)
@@ -52,26 +56,33 @@ _IGNORED_ON_DEL = (errno.ESRCH, errno.ENOENT)
 
 def route_message(kind: str, dst: str, oif: int, sequence: int) -> bytes:
     """The netlink request that adds (``kind`` "add") or deletes ("del") the route
-    to ``dst`` (a CIDR) via the link ``oif`` in the main table."""
-    net = ip_network(dst, strict=False)
-    msg = rtmsg()
-    msg["family"] = socket.AF_INET if net.version == 4 else socket.AF_INET6
-    msg["dst_len"] = net.prefixlen
-    msg["table"] = _RT_TABLE_MAIN
+    to ``dst`` (a CIDR) via the link ``oif`` in the main table.
+
+    The bytes of pyroute2's ``rtmsg`` with these fields (a unit test compares
+    them), packed directly: ``rtmsg.encode`` costs about
+    0.3 ms of CPU per message on a pass's cold caches, this about 20 µs.
+    """
+    address, _, prefix = dst.partition("/")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    packed = socket.inet_pton(family, address)
+    prefixlen = int(prefix) if prefix else 8 * len(packed)
     if kind == "add":
-        msg["proto"], msg["scope"], msg["type"] = _RTPROT_STATIC, _RT_SCOPE_UNIVERSE, _RTN_UNICAST
-        msg["header"]["type"], msg["header"]["flags"] = RTM_NEWROUTE, _ADD_FLAGS
+        kind_flags = (RTM_NEWROUTE, _ADD_FLAGS)
+        proto, scope, rtype = _RTPROT_STATIC, _RT_SCOPE_UNIVERSE, _RTN_UNICAST
     else:
-        msg["scope"] = _RT_SCOPE_NOWHERE
-        msg["header"]["type"], msg["header"]["flags"] = RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK
-    msg["header"]["sequence_number"] = sequence
-    msg["attrs"] = [
-        ("RTA_TABLE", _RT_TABLE_MAIN),
-        ("RTA_DST", str(net.network_address)),
-        ("RTA_OIF", oif),
-    ]
-    msg.encode()
-    return bytes(msg.data)
+        kind_flags = (RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK)
+        proto, scope, rtype = 0, _RT_SCOPE_NOWHERE, 0
+    body = _RTMSG.pack(family, prefixlen, 0, 0, _RT_TABLE_MAIN, proto, scope, rtype, 0)
+    body += _attribute(_RTA_TABLE, _U32.pack(_RT_TABLE_MAIN))
+    body += _attribute(_RTA_DST, packed)
+    body += _attribute(_RTA_OIF, _U32.pack(oif))
+    return _HEADER.pack(_HEADER.size + len(body), *kind_flags, sequence, 0) + body
+
+
+def _attribute(kind: int, payload: bytes) -> bytes:
+    """One rtattr: length, type, the payload padded to 4 bytes."""
+    length = _RTA.size + len(payload)
+    return _RTA.pack(length, kind) + payload + bytes(-length % 4)
 
 
 def acknowledgements(data: bytes) -> Iterable[tuple[int, int]]:
