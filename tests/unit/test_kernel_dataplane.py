@@ -262,6 +262,7 @@ async def test_apply_sends_each_peer_once_and_moves_routes(
 ) -> None:
     sent: list[tuple[str, dict[str, Any]]] = []
     routes: list[tuple[set[str], set[str]]] = []
+
     # Never touch this namespace's routes: record them instead.
     async def record(self: object, gone: set[str], new: set[str]) -> None:
         routes.append((gone, new))
