@@ -262,11 +262,13 @@ async def test_apply_sends_each_peer_once_and_moves_routes(
 ) -> None:
     sent: list[tuple[str, dict[str, Any]]] = []
     routes: list[tuple[set[str], set[str]]] = []
+
     # Never touch this namespace's routes: record them instead.
-    monkeypatch.setattr(  # the route move both real data planes share (link.LinkedDevice)
-        "vnetd.dataplane.link.change_routes",
-        lambda ns, index, gone, new: routes.append((gone, new)),
-    )
+    async def record(self: object, gone: set[str], new: set[str]) -> None:
+        routes.append((gone, new))
+
+    # the route move both real data planes share (link.LinkedDevice)
+    monkeypatch.setattr("vnetd.dataplane.link.LinkedDevice._change_routes", record)
     dp = KernelDataplane(config(), None, lambda netns: FakeWireGuard(sent))
     a, b = Peer(KA, ("10.250.0.2/32",), rank=1), Peer(KB, ("10.250.0.3/32",), rank=2)
     with trio.fail_after(5):

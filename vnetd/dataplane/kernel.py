@@ -376,6 +376,7 @@ async def open_kernel_dataplane(
     except NetlinkError as exc:  # from the WireGuard socket outside run_netlink's mapping
         raise DataplaneError(f"netlink: {exc}") from exc
     finally:
+        dataplane.close_routes()
         if dataplane.owns_link:
             with trio.CancelScope(shield=True) as cleanup:
                 cleanup.deadline = trio.current_time() + CLEANUP_DEADLINE

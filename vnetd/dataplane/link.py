@@ -27,6 +27,7 @@ import trio
 
 from vnetd.dataplane.base import DeviceConfig, LinkState, route_changes
 from vnetd.dataplane.pyroute2_package import IFA_F_NOPREFIXROUTE, IPRoute, NetlinkError
+from vnetd.dataplane.route_socket import RouteSocket
 from vnetd.errors import DataplaneError, VnetdError
 from vnetd.model import DevicePeer, Plan
 from vnetd.spec import MeshSpec
@@ -352,6 +353,7 @@ class LinkedDevice:
     netns: str | None
     index: int
     _lock: trio.Lock
+    _route_socket: RouteSocket | None = None
 
     async def _apply_then_route(
         self, plan: Plan, write: Callable[[bool], Awaitable[set[str]]]
@@ -373,8 +375,7 @@ class LinkedDevice:
                 live = {_cidr(ip) for peer in plan.add for ip in peer.allowed_ips}
             gone, new = route_changes(plan, live)
             if gone or new:
-                netns, index = self.netns, self.index
-                await run_netlink(lambda: change_routes(netns, index, gone, new))
+                await self._change_routes(gone, new)
             elapsed = (trio.current_time() - start) * 1000
         log.debug(
             "%s: applied %s (routes -%d +%d) in %.1f ms",
@@ -384,6 +385,23 @@ class LinkedDevice:
             len(new),
             elapsed,
         )
+
+    async def _change_routes(self, gone: set[str], new: set[str]) -> None:
+        """In the daemon's own namespace over one long-lived netlink socket on the
+        event loop (``route_socket``); in another through pyroute2 in a thread."""
+        netns, index = self.netns, self.index
+        if netns is not None:
+            await run_netlink(lambda: change_routes(netns, index, gone, new))
+            return
+        if self._route_socket is None:
+            self._route_socket = RouteSocket()
+        await self._route_socket.change(index, gone, new)
+
+    def close_routes(self) -> None:
+        """Close the route socket (when the device is closed)."""
+        if self._route_socket is not None:
+            self._route_socket.close()
+            self._route_socket = None
 
     async def routes(self) -> set[str]:
         async with self._lock:

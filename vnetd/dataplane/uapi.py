@@ -398,6 +398,7 @@ async def open_uapi_dataplane(
             raise group.exceptions[0] from None
         raise
     finally:
+        dataplane.close_routes()
         with trio.CancelScope(shield=True) as cleanup:
             cleanup.deadline = trio.current_time() + CLEANUP_DEADLINE
             await _stop(dataplane.process, config, netns)
