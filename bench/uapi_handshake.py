@@ -13,7 +13,10 @@ waiting for a handshake that never comes. Endpoints are:
 - ``unresolved``: on-link underlay addresses (198.18.200.0 and up) where no
   host answers ARP, as bench/footprint.py's fake members have;
 - ``local``: the pod's own address, a port where nothing listens (the
-  neighbour is resolved; the kernel answers port-unreachable).
+  neighbour is resolved; the kernel answers port-unreachable);
+- ``pinned``: as ``unresolved``, with each address's neighbour pinned to a MAC
+  no port of the lab's bridge has (a host that exists and does not answer:
+  the frames go out at once and the bridge floods them inside the lab).
 
 Prints one JSON line per batch: peers in the batch, peers already on the
 device, the ``set`` time in ms, and the pod's incomplete neighbour entries.
@@ -68,6 +71,13 @@ def note(path: str, record: dict[str, object]) -> None:
 
 async def inner(args: argparse.Namespace) -> None:
     uapi = UapiClient(f"/run/wireguard/{HAND_IF}.sock", timeout=300)
+    if args.endpoints == "pinned":
+        pin = "".join(
+            f"neigh replace {endpoint('unresolved', i, '').split(':')[0]} "
+            "lladdr 02:00:00:00:00:01 nud permanent dev eth0\n"
+            for i in range(1024)
+        )
+        subprocess.run(["ip", "-batch", "-"], input=pin, text=True, check=True, timeout=60)
     added = 0
     for size in (int(s) for s in args.sizes.split(",")):
         peers = tuple(
@@ -137,7 +147,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--own-ip", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--endpoints", choices=("unresolved", "local"), default="unresolved")
+    parser.add_argument(
+        "--endpoints", choices=("unresolved", "local", "pinned"), default="unresolved"
+    )
     parser.add_argument("--sizes", default="10,50,100,300")
     parser.add_argument("--chunk", type=int, default=0, help="peers per set (0: one set)")
     parser.add_argument("--progress", default="", help="append a JSON line per set here")
