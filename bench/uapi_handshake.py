@@ -64,6 +64,16 @@ def udp_send_queue() -> int:
     return int(found.group(1)) if found else -1
 
 
+def pin_neighbours() -> None:
+    """Pin the neighbour of every ``unresolved`` endpoint to a MAC no lab port has."""
+    pin = "".join(
+        f"neigh replace {endpoint('unresolved', i, '').split(':')[0]} "
+        "lladdr 02:00:00:00:00:01 nud permanent dev eth0\n"
+        for i in range(1024)
+    )
+    subprocess.run(["ip", "-batch", "-"], input=pin, text=True, check=True, timeout=60)
+
+
 def note(path: str, record: dict[str, object]) -> None:
     with open(path, "a") as progress:
         print(json.dumps(record), file=progress)
@@ -72,12 +82,7 @@ def note(path: str, record: dict[str, object]) -> None:
 async def inner(args: argparse.Namespace) -> None:
     uapi = UapiClient(f"/run/wireguard/{HAND_IF}.sock", timeout=300)
     if args.endpoints == "pinned":
-        pin = "".join(
-            f"neigh replace {endpoint('unresolved', i, '').split(':')[0]} "
-            "lladdr 02:00:00:00:00:01 nud permanent dev eth0\n"
-            for i in range(1024)
-        )
-        subprocess.run(["ip", "-batch", "-"], input=pin, text=True, check=True, timeout=60)
+        pin_neighbours()
     added = 0
     for size in (int(s) for s in args.sizes.split(",")):
         peers = tuple(
