@@ -116,8 +116,10 @@ class Reconciler:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reconcile forever.
 
-        Cancellation: safe between passes; a plan is applied in one device
-        transaction, so a cancel never leaves half a plan behind.
+        Cancellation: safe between passes. A plan is one device transaction,
+        except that wireguard-go gets a big one as several ``set`` s (see
+        ``UapiDataplane.apply``): a cancel or failure may leave the first of
+        them applied, which the next (full) pass diffs against.
         """
         seen = -1
         backoff = Backoff(initial=0.1, maximum=5.0)

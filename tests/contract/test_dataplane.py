@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from ipaddress import ip_interface, ip_network
+from typing import cast
 
 import pytest
 import trio
@@ -59,6 +60,7 @@ from vnetd.dataplane.uapi import (
     parse_peers,
     plan_lines,
 )
+from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET
 from vnetd.errors import DataplaneError
 from vnetd.identity import public_key_of
 from vnetd.model import Peer, PeerUpdate, Plan
@@ -138,9 +140,9 @@ class Device:
         assert isinstance(self.dp, UapiDataplane)
         original = self.dp.uapi.set
 
-        async def counting_set(lines: list[tuple[str, str]]) -> None:
+        async def counting_set(lines: list[tuple[str, str]], within: float | None = None) -> None:
             seen.append(lines)
-            await original(lines)
+            await original(lines, within)
 
         monkeypatch.setattr(self.dp.uapi, "set", counting_set)
         return seen
@@ -541,6 +543,33 @@ async def test_only_the_peers_a_plan_starts_a_handshake_with_send_one(uapi_devic
     assert peers[held.public_key].endpoint is None
 
 
+async def test_a_big_plan_is_applied_in_bounded_transactions(
+    uapi_device: Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """wireguard-go sends each added peer's first handshake inside the ``set``, and a send
+    waits while its UDP socket's buffer is full, so no ``set`` adds more than
+    ``MAX_ADDS_PER_SET`` peers; every peer still gets its handshake and its route.
+    Endpoints on the namespace's loopback: nothing leaves it."""
+    ns = uapi_device.netns
+    assert ns is not None
+    await trio.run_process(["ip", "-n", ns, "link", "set", "lo", "up"])
+    peers = tuple(
+        Peer(public_key(), (f"10.250.1.{i}/32",), f"127.0.0.1:{41000 + i}", rank=10 + i)
+        for i in range(2 * MAX_ADDS_PER_SET + 6)
+    )
+    seen = cast(list[list[tuple[str, str]]], uapi_device.transactions(monkeypatch))
+    with trio.fail_after(30):
+        await uapi_device.dp.apply(Plan(add=peers, handshake=tuple(p.public_key for p in peers)))
+        await trio.sleep(0.3)
+        held = await uapi_device.dp.peers()
+        routes = await uapi_device.dp.routes()
+    adds = [sum(line == ("replace_allowed_ips", "true") for line in lines) for lines in seen]
+    assert adds == [MAX_ADDS_PER_SET, MAX_ADDS_PER_SET, 6]
+    assert set(held) == {p.public_key for p in peers}
+    assert all(held[p.public_key].tx_bytes >= 148 for p in peers), "a handshake did not go out"
+    assert routes == {p.allowed_ips[0] for p in peers}
+
+
 @needs_lab
 async def test_exit_stops_wireguard_go_and_removes_the_link(netns: str) -> None:
     config = device_config(next(_names))
@@ -663,9 +692,11 @@ async def test_adopts_a_running_wireguard_go_with_our_key(
             sets: list[object] = []
             original = UapiClient.set
 
-            async def recording_set(self: UapiClient, lines: list[tuple[str, str]]) -> None:
+            async def recording_set(
+                self: UapiClient, lines: list[tuple[str, str]], within: float | None = None
+            ) -> None:
                 sets.append(lines)
-                await original(self, lines)
+                await original(self, lines, within)
 
             monkeypatch.setattr(UapiClient, "set", recording_set)
             async with open_uapi_dataplane(config, netns=netns) as dp:

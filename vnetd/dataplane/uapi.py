@@ -41,8 +41,8 @@ from vnetd.dataplane.supervise import (
     start_wireguard_go,
     write_device_id,
 )
-from vnetd.dataplane.uapi_client import UAPI_TIMEOUT, UapiClient
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR, parse_peers, plan_lines
+from vnetd.dataplane.uapi_client import SEND_ALLOWANCE, UAPI_TIMEOUT, UapiClient
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR, parse_peers, plan_lines, split_plan
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
@@ -108,11 +108,13 @@ class UapiDataplane(LinkedDevice):
             return parse_peers(await self.uapi.get())
 
     async def apply(self, plan: Plan) -> None:
-        """Apply ``plan`` as one UAPI ``set`` transaction, then move the routes.
+        """Apply ``plan`` as UAPI ``set`` transactions of at most ``MAX_ADDS_PER_SET``
+        adds each (``split_plan``), each followed by its routes.
 
+        Each ``set`` may take ``SEND_ALLOWANCE`` s longer per peer it adds.
         wireguard-go applies the lines in order and stops at the first error,
-        so a refused transaction may be partly applied; the next full resync
-        heals it.
+        so a refused transaction may be partly applied, and the transactions
+        before it stay applied; the next pass (a full one) heals it.
 
         Raises:
             DataplaneError: the device or the kernel refused the change.
@@ -120,13 +122,17 @@ class UapiDataplane(LinkedDevice):
         if not plan:
             return
         keepalive = self.config.persistent_keepalive
-        lines = plan_lines(plan, keepalive, self.config.preshared_key)
-        lines += handshake_lines(plan.handshake, keepalive, handshake_keepalives(plan, keepalive))
-        await self._apply_then_route(plan, partial(self._set, lines))
+        for part in split_plan(plan):
+            lines = plan_lines(part, keepalive, self.config.preshared_key)
+            ending = handshake_keepalives(part, keepalive)
+            lines += handshake_lines(part.handshake, keepalive, ending)
+            within = self.uapi.timeout + SEND_ALLOWANCE * len(part.add)
+            await self._apply_then_route(part, partial(self._set, lines, within))
 
-    async def _set(self, lines: list[tuple[str, str]], reread: bool) -> set[str]:
-        """``set``; then, when asked, the allowed IPs the device holds (a whole ``get``)."""
-        await self.uapi.set(lines)
+    async def _set(self, lines: list[tuple[str, str]], within: float, reread: bool) -> set[str]:
+        """``set`` (bounded by ``within`` s); then, when asked, the allowed IPs the device
+        holds (a whole ``get``)."""
+        await self.uapi.set(lines, within)
         if not reread:
             return set()
         return {ip for p in parse_peers(await self.uapi.get()).values() for ip in p.allowed_ips}

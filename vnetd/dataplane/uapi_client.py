@@ -23,6 +23,11 @@ from vnetd.dataplane.uapi_protocol import (
 from vnetd.errors import DataplaneError
 
 UAPI_TIMEOUT = 5.0  # one request/response on the socket
+SEND_ALLOWANCE = 0.5
+"""Seconds a ``set`` may take longer per peer it adds: wireguard-go sends that peer's
+first handshake within the ``set``, and a send waits while the UDP socket's buffer is
+full (0.4-0.5 s each measured with ~550 peers' handshakes queued on unresolved
+neighbours; bench/uapi_handshake.py)."""
 _MAX_RESPONSE = 64 * 1024 * 1024
 
 
@@ -41,19 +46,21 @@ class UapiClient:
         """The device's state as ``(key, value)`` lines, in wire order."""
         return await self._request(GET_REQUEST)
 
-    async def set(self, lines: Sequence[tuple[str, str]]) -> None:
-        """Send one ``set`` transaction. Values are never echoed in errors."""
-        await self._request(set_request(lines))
+    async def set(self, lines: Sequence[tuple[str, str]], within: float | None = None) -> None:
+        """Send one ``set`` transaction, bounded by ``within`` seconds (default: the
+        client's ``timeout``). Values are never echoed in errors."""
+        await self._request(set_request(lines), within)
 
-    async def _request(self, request: bytes) -> Lines:
+    async def _request(self, request: bytes, within: float | None = None) -> Lines:
+        seconds = self.timeout if within is None else within
         try:
-            with trio.fail_after(self.timeout):
+            with trio.fail_after(seconds):
                 stream = await trio.open_unix_socket(self.path)
                 async with stream:
                     await stream.send_all(request)
                     data = await _receive_response(stream)
         except trio.TooSlowError:
-            raise DataplaneError(f"UAPI {self.path}: no answer within {self.timeout:g} s") from None
+            raise DataplaneError(f"UAPI {self.path}: no answer within {seconds:g} s") from None
         except OSError as exc:
             raise DataplaneError(f"UAPI {self.path}: {exc.strerror or exc}") from exc
         return parse_response(self.path, data)

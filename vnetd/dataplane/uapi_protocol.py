@@ -122,6 +122,40 @@ def parse_device(pairs: Sequence[tuple[str, str]]) -> DeviceState:
     return private_key, int(port) if port.isdigit() else None, parse_peers(pairs)
 
 
+MAX_ADDS_PER_SET = 32
+"""Peers one ``set`` adds at most. wireguard-go sends each added peer's first
+handshake inside the ``set`` (``IpcSetOperation``: ``handlePostConfig`` ->
+``SendKeepalive`` -> ``SendHandshakeInitiation`` -> ``SendBuffer``), and that send
+blocks while the UDP socket's send buffer is full, so a big plan is applied in
+several ``set`` s, each bounded (docs/architecture.md, reconciler)."""
+
+
+def split_plan(plan: Plan, max_adds: int = MAX_ADDS_PER_SET) -> list[Plan]:
+    """``plan`` as transactions of at most ``max_adds`` adds each, applied in order.
+
+    The first carries every remove and update (so no address is ever on two
+    peers) and the re-added peers first among the adds (a peer removed and
+    added back stays out of the device no longer than it must); a plan of at
+    most ``max_adds`` adds stays one transaction. Each add keeps its handshake.
+    """
+    removed = {peer.public_key for peer in plan.remove}
+    adds = sorted(plan.add, key=lambda peer: peer.public_key not in removed)
+    handshake = set(plan.handshake)
+    chunks = [tuple(adds[i : i + max_adds]) for i in range(0, len(adds), max_adds)] or [()]
+    added = {peer.public_key for peer in plan.add}
+    others = tuple(key for key in plan.handshake if key not in added)
+    return [
+        Plan(
+            remove=plan.remove if n == 0 else (),
+            update=plan.update if n == 0 else (),
+            add=chunk,
+            handshake=tuple(peer.public_key for peer in chunk if peer.public_key in handshake)
+            + (others if n == 0 else ()),
+        )
+        for n, chunk in enumerate(chunks)
+    ]
+
+
 def plan_lines(
     plan: Plan, persistent_keepalive: int = 0, preshared_key: str | None = None
 ) -> Lines:
