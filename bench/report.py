@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -886,6 +887,18 @@ def bursting_section(r: JSON | None) -> list[str]:
     return out + failures_note(r)
 
 
+def numbered(lines: list[str]) -> list[str]:
+    """The sections after the targets, numbered in page order (each section names
+    its own title; the number comes from where it lands)."""
+    out, n = [], 0
+    for line in lines:
+        if line.startswith("## ") and line != "## Targets":
+            n += 1
+            line = f"## {n}. " + re.sub(r"^\d+\. ", "", line[3:])
+        out.append(line)
+    return out
+
+
 def targets_table(verdicts: list[tuple[str, bool | None]]) -> list[str]:
     return table(["target", "result"], [[name, verdict(ok)] for name, ok in verdicts])
 
@@ -956,7 +969,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *etcd_transport_section(results.get("etcd_transport")),
     ]
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text("\n".join(lines).rstrip() + "\n")
+    doc.write_text("\n".join(numbered(lines)).rstrip() + "\n")
     print(f"wrote {doc.relative_to(ROOT) if doc.is_relative_to(ROOT) else doc} and its plots")
 
 
