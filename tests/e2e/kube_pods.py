@@ -22,8 +22,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,3 +240,25 @@ def by_kind(docs: Sequence[Obj]) -> dict[str, list[Obj]]:
     for doc in docs:
         found.setdefault(doc["kind"], []).append(doc)
     return found
+
+
+@contextmanager
+def shim_directory(prefix: str, extra: Mapping[str, Path] | None = None) -> Iterator[Path]:
+    """A directory for PATH holding ``vnetd`` (this checkout) and ``extra`` (name ->
+    file copied in), all readable and runnable by any user; removed afterwards."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    root = Path(__file__).parents[2]
+    try:
+        directory.chmod(0o755)
+        vnetd = directory / "vnetd"
+        vnetd.write_text(
+            f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(root))} "
+            f'exec {shlex.quote(sys.executable)} -m vnetd "$@"\n'
+        )
+        for name, source in (extra or {}).items():
+            shutil.copy(source, directory / name)
+        for path in directory.iterdir():
+            path.chmod(0o755)
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

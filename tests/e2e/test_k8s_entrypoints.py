@@ -20,7 +20,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 import trio
 import yaml
-from kube_pods import KubePod, by_kind, start_pod
+from kube_pods import KubePod, by_kind, shim_directory, start_pod
 
 from vnetd.lab.etcd import EtcdTls
 from vnetd.lab.lab import Lab, open_lab
@@ -43,20 +42,8 @@ START_TIMEOUT = 90.0
 @pytest.fixture
 def shims() -> Iterator[Path]:
     """``vnetd`` (this checkout) and ``flux`` (the stub) on PATH, readable by any user."""
-    directory = Path(tempfile.mkdtemp(prefix="vnetd-kube-shims-"))
-    try:
-        directory.chmod(0o755)
-        vnetd = directory / "vnetd"
-        vnetd.write_text(
-            f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(ROOT))} "
-            f'exec {shlex.quote(sys.executable)} -m vnetd "$@"\n'
-        )
-        shutil.copy(HERE / "flux_stub.py", directory / "flux")
-        for path in (vnetd, directory / "flux"):
-            path.chmod(0o755)
+    with shim_directory("vnetd-kube-shims-", {"flux": HERE / "flux_stub.py"}) as directory:
         yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def documented_certificates(directory: Path) -> dict[str, bytes]:

@@ -13,10 +13,6 @@ one bridge (no NAT): what the NAT lab shows is in ``test_sites.py``.
 
 from __future__ import annotations
 
-import shlex
-import shutil
-import sys
-import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 import yaml
-from kube_pods import KubePod, by_kind, start_pod
+from kube_pods import KubePod, by_kind, shim_directory, start_pod
 
 from vnetd.lab.lab import open_lab
 from vnetd.render.manifests import ManifestOptions, render_manifests
@@ -58,18 +54,8 @@ INDEX_FIELDS = (
 @pytest.fixture
 def vnetd_shim() -> Iterator[Path]:
     """``vnetd`` (this checkout) on PATH, readable by any user."""
-    directory = Path(tempfile.mkdtemp(prefix="vnetd-kube-sites-"))
-    try:
-        directory.chmod(0o755)
-        vnetd = directory / "vnetd"
-        vnetd.write_text(
-            f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(ROOT))} "
-            f'exec {shlex.quote(sys.executable)} -m vnetd "$@"\n'
-        )
-        vnetd.chmod(0o755)
+    with shim_directory("vnetd-kube-sites-") as directory:
         yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def part(site: str) -> dict[str, list[dict]]:
