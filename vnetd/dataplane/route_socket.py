@@ -37,6 +37,7 @@ from pyroute2.netlink import (  # noqa: E402 (after the deferral)
 from pyroute2.netlink.rtnl import RTM_DELROUTE, RTM_NEWROUTE  # noqa: E402
 
 ROUTE_TIMEOUT = 5.0  # one batch of route changes (invariant 8)
+WINDOW = 64  # requests in flight before their acknowledgements are read
 _RT_TABLE_MAIN = 254
 _RTPROT_STATIC = 4  # what pyroute2's route("add") writes
 _RT_SCOPE_UNIVERSE = 0
@@ -136,6 +137,13 @@ class RouteSocket:
                 raise DataplaneError(f"netlink: {exc.strerror or exc}") from exc
 
     async def _exchange(self, index: int, requests: list[tuple[str, str]]) -> None:
+        # At most WINDOW requests in flight: the kernel acknowledges each as it is
+        # sent, and acknowledgements beyond the receive buffer (about 270 of them at
+        # the default 208 KiB) are dropped and fail the socket with ENOBUFS.
+        for start in range(0, len(requests), WINDOW):
+            await self._exchange_window(index, requests[start : start + WINDOW])
+
+    async def _exchange_window(self, index: int, requests: list[tuple[str, str]]) -> None:
         sock = self._open()
         pending: dict[int, tuple[str, str]] = {}
         for kind, dst in requests:
