@@ -10,6 +10,7 @@ and device dumps are built as the kernel sends them and parsed by
 from __future__ import annotations
 
 import base64
+import errno
 import logging
 import socket
 from collections.abc import Iterable
@@ -35,6 +36,7 @@ from vnetd.dataplane.kernel import (
     parse_info,
     peer_messages,
 )
+from vnetd.dataplane.pyroute2_package import NetlinkError
 from vnetd.errors import DataplaneError, VnetdError
 from vnetd.model import DevicePeer, Peer, PeerUpdate, Plan
 from vnetd.spec import parse_spec
@@ -283,6 +285,45 @@ async def test_apply_sends_each_peer_once_and_moves_routes(
     ]
     assert routes == [(set(), {"10.250.0.2/32", "10.250.0.3/32"}), ({"10.250.0.2/32"}, set())]
     assert set(peers) == {KB}
+
+
+class RefusingWireGuard(FakeWireGuard):
+    """Takes the first peer of a batch, then refuses (as a set failing part-way does)."""
+
+    def set(self, interface: str, **fields: Any) -> object:  # noqa: ANN401
+        if self.log:
+            raise NetlinkError(errno.EINVAL, "refused")
+        return super().set(interface, **fields)
+
+
+async def test_a_change_that_failed_part_way_has_its_routes_repaired_at_the_next_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant 9: a peer the refused batch left on the device gets its route when the
+    device is next read (the pass after a failure plans nothing for it: it is there)."""
+    routes: list[tuple[set[str], set[str]]] = []
+    synced: list[set[str]] = []
+
+    async def record(self: object, gone: set[str], new: set[str]) -> None:
+        routes.append((gone, new))
+
+    def sync(netns: str | None, index: int, held: set[str]) -> tuple[set[str], set[str]]:
+        synced.append(held)
+        return set(), held
+
+    monkeypatch.setattr("vnetd.dataplane.link.LinkedDevice._change_routes", record)
+    monkeypatch.setattr("vnetd.dataplane.link.sync_peer_routes", sync)
+    sent: list[tuple[str, dict[str, Any]]] = []
+    dp = KernelDataplane(config(), None, lambda netns: RefusingWireGuard(sent))
+    dp.index = 7
+    a, b = Peer(KA, ("10.250.0.2/32",), rank=1), Peer(KB, ("10.250.0.3/32",), rank=2)
+    with trio.fail_after(5):
+        with pytest.raises(DataplaneError, match="refused"):
+            await dp.apply(Plan(add=(a, b)))
+        assert routes == [] and synced == []
+        assert set(await dp.peers()) == {KA}
+        await dp.peers()
+    assert synced == [{"10.250.0.2/32"}]  # once: the next read finds nothing unsure
 
 
 # --- the choice -------------------------------------------------------------------------

@@ -256,7 +256,9 @@ class KernelDataplane(LinkedDevice):
 
     async def peers(self) -> dict[str, DevicePeer]:
         async with self._lock:
-            return (await run_netlink(self._info))[2]
+            peers = (await run_netlink(self._info))[2]
+            await self._settle_routes(peers.values())
+            return peers
 
     def _send(self, messages: Sequence[PeerMessage], reread: bool) -> set[str]:
         """Send the messages (one ``set`` each), in order; then, when asked, the allowed

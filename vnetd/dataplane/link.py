@@ -354,6 +354,8 @@ class LinkedDevice:
     index: int
     _lock: trio.Lock
     _route_socket: RouteSocket | None = None
+    _routes_unsure = False
+    """A change failed part-way: peers may be on the device without their routes."""
 
     async def _apply_then_route(
         self, plan: Plan, write: Callable[[bool], Awaitable[set[str]]]
@@ -370,12 +372,16 @@ class LinkedDevice:
         async with self._lock:
             start = trio.current_time()
             reread = moves_addresses(plan)
+            # Until the routes follow the plan, a failure (or a cancel) may leave peers
+            # on the device without theirs: the next read of the peers repairs them.
+            self._routes_unsure = True
             live = await write(reread)
             if not reread:
                 live = {_cidr(ip) for peer in plan.add for ip in peer.allowed_ips}
             gone, new = route_changes(plan, live)
             if gone or new:
                 await self._change_routes(gone, new)
+            self._routes_unsure = False
             elapsed = (trio.current_time() - start) * 1000
         log.debug(
             "%s: applied %s (routes -%d +%d) in %.1f ms",
@@ -419,6 +425,19 @@ class LinkedDevice:
         stale = await run_netlink(lambda: prune_addresses(netns, index, keep))
         if stale:
             log.warning("%s: removed addresses of a previous run: %s", interface, ",".join(stale))
+        await self._sync_routes(peers)
+
+    async def _settle_routes(self, peers: Iterable[DevicePeer]) -> None:
+        """After a change that failed part-way (``_routes_unsure``), the routes made
+        exactly the allowed IPs of ``peers``, the device as just read (invariant 9):
+        a ``set`` refused or timed out may have put peers on the device whose routes
+        were never added, and a pass that finds them there plans nothing for them."""
+        if self._routes_unsure:
+            await self._sync_routes(peers)
+            self._routes_unsure = False
+
+    async def _sync_routes(self, peers: Iterable[DevicePeer]) -> None:
+        interface, index, netns = self.config.interface, self.index, self.netns
         held = {str(ip_network(ip, strict=False)) for p in peers for ip in p.allowed_ips}
         gone, new = await run_netlink(lambda: sync_peer_routes(netns, index, held))
         if gone or new:

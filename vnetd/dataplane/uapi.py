@@ -105,7 +105,9 @@ class UapiDataplane(LinkedDevice):
 
     async def peers(self) -> dict[str, DevicePeer]:
         async with self._lock:
-            return parse_peers(await self.uapi.get())
+            peers = parse_peers(await self.uapi.get())
+            await self._settle_routes(peers.values())
+            return peers
 
     async def apply(self, plan: Plan) -> None:
         """Apply ``plan`` as UAPI ``set`` transactions of at most ``MAX_ADDS_PER_SET``
