@@ -36,12 +36,12 @@ EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 def commands() -> tuple[ModuleType, ...]:
     """Every command's module, in the order ``vnetd --help`` lists them (render adds
     ``render`` and ``hosts``)."""
-    from vnetd import demo, plan, register
+    from vnetd import demo, plan, provision, register
     from vnetd.render import command as render_command
     from vnetd.status import command as status_command
     from vnetd.wait import command as wait_command
 
-    return (up, register, plan, render_command, status_command, wait_command, demo)
+    return (up, register, plan, render_command, status_command, wait_command, provision, demo)
 
 
 VALUED_OPTIONS = ("--log-level", "--log-format")

@@ -255,9 +255,13 @@ async def ensure_spec(registry: Registry, spec: MeshSpec) -> bool:
     Raises:
         SpecMismatch: naming the keys that differ.
     """
-    existing = await registry.create(spec_key(spec), spec.canonical_json())
+    # Read first: a site or rank credential may only read the spec (docs/security.md),
+    # and etcd checks a transaction's put even when its compare fails.
+    existing = await registry.get(spec_key(spec))
     if existing is None:
-        return True
+        existing = await registry.create(spec_key(spec), spec.canonical_json())
+        if existing is None:
+            return True
     keys = spec.differing_keys(existing.value)
     if keys:
         try:

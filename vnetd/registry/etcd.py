@@ -202,6 +202,17 @@ class EtcdRegistry:
             )
         return exc
 
+    async def call(self, path: str, body: JSON) -> JSON:
+        """One gateway call by path (``/v3/auth/...`` for ``etcd_auth``), with the same
+        failover, bounds and token handling as the registry's own calls.
+
+        Raises:
+            Refused: etcd refused it (its gRPC code in ``code``).
+            RegistryAccessError: our credentials do not allow it.
+            RegistryUnavailable: no endpoint answered.
+        """
+        return await self._post(path, body)
+
     @property
     def endpoint_count(self) -> int:
         return len(self._endpoints)
