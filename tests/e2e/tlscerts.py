@@ -67,14 +67,21 @@ class TestCA:
         *,
         ips: tuple[str, ...] = (),
         expired: bool = False,
+        common_name: bool = True,
     ) -> CertFiles:
-        """A certificate for ``name`` (CN) valid for server and client auth, with IP SANs."""
+        """A certificate for ``name`` (CN) valid for server and client auth, with IP SANs.
+
+        ``common_name`` False: an empty subject and ``name`` as a DNS SAN instead (etcd
+        3.4's JSON gateway refuses a client certificate with a CN once auth is on).
+        """
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         start, end = (now - 10 * DAY, now - DAY) if expired else (now - DAY, now + 30 * DAY)
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .subject_name(
+                x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)] if common_name else [])
+            )
             .issuer_name(self.name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -87,8 +94,10 @@ class TestCA:
                 critical=False,
             )
         )
-        if ips:
-            sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        if not common_name:
+            sans.append(x509.DNSName(name))
+        if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
         files = CertFiles(self.directory / f"{name}.crt", self.directory / f"{name}.key")
