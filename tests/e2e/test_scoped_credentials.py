@@ -69,7 +69,7 @@ async def secured_lab(lab: Lab, pki: Path) -> tuple[list[str], CertFiles]:
     server = ca.issue("etcd-server", ips=(ETCD_IP, "127.0.0.1"))
     root = ca.issue("root")
     client = ca.issue("vnetd-client", common_name=False)
-    named = ca.issue("flux-0")
+    named = ca.issue("lab-2")
     await lab.start_etcd(tls=EtcdTls(ca.ca_file, server.cert, server.key, client_cert_auth=True,
                                      client_cert=root.cert, client_key=root.key))  # fmt: skip
     for args in (("user", "add", "root:root-secret"), ("user", "grant-role", "root", "root"),
@@ -172,6 +172,15 @@ async def test_scoped_credentials_refuse_what_their_scope_does_not_cover(tmp_pat
             (cn,) = await as_user(lab, mesh.pod(0), [tls[0], str(named.cert), str(named.key)],
                                   "-", None, ["get", key0])  # fmt: skip
             assert cn["status"] == 400 and "CommonName" in str(cn["text"]), cn
+            # Over gRPC (etcdctl) the same certificate is user lab-2: its own key only.
+            grpc = ["etcdctl", "--endpoints", lab.etcd_url, "--cacert", tls[0],
+                    "--cert", str(named.cert), "--key", str(named.key)]  # fmt: skip
+            key2 = member_key(mesh.spec, 2)
+            own_put = await lab.run(mesh.pod(0), [*grpc, "put", key2, "{}"])
+            other_put = await lab.run(mesh.pod(0), [*grpc, "put", key0, "{}"])
+            await lab.run(mesh.pod(0), [*grpc, "del", key2])
+            assert own_put.returncode == 0, own_put.stderr
+            assert b"permission denied" in other_put.stderr, other_put.stderr
 
             # Nothing of this touched the mesh: both ranks still hold and reach each other.
             assert await mesh.registered_ranks() == {0, 1}

@@ -1,0 +1,143 @@
+"""The scoped-credential plan (``vnetd.access``) and its idempotent apply (``etcd_auth``),
+against a stand-in for etcd's auth store that answers as etcd 3.4 was seen to
+(``tests/e2e/test_scoped_credentials.py`` runs the same command against real etcd)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vnetd.access import READ, READWRITE, Permission, User, access_plan
+from vnetd.control.membership import ensure_spec, spec_key
+from vnetd.errors import SpecError
+from vnetd.registry.etcd_auth import apply_plan
+from vnetd.registry.etcd_gateway import JSON, Refused, b64, prefix_end, unb64
+from vnetd.registry.memory import MemoryRegistry
+from vnetd.spec import parse_spec
+
+SPEC = parse_spec({"mesh": {"name": "m", "size": 8, "network": "10.250.0.0/16"}})
+
+
+class AuthStore:
+    """Roles and users kept as etcd's ``/v3/auth/*`` calls change them."""
+
+    def __init__(self) -> None:
+        self.roles: dict[str, set[tuple[str, str, str]]] = {}
+        self.users: dict[str, set[str]] = {}
+        self.passwords: dict[str, str] = {}
+        self.calls: list[str] = []
+
+    async def call(self, path: str, body: JSON) -> JSON:
+        self.calls.append(path)
+        verb = path.removeprefix("/v3/auth/")
+        if verb == "role/add":
+            if body["name"] in self.roles:
+                raise Refused("etcdserver: role name already exists", 9)
+            self.roles[body["name"]] = set()
+        elif verb == "role/get":
+            perms = [{"permType": t, "key": k, **({"range_end": e} if e else {})}
+                     for t, k, e in self.roles[body["role"]]]  # fmt: skip
+            return {"perm": [{k: v for k, v in p.items() if v != READ} for p in perms]}
+        elif verb == "role/grant":
+            perm = body["perm"]
+            self.roles[body["name"]].add((perm["permType"], perm["key"], perm.get("range_end", "")))
+        elif verb == "role/revoke":
+            self.roles[body["role"]] = {
+                p for p in self.roles[body["role"]] if p[1:] != (body["key"], body.get("range_end", ""))
+            }  # fmt: skip
+        elif verb == "user/get":
+            if body["name"] not in self.users:
+                raise Refused("etcdserver: user name not found", 9)
+            return {"roles": sorted(self.users[body["name"]])}
+        elif verb == "user/add":
+            self.users[body["name"]] = set()
+            self.passwords[body["name"]] = body["password"]
+        elif verb == "user/grant":
+            self.users[body["user"]].add(body["role"])
+        elif verb == "user/revoke":
+            self.users[body["name"]].discard(body["role"])
+        return {}
+
+
+def plan(**changes: object) -> object:
+    given: dict[str, object] = {
+        "mesh_user": "vnetd-m",
+        "sites": {},
+        "ranks": (),
+        "rank_user": "m-{rank}",
+    }
+    given.update(changes)
+    return access_plan(SPEC, **given)  # type: ignore[arg-type]
+
+
+def test_a_rank_user_writes_only_its_member_key_and_reads_the_mesh() -> None:
+    result = access_plan(SPEC, mesh_user=None, sites={}, ranks=(3,), rank_user="{name}-{rank}")
+    roles = {role.name: role.permissions for role in result.roles}
+    assert roles == {
+        "vnetd-m-read": (Permission(READ, "/vnetd/m/", prefix=True),),
+        "vnetd-m-rank-3": (Permission(READWRITE, "/vnetd/m/members/3"),),
+    }
+    assert result.users == (User("m-3", ("vnetd-m-read", "vnetd-m-rank-3"), "rank 3"),)
+
+
+def test_a_site_role_holds_one_key_per_rank_of_the_site() -> None:
+    result = access_plan(
+        SPEC, mesh_user=None, sites={"burst": (5, 6)}, ranks=(), rank_user="x{rank}"
+    )
+    (site,) = [role for role in result.roles if role.name == "vnetd-m-site-burst"]
+    assert [p.key for p in site.permissions] == ["/vnetd/m/members/5", "/vnetd/m/members/6"]
+    assert all(p.kind == READWRITE and not p.prefix for p in site.permissions)
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        pytest.param({"sites": {"a": (1,), "b": (1, 2)}}, "rank 1 is on sites a and b", id="rank-on-two-sites"),
+        pytest.param({"ranks": (1,), "rank_user": "fixed"}, "must contain {rank}", id="pattern-without-rank"),
+        pytest.param({"ranks": (1,), "mesh_user": "m-1"}, "both the", id="user-name-clash"),
+    ],
+)  # fmt: skip
+def test_bad_plans_name_the_flag(changes: dict[str, object], needle: str) -> None:
+    with pytest.raises(SpecError, match=needle.replace("{", r"\{").replace("}", r"\}")):
+        plan(**changes)
+
+
+async def test_apply_creates_everything_once_and_a_second_run_changes_nothing() -> None:
+    store = AuthStore()
+    wanted = plan(sites={"burst": (6, 7)}, ranks=(0, 1))
+    first = await apply_plan(store, SPEC, wanted, lambda user: f"pw-{user.name}")  # type: ignore[arg-type]
+    assert "user m-0: created (rank 0)" in first
+    assert store.passwords["m-1"] == "pw-m-1"
+    assert store.users["m-0"] == {"vnetd-m-read", "vnetd-m-rank-0"}
+    assert store.roles["vnetd-m-read"] == {("READ", b64("/vnetd/m/"), b64(prefix_end("/vnetd/m/")))}
+    before = len(store.calls)
+    again = await apply_plan(store, SPEC, wanted, lambda user: pytest.fail("asked for a password"))  # type: ignore[arg-type]
+    assert again == []
+    writes = {"/v3/auth/user/add", "/v3/auth/role/grant", "/v3/auth/user/grant"}
+    assert not writes & set(store.calls[before:])
+
+
+async def test_apply_revokes_what_the_plan_no_longer_has_and_keeps_foreign_roles() -> None:
+    store = AuthStore()
+    await apply_plan(store, SPEC, plan(sites={"burst": (6, 7)}), lambda u: "pw")  # type: ignore[arg-type]
+    store.users["vnetd-m-site-burst"].add("ops-readers")
+    changes = await apply_plan(store, SPEC, plan(sites={"burst": (7,)}), lambda u: "pw")  # type: ignore[arg-type]
+    assert changes == ["role vnetd-m-site-burst: revoked readwrite /vnetd/m/members/6"]
+    assert {unb64(k).decode() for _, k, _ in store.roles["vnetd-m-site-burst"]} == {
+        "/vnetd/m/members/7"
+    }
+    assert "ops-readers" in store.users["vnetd-m-site-burst"]
+
+
+class ReadOnlySpec(MemoryRegistry):
+    """A registry where the spec may be read but any transaction on it is refused."""
+
+    async def create(self, key: str, value: bytes, lease: int = 0) -> object:  # type: ignore[override]
+        if key == spec_key(SPEC):
+            raise Refused("etcdserver: permission denied", 7)
+        return await super().create(key, value, lease)
+
+
+async def test_a_stored_spec_is_compared_without_a_write() -> None:
+    registry = ReadOnlySpec()
+    await MemoryRegistry.create(registry, spec_key(SPEC), SPEC.canonical_json())
+    assert await ensure_spec(registry, SPEC) is False
