@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from pathlib import Path
 
 import trio
 
@@ -72,3 +74,55 @@ async def test_overlay_stays_unreachable_while_vnetd_is_down():
             assert code == 0 and "dev vnet0" in route, route
             assert await unreachable_routes(lab, pod) == [str(mesh.spec.network)], "kept, once"
             assert "Traceback" not in mesh.daemons[0].log_text()
+
+
+SNIFFER = str(Path(__file__).parent / "sniff_icmp.py")
+SNIFF_SECONDS = 90.0
+"""Longer than the test's own bound: the sniffer is stopped by the lab's teardown."""
+
+
+async def pings_fail(lab: Lab, pod: Pod, address: str) -> bool:
+    result = await run_in(lab, pod, "ping", "-c", "2", "-i", "0.2", "-W", "1", address)
+    return result.returncode != 0
+
+
+async def test_a_route_to_the_overlay_network_made_before_vnetd_carries_no_overlay_packet():
+    """Pod 0 routes the whole overlay network via pod 2 before vnetd starts (an admin's
+    or a CNI's route); pod 2 sniffs its eth0. vnetd must route the network unreachable
+    over that route, so pings to absent ranks never reach pod 2, while it runs and after
+    SIGTERM. The sniffer is shown to see such pings once the route is put back."""
+    with trio.fail_after(120):
+        async with open_lab(3) as lab:
+            mesh = MeshLab.create(lab)
+            pod, gateway = mesh.pod(0), mesh.pod(2)
+            network = str(mesh.spec.network)
+            via = ["ip", "route", "add", network, "via", gateway.underlay_ip]
+            added = await run_in(lab, pod, *via)
+            assert added.returncode == 0, added.stderr.decode()
+            argv = [sys.executable, SNIFFER, "eth0", network, str(SNIFF_SECONDS)]
+            sniffer = await lab.start(gateway, argv, private_mount=False)
+            while "ready" not in sniffer.log_text():
+                await trio.sleep(0.1)
+
+            await mesh.start_rank(0)
+            while mesh.claimed_at(0) is None:
+                await trio.sleep(0.2)
+            for absent in (1, 2):
+                assert await pings_fail(lab, pod, mesh.address(absent))
+                code, route = await route_get(lab, pod, mesh.address(absent))
+                assert code != 0 and "No route to host" in route, route
+            assert "a route to the overlay network via" in mesh.daemons[0].log_text()
+            assert await mesh.daemons[0].stop() == 0
+            assert await pings_fail(lab, pod, mesh.address(1))
+            code, route = await route_get(lab, pod, mesh.address(1))
+            print(f"vnetd stopped: ip route get {mesh.address(1)}: {route!r}")
+            assert code != 0 and "No route to host" in route, route
+            assert "seen" not in sniffer.log_text(), "an overlay ping left pod 0 by eth0"
+
+            removed = await run_in(lab, pod, "ip", "route", "del", "unreachable", network)
+            assert removed.returncode == 0, removed.stderr.decode()
+            assert (await run_in(lab, pod, *via)).returncode == 0
+            await pings_fail(lab, pod, mesh.address(1))
+            with trio.fail_after(10):
+                while "seen" not in sniffer.log_text():
+                    await trio.sleep(0.1)

@@ -26,6 +26,7 @@ from typing import TypeVar
 import trio
 
 from vnetd.dataplane.base import DeviceConfig, LinkState, route_changes
+from vnetd.dataplane.fail_closed import route_unreachable
 from vnetd.dataplane.pyroute2_package import IFA_F_NOPREFIXROUTE, IPRoute, NetlinkError
 from vnetd.dataplane.route_socket import RouteSocket
 from vnetd.errors import DataplaneError, VnetdError
@@ -84,10 +85,7 @@ def configure_link(netns: str | None, config: DeviceConfig) -> tuple[int, bool]:
             noprefixroute &= _add_address(ipr, index, config.interface, addr)
         ipr.link("set", index=index, mtu=config.mtu, state="up")
         for network in config.networks:
-            _ignore(
-                (errno.EEXIST,),
-                partial(ipr.route, "add", dst=str(network), type="unreachable"),
-            )
+            route_unreachable(ipr, network)
     return index, noprefixroute
 
 
@@ -190,7 +188,7 @@ def remove_link(netns: str | None, config: DeviceConfig) -> None:
     application) a packet to an overlay address fails with "No route to
     host" instead of following the pod's default route into the cluster
     network. The next start finds the routes and keeps them
-    (``configure_link`` ignores ``EEXIST``).
+    (``configure_link`` replaces a route to the network, ours or not).
     """
     try:
         ipr = _iproute(netns)
