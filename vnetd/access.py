@@ -16,45 +16,10 @@ range, and the layout stays the one every version reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from vnetd.control.membership import member_key, mesh_prefix
 from vnetd.errors import SpecError
+from vnetd.registry.access_base import READ, READWRITE, AccessPlan, Permission, Role, User
 from vnetd.spec import MeshSpec, check_site_name
-
-READ = "READ"
-READWRITE = "READWRITE"
-
-
-@dataclass(frozen=True, order=True)
-class Permission:
-    """One etcd permission: a key, or the keys starting with it when ``prefix``."""
-
-    kind: str
-    key: str
-    prefix: bool = False
-
-
-@dataclass(frozen=True)
-class Role:
-    name: str
-    permissions: tuple[Permission, ...]
-
-
-@dataclass(frozen=True)
-class User:
-    name: str
-    roles: tuple[str, ...]
-    scope: str
-    """What the user may write, for the command's report (``mesh``, ``site burst``, ``rank 3``)."""
-
-
-@dataclass(frozen=True)
-class AccessPlan:
-    """The roles and users of one mesh, sorted by name."""
-
-    roles: tuple[Role, ...]
-    users: tuple[User, ...]
 
 
 def role_prefix(spec: MeshSpec) -> str:
@@ -108,7 +73,9 @@ def access_plan(
                           f"rank {rank}"))  # fmt: skip
     _check_unique(users)
     return AccessPlan(
-        tuple(sorted(roles, key=lambda r: r.name)), tuple(sorted(users, key=lambda u: u.name))
+        f"{base}-",
+        tuple(sorted(roles, key=lambda r: r.name)),
+        tuple(sorted(users, key=lambda u: u.name)),
     )
 
 

@@ -22,10 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vnetd.access import AccessPlan, User, access_plan
+from vnetd.access import access_plan
 from vnetd.config import add_etcd_arguments, spec_from_args
 from vnetd.errors import IdentityError, SpecError
 from vnetd.ranks import parse_ranks
+from vnetd.registry.access_base import AccessPlan, User
 from vnetd.spec import MeshSpec
 
 PASSWORD_BYTES = 24
@@ -149,17 +150,18 @@ def run(args: argparse.Namespace) -> int:
 async def provision(spec: MeshSpec, plan: AccessPlan, passwords: Path) -> list[str]:
     """Store the spec and apply ``plan``; returns the changes made."""
     from vnetd.control.membership import ensure_spec, spec_key
-    from vnetd.errors import plain_errors
-    from vnetd.registry.etcd import open_etcd_registry
-    from vnetd.registry.etcd_auth import apply_plan
-    from vnetd.registry.etcd_security import security_of
+    from vnetd.errors import RegistryError, plain_errors
+    from vnetd.registry import open_registry
+    from vnetd.registry.access_base import AccessControl
 
     with plain_errors():
-        async with open_etcd_registry(spec.registry.endpoints, security_of(spec.registry)) as api:
-            stored = await ensure_spec(api, spec)
+        async with open_registry(spec.registry) as registry:
+            if not isinstance(registry, AccessControl):
+                raise RegistryError("registry: this backend has no users and roles to provision")
+            stored = await ensure_spec(registry, spec)
             changes = [f"spec {spec_key(spec)}: stored"] if stored else []
-            return changes + await apply_plan(
-                api, spec, plan, lambda user: password_file(passwords, user)
+            return changes + await registry.apply_access(
+                plan, lambda user: password_file(passwords, user)
             )
 
 

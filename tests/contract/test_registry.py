@@ -17,7 +17,9 @@ import trio.testing
 from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
 from vnetd.lab.etcd import run_etcd
 from vnetd.registry.base import Registry, WatchEvent
+from vnetd.registry.bounds import MAX_KEY_KEPT, MAX_VALUE_KEPT, dropped_size, kept_key, kept_value
 from vnetd.registry.etcd import EtcdRegistry
+from vnetd.registry.etcd_pages import PAGE_KEYS
 
 if TYPE_CHECKING:
     from tests.contract.conftest import Backend
@@ -297,3 +299,51 @@ async def test_etcd_rotates_past_a_dead_endpoint(tmp_path: Path) -> None:
                 assert event.key == "m/k"
         finally:
             await registry.aclose()
+
+
+async def test_reads_keep_bounded_keys_and_values(registry: Registry) -> None:
+    """docs/architecture.md, "Bounded reads": a long key is cut and tagged the same way by
+    every read (so its delete event names it as its list did), a long value becomes a
+    marker that keeps its size."""
+    long_key = "m/members/" + "x" * (MAX_KEY_KEPT + 10)
+    big = b"v" * (MAX_VALUE_KEPT + 1)
+    with trio.fail_after(BOUND):
+        await registry.create("m/members/1", b"small")
+        start = (await registry.list_prefix("m/"))[1] + 1
+        await registry.create("m/members/2", big)
+        await registry.create(long_key, b"{}")
+        kvs, _ = await registry.list_prefix("m/")
+        by_key = {kv.key: kv.value for kv in kvs}
+        cut = kept_key(long_key)
+        assert len(cut) < MAX_KEY_KEPT and cut.startswith("m/members/xxx")
+        assert by_key == {"m/members/1": b"small", "m/members/2": kept_value(big), cut: b"{}"}
+        assert dropped_size(by_key["m/members/2"]) == len(big)
+        assert dropped_size(b"small") is None
+        got = await registry.get("m/members/2")
+        assert got is not None and got.value == kept_value(big)
+        assert await registry.delete(long_key)
+        async with registry.watch("m/", start) as batches:
+            events = await take(batches, 3)
+        assert [(e.kind, e.key, e.value) for e in events] == [
+            ("put", "m/members/2", kept_value(big)),
+            ("put", cut, b"{}"),
+            ("delete", cut, b""),
+        ]
+
+
+async def test_a_list_larger_than_a_page_is_complete_and_consistent(registry: Registry) -> None:
+    """More keys than one page holds, and values that overflow a page's bytes: every key
+    comes back once, in order (``etcd_pages``)."""
+    count = PAGE_KEYS + 300
+    with trio.fail_after(60):
+        for first in range(0, count, 100):
+            await registry.create_all(
+                {f"m/k/{i:05d}": b"x" for i in range(first, min(count, first + 100))}
+            )
+        for i in range(8):  # 8 x 1.3 MiB of base64: over one page's bytes
+            await registry.create(f"m/v/{i}", b"y" * (1024 * 1024))
+        kvs, revision = await registry.list_prefix("m/")
+    assert [kv.key for kv in kvs] == [f"m/k/{i:05d}" for i in range(count)] + [
+        f"m/v/{i}" for i in range(8)
+    ]
+    assert all(kv.mod_revision <= revision for kv in kvs)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from vnetd.access import READ, READWRITE, Permission, User, access_plan
+from vnetd.access import access_plan
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.errors import SpecError
+from vnetd.registry.access_base import READ, READWRITE, Permission, User
 from vnetd.registry.etcd_auth import apply_plan
 from vnetd.registry.etcd_gateway import JSON, Refused, b64, prefix_end, unb64
 from vnetd.registry.memory import MemoryRegistry
@@ -104,13 +105,13 @@ def test_bad_plans_name_the_flag(changes: dict[str, object], needle: str) -> Non
 async def test_apply_creates_everything_once_and_a_second_run_changes_nothing() -> None:
     store = AuthStore()
     wanted = plan(sites={"burst": (6, 7)}, ranks=(0, 1))
-    first = await apply_plan(store, SPEC, wanted, lambda user: f"pw-{user.name}")  # type: ignore[arg-type]
+    first = await apply_plan(store, wanted, lambda user: f"pw-{user.name}")  # type: ignore[arg-type]
     assert "user m-0: created (rank 0)" in first
     assert store.passwords["m-1"] == "pw-m-1"
     assert store.users["m-0"] == {"vnetd-m-read", "vnetd-m-rank-0"}
     assert store.roles["vnetd-m-read"] == {("READ", b64("/vnetd/m/"), b64(prefix_end("/vnetd/m/")))}
     before = len(store.calls)
-    again = await apply_plan(store, SPEC, wanted, lambda user: pytest.fail("asked for a password"))  # type: ignore[arg-type]
+    again = await apply_plan(store, wanted, lambda user: pytest.fail("asked for a password"))  # type: ignore[arg-type]
     assert again == []
     writes = {"/v3/auth/user/add", "/v3/auth/role/grant", "/v3/auth/user/grant"}
     assert not writes & set(store.calls[before:])
@@ -118,9 +119,9 @@ async def test_apply_creates_everything_once_and_a_second_run_changes_nothing() 
 
 async def test_apply_revokes_what_the_plan_no_longer_has_and_keeps_foreign_roles() -> None:
     store = AuthStore()
-    await apply_plan(store, SPEC, plan(sites={"burst": (6, 7)}), lambda u: "pw")  # type: ignore[arg-type]
+    await apply_plan(store, plan(sites={"burst": (6, 7)}), lambda u: "pw")  # type: ignore[arg-type]
     store.users["vnetd-m-site-burst"].add("ops-readers")
-    changes = await apply_plan(store, SPEC, plan(sites={"burst": (7,)}), lambda u: "pw")  # type: ignore[arg-type]
+    changes = await apply_plan(store, plan(sites={"burst": (7,)}), lambda u: "pw")  # type: ignore[arg-type]
     assert changes == ["role vnetd-m-site-burst: revoked readwrite /vnetd/m/members/6"]
     assert {unb64(k).decode() for _, k, _ in store.roles["vnetd-m-site-burst"]} == {
         "/vnetd/m/members/7"

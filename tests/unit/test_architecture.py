@@ -50,8 +50,10 @@ PORTS = ("vnetd.registry", "vnetd.dataplane")
 
 BACKENDS = {
     "vnetd.registry.etcd",
+    "vnetd.registry.etcd_auth",
     "vnetd.registry.etcd_endpoints",
     "vnetd.registry.etcd_gateway",
+    "vnetd.registry.etcd_pages",
     "vnetd.registry.etcd_security",
     "vnetd.registry.etcd_watch",
     "vnetd.registry.memory",

@@ -24,6 +24,7 @@ from ipaddress import ip_address
 from vnetd.errors import RegistryError, SpecError, SpecMismatch, VnetdError
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry
+from vnetd.registry.bounds import dropped_size
 from vnetd.spec import DEFAULT_SITE, MeshSpec, check_site_name
 
 
@@ -108,6 +109,9 @@ def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
     key = show_key(key)
     if rank is None:
         raise BadEntry(f"{key}: not a rank key")
+    size = dropped_size(value)
+    if size is not None:
+        raise BadEntry(f"{key}: a value of {size} bytes, far over what a member record holds")
     if rank >= spec.size:
         raise BadEntry(f"{key}: rank {rank} is out of range 0..{spec.size - 1}")
     try:

@@ -5,14 +5,23 @@ application that maps four GET paths to an ``Endpoints`` object. Routing
 four fixed paths needs no framework. The endpoint is off unless a listen
 address is configured (``[http] listen`` in the spec or ``--http-listen``),
 and hypercorn is only imported then (~50 ms of a daemon's start otherwise).
+
+Bounded (docs/security.md, "The HTTP endpoint"): ``/status`` lists every member's
+endpoint, key and instance, so it answers only clients on the loopback (the pod
+itself: ``vnetd status`` beside the daemon, an exec'd ``curl``); a client from
+elsewhere gets 403. ``/status`` and ``/metrics`` read the whole device and build
+one row per rank, so each is built at most once per ``SHARED_FOR`` seconds, and
+concurrent requests share that build instead of each making its own.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from ipaddress import ip_address
 from typing import Any, Protocol
 
 import trio
@@ -26,6 +35,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GRACEFUL_TIMEOUT = 1.0
+SHARED_FOR = 1.0
+"""Seconds one build of ``/status`` or ``/metrics`` answers every request for."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,12 @@ class App:
 
     def __init__(self, endpoints: Endpoints) -> None:
         self.endpoints = endpoints
+        self._status = Shared(self._status_bytes)
+        self._metrics = Shared(endpoints.metrics)
+
+    async def _status_bytes(self) -> bytes:
+        document = await self.endpoints.status()
+        return json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -69,14 +86,44 @@ class App:
             status = 200 if check.ok else 503
             await _respond(send, status, (check.detail + "\n").encode(), body=body_wanted)
         elif path == "/metrics":
-            data = await self.endpoints.metrics()
+            data = await self._metrics.get()
             await _respond(send, 200, data, content_type=METRICS_CONTENT_TYPE, body=body_wanted)
+        elif path == "/status" and not from_loopback(scope):
+            await _respond(send, 403, b"/status answers only from inside the pod (loopback)\n")
         elif path == "/status":
-            document = await self.endpoints.status()
-            data = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+            data = await self._status.get()
             await _respond(send, 200, data, content_type="application/json", body=body_wanted)
         else:
             await _respond(send, 404, b"not found: try /healthz /readyz /metrics /status\n")
+
+
+class Shared:
+    """A value built at most once per ``SHARED_FOR`` s; concurrent callers wait for the
+    one build in progress instead of starting their own."""
+
+    def __init__(self, build: Callable[[], Awaitable[bytes]]) -> None:
+        self._build = build
+        self._lock = trio.Lock()
+        self._value = b""
+        self._built_at = -math.inf
+
+    async def get(self) -> bytes:
+        async with self._lock:
+            if trio.current_time() - self._built_at >= SHARED_FOR:
+                self._value = await self._build()
+                self._built_at = trio.current_time()
+            return self._value
+
+
+def from_loopback(scope: Scope) -> bool:
+    """Whether the request came from this host's loopback (a pod: its own containers)."""
+    client = scope.get("client")
+    if not client:
+        return False
+    try:
+        return ip_address(str(client[0]).split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

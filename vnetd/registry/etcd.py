@@ -18,15 +18,17 @@ Several members: each attempt is bounded and a failed endpoint is tried last
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from operator import attrgetter
+from functools import partial
 
 import httpx
 import trio
 
 from vnetd.errors import RegistryError, RegistryUnavailable
+from vnetd.registry.access_base import AccessPlan, User
 from vnetd.registry.base import KeyValue, WatchEvent
+from vnetd.registry.etcd_auth import apply_plan
 from vnetd.registry.etcd_endpoints import REQUIRE_LEADER, EndpointOrder
 from vnetd.registry.etcd_gateway import (
     INVALID_ARGUMENT,
@@ -36,6 +38,7 @@ from vnetd.registry.etcd_gateway import (
     UNAUTHENTICATED,
     Refused,
     b64,
+    capped_lines,
     check_response,
     key_of,
     key_value,
@@ -44,6 +47,7 @@ from vnetd.registry.etcd_gateway import (
     raise_for_watch,
     watch_events,
 )
+from vnetd.registry.etcd_pages import PageTooLarge, list_pages
 from vnetd.registry.etcd_security import (
     EtcdSecurity,
     RegistryAccessError,
@@ -107,13 +111,13 @@ class EtcdRegistry:
         self._tokens: dict[str, str] = {}
         """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
 
-    async def _post(self, path: str, body: JSON) -> JSON:
+    async def _post(self, path: str, body: JSON, cap: int | None = None) -> JSON:
         failures: list[str] = []
         for endpoint, bound in self._order.attempts():
             where = f"{endpoint}{path}"
             with trio.move_on_after(bound):
                 try:
-                    data = await self._call(endpoint, path, body)
+                    data = await self._call(endpoint, path, body, cap)
                 except RegistryAccessError:
                     raise
                 except (httpx.TransportError, RegistryUnavailable) as exc:
@@ -129,13 +133,16 @@ class EtcdRegistry:
             self._order.failed(endpoint)
         raise RegistryUnavailable(f"etcd {path} failed on every endpoint: {'; '.join(failures)}")
 
-    async def _call(self, endpoint: str, path: str, body: JSON) -> JSON:
+    async def _call(self, endpoint: str, path: str, body: JSON, cap: int | None = None) -> JSON:
         """One call on one endpoint, authenticating first (and again once, if the token
-        has become invalid)."""
+        has become invalid); an answer over ``cap`` bytes raises ``PageTooLarge``."""
         where = f"{endpoint}{path}"
         for attempt in range(2):
             headers = {**REQUIRE_LEADER, **await self._auth_headers(endpoint)}
-            response = await self._client.post(where, json=body, headers=headers)
+            if cap is None:
+                response = await self._client.post(where, json=body, headers=headers)
+            else:
+                response = await self._capped_post(where, body, headers, cap)
             try:
                 return check_response(response, where)
             except Refused as exc:
@@ -143,6 +150,20 @@ class EtcdRegistry:
                     continue
                 raise self._access_error(exc, endpoint, body) from None
         raise AssertionError("unreachable")
+
+    async def _capped_post(
+        self, where: str, body: JSON, headers: dict[str, str], cap: int
+    ) -> httpx.Response:
+        """A POST whose answer is read only up to ``cap`` bytes (``etcd_pages``)."""
+        async with self._client.stream("POST", where, json=body, headers=headers) as response:
+            content = bytearray()
+            async for chunk in response.aiter_bytes():
+                content += chunk
+                if len(content) > cap:
+                    raise PageTooLarge(f"etcd {where}: answer over {cap} bytes")
+        return httpx.Response(
+            response.status_code, content=bytes(content), request=response.request
+        )
 
     async def _auth_headers(self, endpoint: str) -> dict[str, str]:
         if self._security.username is None:
@@ -202,6 +223,12 @@ class EtcdRegistry:
             )
         return exc
 
+    async def apply_access(
+        self, plan: AccessPlan, password_for: Callable[[User], str]
+    ) -> list[str]:
+        """``AccessControl``: etcd's roles and users made the plan's (``etcd_auth``)."""
+        return await apply_plan(self, plan, password_for)
+
     async def call(self, path: str, body: JSON) -> JSON:
         """One gateway call by path (``/v3/auth/...`` for ``etcd_auth``), with the same
         failover, bounds and token handling as the registry's own calls.
@@ -240,11 +267,7 @@ class EtcdRegistry:
         return key_value(kvs[0]) if kvs else None
 
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        body = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
-        data = await self._post("/v3/kv/range", body)
-        # By key alone (keys are unique): comparing whole records was a tenth of a list.
-        kvs = sorted((key_value(raw) for raw in data.get("kvs", [])), key=attrgetter("key"))
-        return kvs, int(data["header"]["revision"])
+        return await list_pages(partial(self._post, "/v3/kv/range"), prefix)
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
         compare = {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
@@ -343,7 +366,7 @@ class EtcdRegistry:
                     if response.status_code >= 400:
                         await response.aread()
                         check_response(response, where)
-                    lines = response.aiter_lines()
+                    lines = capped_lines(response.aiter_bytes())
                     first = await next_message(lines)
                 except RegistryAccessError:
                     await attempt.aclose()

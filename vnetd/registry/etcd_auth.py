@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from vnetd.access import READ, AccessPlan, Permission, Role, User, role_prefix
+from vnetd.registry.access_base import READ, AccessPlan, Permission, Role, User
 from vnetd.registry.etcd_gateway import JSON, Refused, b64, prefix_end, unb64
-from vnetd.spec import MeshSpec
 
 FAILED_PRECONDITION = 9
 
@@ -29,7 +28,7 @@ class AuthApi(Protocol):
 
 
 async def apply_plan(
-    api: AuthApi, spec: MeshSpec, plan: AccessPlan, password_for: Callable[[User], str]
+    api: AuthApi, plan: AccessPlan, password_for: Callable[[User], str]
 ) -> list[str]:
     """Make etcd's roles and users those of ``plan``; returns one line per change.
 
@@ -40,9 +39,8 @@ async def apply_plan(
     changes: list[str] = []
     for role in plan.roles:
         changes += await _apply_role(api, role)
-    ours = f"{role_prefix(spec)}-"
     for user in plan.users:
-        changes += await _apply_user(api, user, ours, password_for)
+        changes += await _apply_user(api, user, plan.role_prefix, password_for)
     return changes
 
 

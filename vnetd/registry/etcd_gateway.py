@@ -22,6 +22,7 @@ import httpx
 
 from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
 from vnetd.registry.base import KeyValue, WatchEvent
+from vnetd.registry.bounds import kept_key, kept_value
 
 JSON = dict[str, Any]
 
@@ -58,8 +59,8 @@ def prefix_end(prefix: str) -> bytes:
 
 def key_value(raw: JSON) -> KeyValue:
     return KeyValue(
-        key=unb64(raw["key"]).decode("utf-8", "surrogateescape"),
-        value=unb64(raw.get("value", "")),
+        key=kept_key(unb64(raw["key"]).decode("utf-8", "surrogateescape")),
+        value=kept_value(unb64(raw.get("value", ""))),
         create_revision=int(raw.get("create_revision", 0)),
         mod_revision=int(raw.get("mod_revision", 0)),
         lease=int(raw.get("lease", 0)),
@@ -114,6 +115,37 @@ def key_of(body: JSON) -> str:
         return "?"
 
 
+WATCH_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The longest watch message read (docs/architecture.md, "Bounded reads"). etcd sends a
+watcher that resumes from an older revision up to 1000 revisions in one message,
+which junk values could make hundreds of MiB; a longer message ends the watch, and
+the consumer lists again (in bounded pages) and watches from after it."""
+
+
+async def capped_lines(
+    chunks: AsyncIterator[bytes], cap: int = WATCH_MESSAGE_BYTES
+) -> AsyncIterator[str]:
+    """The lines of a stream, each at most ``cap`` bytes.
+
+    Raises:
+        RegistryUnavailable: a line ran over ``cap`` (it is not read further).
+    """
+    pending = bytearray()
+    async for chunk in chunks:
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            yield line.decode("utf-8", "replace")
+        if len(pending) > cap:
+            raise RegistryUnavailable(
+                f"etcd watch: a message over {cap // 2**20} MiB (junk values under the "
+                "prefix?); listing again"
+            )
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
 async def next_message(lines: AsyncIterator[str]) -> JSON:
     """The next watch ``result`` on the stream; errors and stream end raise."""
     async for line in lines:
@@ -158,8 +190,8 @@ def watch_event(event: JSON) -> WatchEvent:
     kv = event["kv"]
     return WatchEvent(
         kind="delete" if event.get("type") == "DELETE" else "put",
-        key=unb64(kv["key"]).decode("utf-8", "surrogateescape"),
-        value=unb64(kv.get("value", "")),
+        key=kept_key(unb64(kv["key"]).decode("utf-8", "surrogateescape")),
+        value=kept_value(unb64(kv.get("value", ""))),
         mod_revision=int(kv.get("mod_revision", 0)),
         create_revision=int(kv.get("create_revision", 0)),
     )

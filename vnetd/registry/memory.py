@@ -17,12 +17,13 @@ import bisect
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
 from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
 from vnetd.registry.base import KeyValue, WatchEvent
+from vnetd.registry.bounds import kept_key, kept_value
 
 
 @dataclass
@@ -65,18 +66,19 @@ class MemoryRegistry:
 
     async def get(self, key: str) -> KeyValue | None:
         self._enter()
-        return self._store.get(key)
+        found = self._store.get(key)
+        return _kept(found) if found else None
 
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         self._enter()
-        kvs = sorted(kv for key, kv in self._store.items() if key.startswith(prefix))
+        kvs = sorted(_kept(kv) for key, kv in self._store.items() if key.startswith(prefix))
         return kvs, self._revision
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
         self._enter()
         existing = self._store.get(key)
         if existing is not None:
-            return existing
+            return _kept(existing)
         self._put(key, value, lease)
         return None
 
@@ -201,7 +203,11 @@ class MemoryRegistry:
             if position < self._compacted:
                 raise WatchCompacted(self._compacted)
             first = bisect.bisect_left(self._history, position, key=_revision_of)
-            pending = [event for event in self._history[first:] if event.key.startswith(prefix)]
+            pending = [
+                replace(event, key=kept_key(event.key), value=kept_value(event.value))
+                for event in self._history[first:]
+                if event.key.startswith(prefix)
+            ]
             position = self._revision + 1
             if pending:
                 yield pending
@@ -212,6 +218,11 @@ class MemoryRegistry:
         changed = self._changed
         with trio.move_on_at(self._next_deadline()):
             await changed.wait()
+
+
+def _kept(kv: KeyValue) -> KeyValue:
+    """What a read returns of ``kv``: its key and value bounded, as etcd's are."""
+    return replace(kv, key=kept_key(kv.key), value=kept_value(kv.value))
 
 
 def _revision_of(event: WatchEvent) -> int:

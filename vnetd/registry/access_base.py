@@ -1,0 +1,61 @@
+"""Roles and users of a registry that has access control, as records, and the
+capability that applies them (``AccessControl``, beside the ``Registry`` protocol).
+
+``vnetd.access`` computes an ``AccessPlan`` for a mesh; a backend that can enforce
+it (``EtcdRegistry``, through etcd's auth API) applies it. See docs/security.md,
+"Scoped credentials".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+READ = "READ"
+READWRITE = "READWRITE"
+
+
+@dataclass(frozen=True, order=True)
+class Permission:
+    """One permission: a key, or the keys starting with it when ``prefix``."""
+
+    kind: str
+    key: str
+    prefix: bool = False
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    permissions: tuple[Permission, ...]
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    roles: tuple[str, ...]
+    scope: str
+    """What the user may write, for reports (``mesh``, ``site burst``, ``rank 3``)."""
+
+
+@dataclass(frozen=True)
+class AccessPlan:
+    """The roles and users of one mesh, sorted by name. Roles whose names start with ``role_prefix``
+    are the plan's own: a user's other roles of that name are revoked, others kept."""
+
+    role_prefix: str
+    roles: tuple[Role, ...]
+    users: tuple[User, ...]
+
+
+@runtime_checkable
+class AccessControl(Protocol):
+    """A registry that can make its roles and users those of a plan."""
+
+    async def apply_access(
+        self, plan: AccessPlan, password_for: Callable[[User], str]
+    ) -> list[str]:
+        """Create or update the plan's roles and users, idempotently; one line per change.
+        ``password_for`` gives a new user's password (existing users keep theirs)."""
+        ...
