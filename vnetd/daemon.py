@@ -139,6 +139,14 @@ async def run_daemon(
         me.instance,
         ",".join(spec.registry.endpoints),
     )
+    plain = [url for url in spec.registry.endpoints if url.startswith("http://")]
+    if spec.registry.username and plain:
+        log.warning(
+            "etcd user %s: its password goes over plain http to %s; use https:// endpoints "
+            "(docs/security.md, \"etcd over TLS\")",
+            spec.registry.username,
+            ",".join(plain),
+        )
     if me.site != DEFAULT_SITE or me.public_endpoint:
         log.info("site %s, public endpoint %s", me.site, me.public_endpoint or "none")
     if open_dataplane is None:

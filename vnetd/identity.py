@@ -13,6 +13,8 @@ The private key is X25519, generated once into the state dir (0600 in a
 from __future__ import annotations
 
 import base64
+import contextlib
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -26,6 +28,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from vnetd.control.membership import check_endpoint
 from vnetd.errors import IdentityError
 from vnetd.spec import MeshSpec
+
+log = logging.getLogger("vnetd.daemon")
 
 KEY_FILE = "private.key"
 
@@ -149,6 +153,7 @@ def load_or_create_key(state_dir: Path) -> KeyPair:
     """
     try:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _tighten(state_dir)
     except OSError as exc:
         raise IdentityError(f"--state-dir {state_dir}: cannot create: {exc.strerror}") from None
     path = state_dir / KEY_FILE
@@ -156,15 +161,38 @@ def load_or_create_key(state_dir: Path) -> KeyPair:
         return _read_key(path)
     key = X25519PrivateKey.generate()
     encoded = base64.b64encode(key.private_bytes_raw()).decode()
-    tmp = path.with_suffix(".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(encoded + "\n")
-        os.replace(tmp, path)
+        _write_new(path, encoded + "\n")
     except OSError as exc:
         raise IdentityError(f"{path}: cannot write the key: {exc.strerror}") from None
     return KeyPair(encoded, public_key_of(encoded))
+
+
+def _tighten(state_dir: Path) -> None:
+    """Make the state directory 0700 (a hostPath or a mounted volume may come 0755)."""
+    mode = state_dir.stat().st_mode & 0o777
+    if mode & 0o077:
+        os.chmod(state_dir, 0o700)
+        log.info("--state-dir %s: mode %04o tightened to 0700", state_dir, mode)
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a fresh 0600 temporary file (never through a
+    symlink, never one that was there), synced, then renamed over ``path``."""
+    tmp = path.with_suffix(".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a leftover of a start that died mid-write
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _read_key(path: Path) -> KeyPair:

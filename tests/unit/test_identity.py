@@ -105,3 +105,27 @@ def test_pod_ip_with_an_ipv6_zone_is_refused_at_start(tmp_path):
     spec = parse_spec({"mesh": {"name": "m", "size": 2, "network": "10.0.0.0/24"}})
     with pytest.raises(IdentityError, match="POD_IP"):
         resolve_endpoint(spec, None, {"POD_IP": "fe80::1%eth0"}, None)
+
+
+def test_a_loose_state_dir_is_tightened_to_0700(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)  # as a hostPath comes
+    load_or_create_key(state)
+    assert state.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_key_is_not_written_through_a_planted_temporary_file(tmp_path):
+    """A ``private.tmp`` left behind, even a symlink to another file, is replaced: the
+    key goes into a new 0600 file, never into what the link points at."""
+    target = tmp_path / "elsewhere"
+    target.write_text("untouched\n")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "private.tmp").symlink_to(target)
+    pair = load_or_create_key(state)
+    assert target.read_text() == "untouched\n"
+    key = state / "private.key"
+    assert not key.is_symlink() and key.stat().st_mode & 0o777 == 0o600
+    assert key.read_text().strip() == pair.private_key
+    assert not (state / "private.tmp").exists()

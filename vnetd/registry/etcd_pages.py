@@ -24,8 +24,8 @@ from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.registry.base import KeyValue
 from vnetd.registry.etcd_gateway import JSON, Refused, b64, key_value, prefix_end, unb64
 
-FIRST_PAGE_KEYS = 4
-"""Keys of the first page: at most 4 values of etcd's largest (1.5 MiB) for etcd to
+FIRST_PAGE_KEYS = 2
+"""Keys of the first page: at most 2 entries of etcd's largest (1.5 MiB) for etcd to
 read and encode; under junk a page costs etcd's gateway about a second per few MiB
 on a loaded machine."""
 log = logging.getLogger("vnetd.registry")
@@ -34,9 +34,9 @@ PAGE_KEYS = 2048
 """The most keys of one page: about 1 MB of answer for member records."""
 PAGE_TARGET = 1024 * 1024
 """The answer size the next page is sized for, from the last page's bytes per key."""
-PAGE_BYTES = 8 * 1024 * 1024
-"""The most of one answer that is read; etcd's default request limit (1.5 MiB) keeps
-any one key and value, base64 in JSON, well under it."""
+PAGE_BYTES = 4 * 1024 * 1024
+"""The most of one answer that is read; etcd's default request limit (1.5 MiB, key and
+value together) keeps any one entry, base64 in JSON, near 2 MiB."""
 SHRINK = 8
 PAGE_RETRIES = 2
 OUT_OF_RANGE = 11
