@@ -4,8 +4,8 @@ lease (docs/security.md, "The HTTP endpoint").
 The daemons' spec has 16384 ranks (three run), so each ``/status`` builds 16384
 rows: without a shared build every request made its own, on the event loop that
 also keeps the lease alive and applies joins. The join of rank 2, started while the
-load runs, is bounded from its claim as every formation is (``AFTER_CLAIM``, 3 s;
-the issue's 2 s sits below it and is printed); rank 0 must not have lost its lease.
+load runs, must form within 2 s of its claim (``JOIN_DELAY``); rank 0 must not have
+lost its lease.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ LOAD_SECONDS = 30.0
 JOIN_AFTER = 5.0
 """Seconds of load before rank 2 starts."""
 PORT = 9090
+JOIN_DELAY = 2.0
+"""The issue's bound on the join, from rank 2's claim until it and rank 0 reach each
+other: measured 0.15 s with shared builds, 3.05 s with a build per request (which
+fails the formation bound, AFTER_CLAIM, too)."""
 LOAD = str(Path(__file__).with_name("status_load.py"))
 
 
@@ -62,6 +66,7 @@ async def test_status_load_delays_no_join_and_costs_no_lease() -> None:
             print(f"/status load: {result}; rank 2 joined {formation.after_claim:.2f} s after "
                   "its claim")  # fmt: skip
             assert result["requests"] > CLIENTS, result
+            assert formation.after_claim <= JOIN_DELAY
             log = mesh.daemons[0].log_text()
             assert "expired or unknown" not in log and "claiming rank 0 again" not in log
             assert not mesh.dead_daemons()
