@@ -32,13 +32,12 @@ from vnetd.dataplane import DataplaneFactory, DeviceConfig, choose_dataplane, de
 from vnetd.dataplane.link import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import (
-    load_or_create_key,
-    load_preshared_key,
     resolve_endpoint,
     resolve_instance,
     resolve_public_endpoint,
     resolve_rank,
 )
+from vnetd.keys import load_or_create_key, load_preshared_key
 from vnetd.logs import set_rank
 from vnetd.model import Member
 from vnetd.registry import RegistryOpener

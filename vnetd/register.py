@@ -67,12 +67,12 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
 
 def member_of(args: argparse.Namespace, spec: MeshSpec, env: Mapping[str, str]) -> Member:
     """The record to claim, every flag checked (errors name the flag)."""
-    from vnetd.control.membership import check_public_key
     from vnetd.identity import (
         resolve_endpoint,
         resolve_public_endpoint,
         resolve_rank,
     )
+    from vnetd.model import check_public_key
 
     rank = resolve_rank(spec, str(args.rank), {}, "")
     try:

@@ -62,7 +62,7 @@ from vnetd.dataplane.uapi import (
 )
 from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET
 from vnetd.errors import DataplaneError
-from vnetd.identity import public_key_of
+from vnetd.keys import public_key_of
 from vnetd.model import Peer, PeerUpdate, Plan
 
 NETWORK = "10.250.0.0/16"

@@ -12,7 +12,7 @@ from vnetd.daemon import prepare
 from vnetd.dataplane.kernel import peer_messages
 from vnetd.dataplane.uapi_protocol import plan_lines
 from vnetd.errors import IdentityError
-from vnetd.identity import load_preshared_key
+from vnetd.keys import load_preshared_key
 from vnetd.model import Peer, Plan
 from vnetd.spec import load_spec
 

@@ -29,7 +29,7 @@ from vnetd.dataplane.kernel import split_endpoint
 from vnetd.dataplane.local import LocalDevice, read_device
 from vnetd.dataplane.uapi_protocol import GET_REQUEST
 from vnetd.errors import DataplaneError
-from vnetd.identity import public_key_of
+from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry

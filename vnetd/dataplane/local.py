@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from vnetd.dataplane.uapi_client import UapiClient
 from vnetd.dataplane.uapi_protocol import SOCKET_DIR, DeviceState, parse_device
 from vnetd.errors import DataplaneError
-from vnetd.identity import public_key_of
+from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer
 
 if TYPE_CHECKING:  # kernel imports pyroute2: only when there is no socket to read
