@@ -42,10 +42,10 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
+from vnetd.dataplane.device_reader import read_device
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
 from vnetd.dataplane.kernel import KernelDataplane, kernel_unavailable, open_kernel_dataplane
 from vnetd.dataplane.link import change_routes, configure_link, prune_addresses, run_netlink
-from vnetd.dataplane.local import read_device
 from vnetd.dataplane.supervise import (
     WireguardGo,
     output_path,

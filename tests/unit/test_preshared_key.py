@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vnetd.config import Settings
-from vnetd.daemon import prepare
+from vnetd.daemon.root import prepare
 from vnetd.dataplane.kernel import peer_messages
 from vnetd.dataplane.uapi_protocol import plan_lines
 from vnetd.errors import IdentityError

@@ -25,8 +25,8 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic.wireguard import AsyncWireGuard, wgmsg
 
 from vnetd.control.membership import encode_member, member_key
+from vnetd.dataplane.device_reader import LocalDevice, read_device
 from vnetd.dataplane.kernel import split_endpoint
-from vnetd.dataplane.local import LocalDevice, read_device
 from vnetd.dataplane.uapi_protocol import GET_REQUEST
 from vnetd.errors import DataplaneError
 from vnetd.keys import public_key_of

@@ -17,7 +17,7 @@ from vnetd.dataplane.uapi import handshake_lines
 from vnetd.dataplane.uapi_protocol import plan_lines
 from vnetd.errors import IdentityError, SpecError
 from vnetd.identity import resolve_public_endpoint
-from vnetd.mesh import desired_peers, diff, peer_endpoint, written_after
+from vnetd.mesh.peers import desired_peers, diff, peer_endpoint, written_after
 from vnetd.model import Member, Plan
 from vnetd.spec import SiteSpec, parse_spec
 

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from vnetd.cli import main
 from vnetd.control.membership import encode_member, member_key, read_members
-from vnetd.dataplane.local import LocalDevice, read_local_device
+from vnetd.dataplane.device_reader import LocalDevice, read_local_device
 from vnetd.errors import DataplaneError, RegistryUnavailable
 from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer, Member

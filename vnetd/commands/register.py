@@ -130,7 +130,7 @@ async def hold_claim(
 
     from vnetd.control.claim import ClaimHolder, follow_public_endpoint
     from vnetd.control.membership import ensure_spec
-    from vnetd.retry import RegistryHealth, retry_registry
+    from vnetd.control.retry import RegistryHealth, retry_registry
 
     health = RegistryHealth()
     await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)

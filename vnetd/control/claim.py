@@ -36,11 +36,11 @@ from vnetd.control.membership import (
     spec_key,
     try_claim,
 )
+from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
 from vnetd.model import Member, check_endpoint
 from vnetd.registry.base import Registry
-from vnetd.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.claim")

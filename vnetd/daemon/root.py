@@ -3,12 +3,12 @@
 Start-up order: the device comes up first with the rank's fixed address,
 so the address exists even while the registry is still unreachable; then
 the registry is opened, the stored spec checked, the rank claimed, the
-members watched and the reconciler started (``vnetd.serving``). On SIGTERM
+members watched and the reconciler started (``vnetd.daemon.control_plane``). On SIGTERM
 or SIGINT the lease is revoked (peers drop this rank at once), wireguard-go
 is stopped and the link removed.
 
 A launcher waits for that address, so what comes after it is imported after
-it: ``vnetd.serving`` (the control plane) and the registry's client once the
+it: ``vnetd.daemon.control_plane`` (the control plane) and the registry's client once the
 device is up, the HTTP endpoints and prometheus-client only when ``[http]
 listen`` is set (docs/architecture.md, "Start-up").
 """
@@ -28,6 +28,7 @@ import trio
 
 from vnetd import __version__
 from vnetd.config import Settings, resolve_site
+from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.dataplane import DataplaneFactory, DeviceConfig, choose_dataplane, device_id_of
 from vnetd.dataplane.link import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
@@ -42,12 +43,11 @@ from vnetd.logs import set_rank
 from vnetd.model import Member
 from vnetd.registry import RegistryOpener
 from vnetd.registry import open_registry as open_settings_registry
-from vnetd.retry import RegistryHealth, retry_registry
 from vnetd.spec import DEFAULT_SITE, MeshSpec, SiteSpec
 
 if TYPE_CHECKING:  # imported when used: see the module doc
+    from vnetd.daemon.running import Running
     from vnetd.observe.endpoints import DaemonEndpoints
-    from vnetd.running import Running
 
 log = logging.getLogger("vnetd.daemon")
 
@@ -150,7 +150,10 @@ async def run_daemon(
             async with open_dataplane(config) as dataplane:
                 if endpoints is not None:
                     endpoints.attach_dataplane(dataplane)
-                from vnetd.serving import Started, serve  # after the address: module doc
+                from vnetd.daemon.control_plane import (  # after the address: module doc
+                    Started,
+                    serve,
+                )
 
                 me = replace(me, device_id=device_id_of(dataplane))
                 started = Started(task_status, endpoints)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import KeyPair, Member
 from vnetd.spec import MeshSpec
 

@@ -205,7 +205,7 @@ async def run_wait(
 def uapi_handshakes(path: Path) -> HandshakeReader:
     """Read the keys with a handshake from the local device: wireguard-go's UAPI
     socket at ``path``, else the kernel's WireGuard device (``read_device``)."""
-    from vnetd.dataplane.local import read_local_device
+    from vnetd.dataplane.device_reader import read_local_device
 
     async def read() -> Collection[str]:
         device = await read_local_device(path, UAPI_TIMEOUT)
