@@ -49,7 +49,6 @@ from vnetd.dataplane.link import change_routes, configure_link, prune_addresses,
 from vnetd.dataplane.supervise import (
     WireguardGo,
     output_path,
-    socket_path,
     start_wireguard_go,
 )
 from vnetd.dataplane.uapi import (
@@ -60,7 +59,7 @@ from vnetd.dataplane.uapi import (
     parse_peers,
     plan_lines,
 )
-from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET
+from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET, socket_path
 from vnetd.errors import DataplaneError
 from vnetd.keys import public_key_of
 from vnetd.model import Peer, PeerUpdate, Plan
