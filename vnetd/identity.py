@@ -1,11 +1,11 @@
-"""Who this daemon is: its rank, its endpoint and its instance name.
+"""Who this daemon is on this host: its rank, its endpoint and its instance name.
 
 Rank order: ``--rank``, ``VNETD_RANK``, ``JOB_COMPLETION_INDEX`` (Kubernetes
 Indexed Jobs), then the hostname parsed with the spec's pattern.
 Endpoint order: ``--endpoint``, ``POD_IP`` with the spec's port, then the
-address of the interface holding the default route. Site and public endpoint
-(docs/architecture.md, "Sites"): ``config.resolve_site``;
-``--public-endpoint``, ``VNETD_PUBLIC_ENDPOINT``, ``[site] public_endpoint``.
+address of the interface holding the default route. These are the settings
+that need the host (its hostname, its default route); every other one is
+resolved in ``vnetd.config``.
 The key pair is ``vnetd.keys``'s.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from ipaddress import ip_address
-from pathlib import Path
 
 from vnetd.errors import IdentityError
 from vnetd.model import check_endpoint
@@ -82,33 +81,6 @@ def resolve_endpoint(
     raise IdentityError(
         "no endpoint: give --endpoint HOST:PORT or set POD_IP; this host has no default route"
     )
-
-
-def resolve_public_endpoint(
-    spec: MeshSpec, flag: str | None, env: Mapping[str, str], file: Path | None = None
-) -> str | None:
-    """The ``ip:port`` other sites reach this member at, or None (no forwarded port).
-
-    ``file`` (``--public-endpoint-file``), when given, is the only source: its
-    content (empty: none), which the daemon then follows.
-    """
-    sources = [
-        ("--public-endpoint", flag),
-        ("VNETD_PUBLIC_ENDPOINT", env.get("VNETD_PUBLIC_ENDPOINT")),
-        ("site.public_endpoint", spec.site.public_endpoint),
-    ]
-    if file is not None:
-        try:
-            sources = [(f"--public-endpoint-file {file}", file.read_text())]
-        except OSError as exc:
-            raise IdentityError(f"--public-endpoint-file {file}: {exc.strerror}") from None
-    for source, value in sources:
-        if value and value.strip():
-            try:
-                return check_endpoint(value.strip())
-            except ValueError as exc:
-                raise IdentityError(f"{source}: {exc}") from None
-    return None
 
 
 def _join(host: str, port: int, source: str) -> str:

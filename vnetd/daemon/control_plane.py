@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from vnetd.config import Settings
+from vnetd.config import Effective
 from vnetd.control.claim import ClaimHolder, follow_public_endpoint
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.retry import RegistryHealth, retry_registry
@@ -50,12 +50,11 @@ class Started:
         self.task_status.started(running)
 
 
-async def serve(
-    spec: MeshSpec,
+async def run_control_plane(
+    settings: Effective,
     me: Member,
     registry: Registry,
     dataplane: Dataplane,
-    settings: Settings,
     on_pass: Callable[[float, int], None] | None,
     task_status: Started,
 ) -> None:
@@ -63,6 +62,7 @@ async def serve(
 
     ``on_pass`` is the metrics' pass observer (None without metrics).
     """
+    spec = settings.spec
     health = RegistryHealth()
     await _check_spec(registry, spec, health)
     view = MemberView()
