@@ -14,9 +14,9 @@ never from a flag's value.
 The etcd access flags are declared and resolved here, not in the registry
 package: they are flags and environment with the same precedence as every
 other setting, and resolving them needs nothing but the spec. So this module
-imports the pure core only, the registry port opens a backend from a spec
-that is already resolved and knows no flag, and building the parsers
-imports no client library.
+imports the pure core (and ``keys`` when a pre-shared key is read), the
+registry port opens a backend from a spec that is already resolved and knows
+no flag, and building the parsers imports no client library.
 """
 
 from __future__ import annotations
@@ -70,9 +70,10 @@ NO_ACCESS_FLAGS: AccessFlags = MappingProxyType({})
 class Settings:
     """What ``vnetd up`` runs with: the resolved spec and the daemon's own flags.
 
-    Rank, endpoint and instance stay as given: the identity step resolves
-    them with the environment and the host (``--rank auto`` with the
-    registry); the data plane kind is chosen with the host's WireGuard.
+    The flags stay as given: ``effective`` resolves site, public endpoint and
+    pre-shared key with the environment and the spec; ``vnetd.identity``
+    resolves rank, endpoint and instance with the host (``--rank auto`` with
+    the registry); the data plane kind is chosen with the host's WireGuard.
     """
 
     spec: MeshSpec

@@ -1,22 +1,25 @@
-"""The layer table of docs/architecture.md's module map, checked on the source.
+"""The layer table of docs/architecture.md's module map, checked on the source and the doc.
 
 ``LAYER_OF`` names every module of ``vnetd/`` and its layer; ``MAY_IMPORT``
 says which layers a layer's modules may reach. Both are checked on the import
 *closure* (lazy imports included), so "pure" means pure and "adapters know no
 mesh logic" holds one step removed as well as directly. The library rules the
 doc states are checked on direct imports; the module-level import graph has no
-cycle; a backend is imported only inside its port package.
+cycle; a backend is imported only inside its port package. The doc's map has
+one row per layer, in this order, naming the same modules and the same layers.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).parents[2] / "vnetd"
+DOC = PACKAGE.parent / "docs" / "architecture.md"
 
 CORE = "core"
 TOPOLOGY = "topology"
@@ -278,6 +281,33 @@ def test_a_library_is_imported_only_where_the_doc_says(library: str) -> None:
     users = {n for n in SOURCES if library in libraries(n) and not within(n, "vnetd.lab")}
     others = sorted(users - ONLY_IMPORTED_BY[library])
     assert others == [], f"{library} is imported by {', '.join(others)}"
+
+
+def module_map() -> list[tuple[str, set[str], set[str]]]:
+    """The rows of the doc's module map: (layer, its modules, the layers it may import)."""
+    section = DOC.read_text().split("\n## Module map\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("layer", "---"):
+            continue
+        layer, names, _role, may_import = cells
+        named = {n if n == "vnetd" else f"vnetd.{n}" for n in re.findall(r"`([\w.]+)`", names)}
+        rows.append((layer, named, {other.strip() for other in may_import.split(",")}))
+    return rows
+
+
+def test_the_module_map_has_a_row_per_layer_in_order() -> None:
+    assert [layer for layer, _named, _may in module_map()] == list(MAY_IMPORT)
+
+
+@pytest.mark.parametrize("row", module_map(), ids=lambda row: row[0])
+def test_the_module_map_row_says_what_the_table_says(
+    row: tuple[str, set[str], set[str]],
+) -> None:
+    layer, named, may_import = row
+    assert sorted(named) == sorted(n for n, of in LAYER_OF.items() if of == layer)
+    assert may_import == MAY_IMPORT.get(layer)
 
 
 def test_every_backend_exists() -> None:
