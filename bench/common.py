@@ -83,6 +83,22 @@ def latency(values: Sequence[float]) -> JSON:
     }
 
 
+def spreads(runs: Sequence[JSON], *names: str) -> JSON:
+    """The ``spread`` of each named figure over ``runs``, by name."""
+    return {name: spread(r[name] for r in runs) for name in names}
+
+
+def summary_by_size(
+    runs: Sequence[JSON], sizes: Iterable[int], figures: Callable[[int, list[JSON]], JSON]
+) -> JSON:
+    """A summary's ``by_size`` table: each size's number of runs, then ``figures(size, runs)``."""
+    table: JSON = {}
+    for size in sizes:
+        mine = [r for r in runs if r["size"] == size]
+        table[str(size)] = {"runs": len(mine), **figures(size, mine)}
+    return table
+
+
 # --- result files -----------------------------------------------------------------------
 
 
