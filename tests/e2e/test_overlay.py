@@ -10,7 +10,7 @@ import trio
 from bounds import form
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 
 RANKS = 8
 

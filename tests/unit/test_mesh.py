@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from shared import byte_key as key
 
-from vnetd.mesh import desired_peers, diff, written_after
+from vnetd.mesh.peers import desired_peers, diff, written_after
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate
 from vnetd.spec import parse_spec
 

@@ -19,7 +19,7 @@ from shared import byte_key as key
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, WatchEvent
 

@@ -13,11 +13,11 @@ from resettable import wipe
 from shared import SPEC
 
 from vnetd.control.membership import encode_member, member_key
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import WatchCompacted
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
 
 
 def member(rank: int) -> Member:
