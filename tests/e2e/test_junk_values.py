@@ -23,7 +23,7 @@ from test_junk_flood import PORT, bad_entries_counted, daemon_pid, rss_kb
 
 from vnetd.control.membership import members_prefix
 from vnetd.lab.cluster import MeshLab, http_get
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 
 MEMORY_LIMIT = 256 * 1024 * 1024
 RSS_GROWTH_LIMIT_KB = 50 * 1024

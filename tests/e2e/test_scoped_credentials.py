@@ -23,7 +23,7 @@ from tlscerts import CertFiles, TestCA
 from vnetd.control.membership import member_key, mesh_prefix
 from vnetd.lab.cluster import MeshLab, write_spec
 from vnetd.lab.etcd import EtcdTls
-from vnetd.lab.lab import ETCD_IP, Lab, Pod, open_lab
+from vnetd.lab.open_lab import ETCD_IP, Lab, Pod, open_lab
 from vnetd.spec import load_spec
 
 HERE = Path(__file__).parent

@@ -19,7 +19,7 @@ import trio
 from bounds import form
 
 from vnetd.lab.cluster import MeshLab, http_get, write_spec
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 from vnetd.spec import load_spec
 
 SIZE = 16384

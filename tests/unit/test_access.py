@@ -1,4 +1,4 @@
-"""The scoped-credential plan (``vnetd.access``) and its idempotent apply (``etcd_auth``),
+"""The scoped-credential plan (``vnetd.control.access``) and its idempotent apply (``etcd_auth``),
 against a stand-in for etcd's auth store that answers as etcd 3.4 was seen to
 (``tests/e2e/test_scoped_credentials.py`` runs the same command against real etcd)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vnetd.access import access_plan
+from vnetd.control.access import access_plan
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.errors import SpecError
 from vnetd.registry.access_base import READ, READWRITE, Permission, User

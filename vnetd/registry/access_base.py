@@ -1,7 +1,7 @@
 """Roles and users of a registry that has access control, as records, and the
 capability that applies them (``AccessControl``, beside the ``Registry`` protocol).
 
-``vnetd.access`` computes an ``AccessPlan`` for a mesh; a backend that can enforce
+``vnetd.control.access`` computes an ``AccessPlan`` for a mesh; a backend that can enforce
 it (``EtcdRegistry``, through etcd's auth API) applies it. See docs/security.md,
 "Scoped credentials".
 """

@@ -70,7 +70,7 @@ async def list_pages(call: PageCall, prefix: str) -> tuple[list[KeyValue], int]:
         if revision:
             body["revision"] = str(revision)
         try:
-            data = await _page(call, body, prefix)
+            data = await _page(call, body, prefix) if revision else await call(body, PAGE_BYTES)
         except Refused as exc:
             if exc.code == OUT_OF_RANGE:
                 raise RegistryUnavailable(f"etcd list {prefix}: {exc}; listing again") from None
@@ -95,9 +95,9 @@ async def list_pages(call: PageCall, prefix: str) -> tuple[list[KeyValue], int]:
 
 
 async def _page(call: PageCall, body: JSON, prefix: str) -> JSON:
-    """One page, tried again ``PAGE_RETRIES`` times when no endpoint answered it: a
-    page is read at a fixed revision, so a list resumes where it stopped instead of
-    starting over (a list of a prefix full of junk takes many pages)."""
+    """A page after the first, tried again ``PAGE_RETRIES`` times when no endpoint
+    answered it: it is read at a fixed revision, so a list resumes where it stopped
+    instead of starting over (a list of a prefix full of junk takes many pages)."""
     for attempt in range(PAGE_RETRIES + 1):
         try:
             return await call(body, PAGE_BYTES)

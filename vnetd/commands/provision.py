@@ -9,7 +9,7 @@ change (idempotent: ``vnetd.registry.etcd_auth``). It also stores the mesh's spe
 password is generated here and written to ``--passwords DIR/<user>`` (mode 0600,
 never printed); a file already there is used as the password instead (a run that
 failed part-way). Existing users keep their passwords. What each user may do:
-docs/security.md, "Scoped credentials"; the plan itself is ``vnetd.access``.
+docs/security.md, "Scoped credentials"; the plan itself is ``vnetd.control.access``.
 Exit status: 0 done, 2 bad input or etcd refused.
 """
 
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vnetd.access import access_plan
 from vnetd.config import add_etcd_arguments, spec_from_args
+from vnetd.control.access import access_plan
 from vnetd.errors import IdentityError, SpecError
 from vnetd.ranks import parse_ranks
 from vnetd.registry.access_base import AccessPlan, User
