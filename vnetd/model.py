@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, field
-from ipaddress import ip_address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 
 from vnetd.spec.records import DEFAULT_SITE
 
@@ -204,7 +204,29 @@ def check_endpoint(value: str) -> str:
         raise ValueError(f"{shown}: an IPv6 zone (%...) is not allowed in an endpoint")
     if addr.version == 6 and not bracketed:
         raise ValueError(f"{shown}: an IPv6 address needs brackets, as [{host}]:{port}")
+    kind = _not_an_endpoint(addr)
+    if kind:
+        # Written by anyone, it would aim every peer's handshakes at the peers' own host,
+        # a metadata service (169.254.169.254) or a group: never a peer's underlay.
+        raise ValueError(f"{shown}: a {kind} address cannot be a peer's endpoint")
     return f"[{addr}]:{int(port)}" if addr.version == 6 else f"{addr}:{int(port)}"
+
+
+def _not_an_endpoint(addr: IPv4Address | IPv6Address) -> str | None:
+    """What kind of address ``addr`` is if no peer can be reached at it, else None."""
+    if isinstance(addr, IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    for kind, test in (
+        ("unspecified", addr.is_unspecified),
+        ("loopback", addr.is_loopback),
+        ("link-local", addr.is_link_local),
+        ("multicast", addr.is_multicast),
+    ):
+        if test:
+            return kind
+    if isinstance(addr, IPv4Address) and addr == IPv4Address("255.255.255.255"):
+        return "broadcast"
+    return None
 
 
 def is_ascii_number(text: str) -> bool:

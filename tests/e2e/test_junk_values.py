@@ -48,6 +48,7 @@ async def watch_restarts(mesh: MeshLab) -> int:
     raise AssertionError("no vnetd_watch_restarts_total in /metrics")
 
 
+@pytest.mark.timeout(900)  # the writer and two lists of ~280 MiB each: minutes when loaded
 async def test_big_junk_values_and_names_leave_a_memory_limited_daemon_alive_and_small() -> None:
     unavailable = why_unavailable()
     if unavailable:

@@ -87,6 +87,36 @@ GARBAGE = [
     ),  # not rank 1
 ]
 
+# Endpoints no peer can be reached at (checked by decode_member, one rank each time).
+UNREACHABLE_ENDPOINTS = [
+    pytest.param("7", record(7, endpoint="127.0.0.1:51820"), "loopback", id="endpoint-loopback"),
+    pytest.param(
+        "7", record(7, endpoint="169.254.169.254:80"), "link-local", id="endpoint-metadata-service"
+    ),
+    pytest.param("7", record(7, endpoint="[fe80::1]:51820"), "link-local", id="endpoint-fe80"),
+    pytest.param("7", record(7, endpoint="224.0.0.1:51820"), "multicast", id="endpoint-multicast"),
+    pytest.param("7", record(7, endpoint="[ff02::1]:51820"), "multicast", id="endpoint-ff02"),
+    pytest.param("7", record(7, endpoint="0.0.0.0:51820"), "unspecified", id="endpoint-any"),
+    pytest.param(
+        "7", record(7, endpoint="[::ffff:127.0.0.1]:51820"), "loopback", id="endpoint-mapped-lo"
+    ),
+    pytest.param(
+        "7", record(7, endpoint="255.255.255.255:51820"), "broadcast", id="endpoint-broadcast"
+    ),
+    pytest.param(
+        "7",
+        record(7, endpoint="10.250.0.3:51820"),
+        "inside the overlay network",
+        id="endpoint-inside-the-overlay",
+    ),  # fmt: skip
+    pytest.param(
+        "7",
+        record(7, public_endpoint="127.0.0.1:51820"),
+        "field public_endpoint: .*loopback",
+        id="public-endpoint-loopback",
+    ),  # fmt: skip
+]
+
 # Entries that are rank keys of the spec: each needs its own free rank.
 LIARS = [
     pytest.param(
@@ -116,7 +146,7 @@ LIARS = [
 ]
 
 
-@pytest.mark.parametrize(("suffix", "value", "message"), GARBAGE + LIARS)
+@pytest.mark.parametrize(("suffix", "value", "message"), GARBAGE + LIARS + UNREACHABLE_ENDPOINTS)
 def test_each_kind_of_garbage_is_a_bad_entry_naming_the_field(suffix, value, message):
     with pytest.raises(BadEntry, match=message) as raised:
         decode_member(SPEC, PREFIX + suffix, value)
@@ -142,7 +172,9 @@ def test_message_about_a_bad_key_is_one_short_line(suffix):
 def test_endpoint_with_a_zone_is_refused_also_as_a_flag():
     with pytest.raises(ValueError, match="IPv6 zone"):
         check_endpoint("[fe80::1%eth0]:51820")
-    assert check_endpoint("[fe80::1]:51820") == "[fe80::1]:51820"
+    with pytest.raises(ValueError, match="link-local"):  # no zone: still no peer's underlay
+        check_endpoint("[fe80::1]:51820")
+    assert check_endpoint("[fd00::1]:51820") == "[fd00::1]:51820"
 
 
 async def wait_for(condition, timeout: float = 30) -> None:

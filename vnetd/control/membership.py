@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from ipaddress import ip_address
 
 from vnetd.errors import RegistryError, SpecError, SpecMismatch, VnetdError
 from vnetd.model import Member, check_endpoint, check_public_key, is_ascii_number
@@ -120,13 +121,13 @@ def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
     return Member(
         rank=rank,
         public_key=_public_key(key, record.get("public_key")),
-        endpoint=_endpoint(key, record.get("endpoint")),
+        endpoint=_endpoint(key, record.get("endpoint"), spec=spec),
         instance=_text(key, "instance", record.get("instance"), required=True),
         started=_number(key, "started", record.get("started", 0.0)),
         version=_text(key, "version", record.get("version", ""), required=False),
         device_id=_device_id(key, record.get("device_id", "")),
         site=_site(key, record.get("site", DEFAULT_SITE)),
-        public_endpoint=_endpoint(key, record.get("public_endpoint"), "public_endpoint"),
+        public_endpoint=_endpoint(key, record.get("public_endpoint"), "public_endpoint", spec=spec),
     )
 
 
@@ -154,12 +155,20 @@ def _validated(key: str, prefix: str, value: str, check: Callable[[str], str]) -
         raise BadEntry(f"{key}: {prefix}{exc}") from None
 
 
-def _endpoint(key: str, value: object, field: str = "endpoint") -> str | None:
+def _endpoint(key: str, value: object, field: str = "endpoint", *, spec: MeshSpec) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise BadEntry(f"{key}: field {field} is not a string")
-    return _validated(key, f"field {field}: ", value, check_endpoint)
+    endpoint = _validated(key, f"field {field}: ", value, check_endpoint)
+    host = ip_address(endpoint.rpartition(":")[0].strip("[]"))
+    for network in spec.networks:
+        if host.version == network.version and host in network:
+            raise BadEntry(
+                f"{key}: field {field}: {endpoint} is inside the overlay network {network}; "
+                "an endpoint is an underlay address"
+            )
+    return endpoint
 
 
 def _text(key: str, field: str, value: object, *, required: bool) -> str:
