@@ -71,6 +71,14 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         help="a Prometheus Operator PodMonitor and PrometheusRule with the documented alerts",
     )
     _add_config_and_output(monitoring)
+    monitoring.add_argument(
+        "--expected-ranks",
+        type=int,
+        metavar="N",
+        help="how many ranks VnetdRankMissing expects registered, e.g. the DaemonSet's "
+        "desired number of nodes when fewer nodes than mesh.size carry its label "
+        "(default mesh.size)",
+    )
     monitoring.set_defaults(run=run_monitoring)
 
 
@@ -102,7 +110,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
 
 
 def run_monitoring(args: argparse.Namespace) -> int:
-    _write(render_monitoring(load_spec(args.config)), args.output)
+    _write(render_monitoring(load_spec(args.config), args.expected_ranks), args.output)
     return 0
 
 

@@ -45,6 +45,7 @@ from vnetd.render.flux import FluxOptions, render_flux
 from vnetd.render.manifests import (
     DEFAULT_IMAGE,
     check_image,
+    disruption_budget,
     http_port,
     job_name,
     labels,
@@ -188,7 +189,9 @@ def render_minicluster(
             ],
         },
     }
-    objects = [config_map, minicluster, _disruption_budget(spec, name)]
+    budget = disruption_budget(spec, name, pod_labels(spec))
+    budget["metadata"]["labels"] = labels(spec, "minicluster")
+    objects = [config_map, minicluster, budget]
     if options.mesh_policy:
         objects.append(_mesh_policy(spec))
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
@@ -254,17 +257,6 @@ def _etcd_tls_volume(directory: str | None) -> Obj:
         return {}
     volume = {"secretName": ETCD_CLIENT_SECRET, "path": directory, "readOnly": True}
     return {ETCD_CLIENT_SECRET: volume}
-
-
-def _disruption_budget(spec: MeshSpec, name: str) -> Obj:
-    """Every rank stays while it runs: an eviction (a drain) would end the instance.
-    A Job's pods have no scale subresource, so only an integer ``minAvailable`` works."""
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": name, "labels": labels(spec, "minicluster")},
-        "spec": {"minAvailable": spec.size, "selector": {"matchLabels": pod_labels(spec)}},
-    }
 
 
 def _mesh_policy(spec: MeshSpec) -> Obj:
