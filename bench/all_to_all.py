@@ -52,7 +52,7 @@ from common import (
 )
 from traces import add_trace_option, keep_traces, start_tracing
 
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 from vnetd.lab.probe import parse_events
 
 PROBE_DURATION = 600.0

@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from vnetd.lab.cluster import MeshLab, write_spec
-from vnetd.lab.lab import NETNS_PREFIX, Lab, LabProcess
+from vnetd.lab.open_lab import NETNS_PREFIX, Lab, LabProcess
 from vnetd.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -77,8 +77,8 @@ from register import random_public_key
 from traces import add_trace_option, keep_traces, start_tracing
 
 from vnetd.lab.cluster import write_spec
-from vnetd.lab.lab import Lab, open_lab
 from vnetd.lab.netns import child_pid
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.spec import load_spec
 
 SETTLE = 2.0

@@ -65,7 +65,7 @@ from common import (
     write_result,
 )
 
-from vnetd.lab.lab import Lab, LabProcess, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, open_lab
 
 NAME = "launcher"
 TITLE = "The launcher of today, side by side"

@@ -33,7 +33,7 @@ import yaml
 from kube_pods import KubePod, by_kind, shim_directory, start_pod
 from test_k8s_entrypoints import PATH, start_tls_etcd, wait_exit
 
-from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.render.minicluster import OPERATOR_MARKER, MiniClusterOptions, render_minicluster
 from vnetd.spec import load_spec
 

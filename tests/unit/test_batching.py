@@ -20,15 +20,15 @@ import trio
 import trio.testing
 
 from vnetd.control.membership import encode_member, member_key
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.storm import FULL_BATCH, PAUSE_MAX, PAUSE_MAX_LARGE, PAUSE_MIN, StormGauge
 from vnetd.control.watcher import MemberView, sync_members
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import RegistryUnavailable
 from vnetd.model import Member
-from vnetd.reconciler import Reconciler
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
 
 SIZE = 1024

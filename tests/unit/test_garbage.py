@@ -24,14 +24,14 @@ from vnetd.control.membership import (
     encode_member,
     member_key,
 )
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Member
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 10, "network": "10.250.0.0/16"}})

@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member, Plan
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.spec import parse_spec
 

@@ -16,10 +16,11 @@ from test_daemon import Cluster
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
-from vnetd.initiator import (
+from vnetd.mesh.initiator import (
     EARLY_CHECK,
     FALLBACK_AFTER,
     IDLE_KEEPALIVE,
@@ -29,7 +30,6 @@ from vnetd.initiator import (
     PairRule,
 )
 from vnetd.model import DevicePeer, Member, Peer, Plan
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import WatchEvent
 from vnetd.spec import parse_spec
 

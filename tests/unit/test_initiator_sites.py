@@ -19,12 +19,12 @@ import trio.testing
 from test_daemon import Cluster
 
 from vnetd.control.watcher import MemberView
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.initiator import PairRule
-from vnetd.mesh import desired_peers
+from vnetd.mesh.initiator import PairRule
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member, Peer
-from vnetd.reconciler import Reconciler
 from vnetd.spec import SiteSpec, parse_spec
 
 MESH = {"name": "m", "size": 10, "network": "10.250.0.0/16"}

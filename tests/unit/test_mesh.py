@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from vnetd.mesh import desired_peers, diff, written_after
+from vnetd.mesh.peers import desired_peers, diff, written_after
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate
 from vnetd.spec import parse_spec
 

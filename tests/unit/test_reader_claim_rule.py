@@ -18,7 +18,7 @@ import pytest
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.spec import parse_spec

@@ -23,15 +23,15 @@ import trio.testing
 from vnetd.config import Settings
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.daemon import run_daemon
+from vnetd.daemon.reconciler import Reconciler
+from vnetd.daemon.root import run_daemon
+from vnetd.daemon.running import Running
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Member, Plan
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.running import Running
 from vnetd.spec import MeshSpec, load_spec, parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})

@@ -19,10 +19,10 @@ from test_daemon import Cluster
 
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.membership import encode_member, member_key, members_prefix, spec_key
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
 
 TTL = 6  # test_daemon's spec

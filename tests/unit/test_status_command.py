@@ -17,9 +17,9 @@ from rich.console import Console
 
 from vnetd.cli import main
 from vnetd.control.membership import encode_member, member_key, read_members
-from vnetd.dataplane.local import LocalDevice, read_local_device
+from vnetd.dataplane.device_reader import LocalDevice, read_local_device
 from vnetd.errors import DataplaneError, RegistryUnavailable
-from vnetd.identity import public_key_of
+from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry

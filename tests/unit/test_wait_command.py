@@ -591,9 +591,9 @@ def test_cli_usage_errors(config, capsys, args, message):
 
 
 async def test_a_member_held_after_a_registry_reset_does_not_count():
+    from vnetd.control.retry import RegistryHealth
     from vnetd.control.watcher import MemberView
     from vnetd.registry.base import KeyValue
-    from vnetd.retry import RegistryHealth
     from vnetd.spec import parse_spec
     from vnetd.wait.run import _Waiter
 

@@ -9,8 +9,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 from vnetd.control.membership import encode_member, member_key
-from vnetd.identity import KeyPair, public_key_of
-from vnetd.model import Member
+from vnetd.keys import public_key_of
+from vnetd.model import KeyPair, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, parse_spec

@@ -1,7 +1,7 @@
 """``vnetd up``: run the daemon for one rank until SIGTERM, SIGINT or ``--exit-on-file``.
 
 The parser and the one call into ``vnetd.config`` that turns the flags into
-``Settings``; the daemon itself (``vnetd.daemon``) is imported when the
+``Settings``; the daemon itself (``vnetd.daemon.root``) is imported when the
 command runs, so building the CLI imports no trio.
 """
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     """Resolve the settings, then run the daemon until a signal or the exit file; returns 0."""
     import trio
 
-    from vnetd.daemon import run_until_signal
+    from vnetd.daemon.root import run_until_signal
 
     settings = settings_from_args(Settings, args, os.environ)
     trio.run(run_until_signal, settings, dict(os.environ))
