@@ -74,8 +74,10 @@ def job_script(minicluster: Obj) -> str:
 {flux["commands"]["pre"]}
 for address in {addresses}; do
   tries=0
+  # An absent rank fails at once ("No route to host"): retry every 0.5 s, 60 s in all.
   until ping -c1 -W1 "$address" >/dev/null; do
-    tries=$((tries + 1)); [ "$tries" -lt 60 ] || {{ echo "no answer from $address"; exit 1; }}
+    tries=$((tries + 1)); [ "$tries" -lt 120 ] || {{ echo "no answer from $address"; exit 1; }}
+    sleep 0.5
   done
 done
 echo "job ran on $(hostname): every rank answers"
