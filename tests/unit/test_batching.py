@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from ipaddress import ip_interface, ip_network
 
-import pytest
 import trio
 import trio.testing
+from shared import wide_key as key
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.retry import RegistryHealth
@@ -38,15 +38,6 @@ CONFIG = DeviceConfig(
     "vnet0", base64.b64encode(b"\xff" * 32).decode(), 51820,
     ip_interface("10.64.3.255/16"), ip_network("10.64.0.0/16"), 1420,
 )  # fmt: skip
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(rank.to_bytes(2, "big") * 16).decode()
 
 
 def member(rank: int) -> Member:

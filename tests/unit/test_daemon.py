@@ -34,11 +34,6 @@ lease_ttl = 6
 """
 
 
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
 class Cluster:
     """Daemons for several ranks sharing one MemoryRegistry."""
 

@@ -16,6 +16,7 @@ from ipaddress import ip_interface
 import pytest
 import trio
 import trio.testing
+from shared import key as public_key
 
 from vnetd.control.membership import (
     BadEntry,
@@ -36,15 +37,6 @@ from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 10, "network": "10.250.0.0/16"}})
 PREFIX = "/vnetd/m/members/"
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-def public_key(n: int) -> str:
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
 
 
 def member(rank: int, key: int | None = None) -> Member:

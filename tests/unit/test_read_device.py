@@ -23,6 +23,7 @@ import pytest
 import trio
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic.wireguard import AsyncWireGuard, wgmsg
+from shared import key
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.dataplane.device_reader import LocalDevice, read_device
@@ -54,10 +55,6 @@ hostname = "unit-{rank}"
 [registry]
 endpoints = ["http://127.0.0.1:1"]
 """
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(bytes([rank + 1]) * 32).decode()
 
 
 PEERS = (

@@ -21,11 +21,6 @@ from vnetd.errors import VnetdError
 HOST_KEY = base64.b64encode(b"h" * 32).decode()
 
 
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
 def args(tmp_path, *extra: str):
     return build_parser().parse_args(["register", "--config", str(tmp_path / "mesh.toml"), *extra])
 

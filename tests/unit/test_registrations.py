@@ -18,6 +18,7 @@ from ipaddress import ip_interface
 import pytest
 import trio
 import trio.testing
+from shared import key
 from test_daemon import Cluster
 
 from vnetd.control.membership import encode_member, member_key
@@ -35,15 +36,6 @@ from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 8, "network": "10.250.0.0/16"}})
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
 
 
 def member(rank: int, key_of: int | None = None) -> Member:

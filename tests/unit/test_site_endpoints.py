@@ -3,11 +3,11 @@ member record's optional ``site`` and ``public_endpoint`` (docs/architecture.md,
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import replace
 
 import pytest
+from shared import byte_key as key
 
 from vnetd.config import resolve_public_endpoint, resolve_site
 from vnetd.control.membership import BadEntry, decode_member, encode_member, member_key
@@ -22,10 +22,6 @@ from vnetd.spec import SiteSpec, parse_spec
 
 MESH = {"name": "m", "size": 8, "network": "10.250.0.0/16"}
 SPEC = parse_spec({"mesh": MESH})
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n]) * 32).decode()
 
 
 def member(rank: int, site: str = "default", public: str | None = None) -> Member:
