@@ -33,6 +33,7 @@ from vnetd.dataplane.link import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import (
     load_or_create_key,
+    load_or_create_signer,
     load_preshared_key,
     resolve_endpoint,
     resolve_instance,
@@ -47,18 +48,23 @@ from vnetd.retry import RegistryHealth, retry_registry
 from vnetd.spec import DEFAULT_SITE, MeshSpec, SiteSpec
 
 if TYPE_CHECKING:  # imported when used: see the module doc
+    from vnetd.control.proof import Signer
     from vnetd.observe.endpoints import DaemonEndpoints
     from vnetd.running import Running
 
 log = logging.getLogger("vnetd.daemon")
 
 
-def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
-    """Resolve identity and device config; every failure is a ``VnetdError``."""
+def prepare(
+    settings: Settings, env: Mapping[str, str]
+) -> tuple[MeshSpec, Member, DeviceConfig, Signer]:
+    """Resolve identity, device config and the record signer; every failure is a
+    ``VnetdError``."""
     spec = settings.spec
     rank = resolve_rank(spec, settings.rank, env, socket.gethostname())
     set_rank(rank)
     keys = load_or_create_key(settings.state_dir)
+    signer = load_or_create_signer(settings.state_dir)
     needs_route = not settings.endpoint and not env.get("POD_IP")
     endpoint = resolve_endpoint(
         spec, settings.endpoint, env, default_route_address() if needs_route else None
@@ -77,6 +83,7 @@ def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Membe
         version=__version__,
         site=site,
         public_endpoint=public_endpoint,
+        signing_key=signer.public_key,
     )
     config = DeviceConfig(
         interface=spec.interface,
@@ -90,7 +97,7 @@ def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Membe
         address6=spec.interface_address6(rank),
         network6=spec.network6,
     )
-    return spec, me, config
+    return spec, me, config, signer
 
 
 def _preshared_key(settings: Settings, env: Mapping[str, str]) -> str | None:
@@ -129,7 +136,7 @@ async def run_daemon(
     if wants_auto_rank(settings.rank, env):
         rank = await _auto_rank(settings, env, open_registry)
         settings = replace(settings, rank=str(rank))
-    spec, me, config = await trio.to_thread.run_sync(prepare, settings, env)
+    spec, me, config, signer = await trio.to_thread.run_sync(prepare, settings, env)
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
         me.rank,
@@ -157,7 +164,7 @@ async def run_daemon(
                 started = Started(task_status, endpoints)
                 on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
                 async with open_registry(spec.registry) as registry:
-                    await serve(spec, me, registry, dataplane, settings, on_pass, started)
+                    await serve(spec, me, registry, dataplane, settings, on_pass, started, signer)
             nursery.cancel_scope.cancel()
 
 

@@ -7,7 +7,9 @@ address of the interface holding the default route. Site and public endpoint
 (docs/architecture.md, "Sites"): ``config.resolve_site``;
 ``--public-endpoint``, ``VNETD_PUBLIC_ENDPOINT``, ``[site] public_endpoint``.
 The private key is X25519, generated once into the state dir (0600 in a
-0700 directory) and reused; it is never logged or registered.
+0700 directory) and reused; it is never logged or registered. Beside it, an
+Ed25519 signing key (``signing.key``, same rules) signs the member records
+(``control.proof``; docs/architecture.md, "Registry layout").
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from vnetd.control.membership import check_endpoint
+from vnetd.control.proof import Signer
 from vnetd.errors import IdentityError
 from vnetd.spec import MeshSpec
 
 KEY_FILE = "private.key"
+SIGNING_KEY_FILE = "signing.key"
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,46 @@ def load_or_create_key(state_dir: Path) -> KeyPair:
     except OSError as exc:
         raise IdentityError(f"{path}: cannot write the key: {exc.strerror}") from None
     return KeyPair(encoded, public_key_of(encoded))
+
+
+def load_or_create_signer(state_dir: Path) -> Signer:
+    """The record signing key in ``state_dir`` (``signing.key``), generated on first use.
+
+    Raises:
+        IdentityError: the directory or key file is unusable.
+    """
+    path = state_dir / SIGNING_KEY_FILE
+    if path.exists():
+        text = _private_text(path, "signing key")
+        try:
+            return Signer.from_private_bytes(base64.b64decode(text, validate=True))
+        except ValueError:
+            raise IdentityError(f"{path}: not a base64 Ed25519 private key") from None
+    signer = Signer.generate()
+    _write_private(path, base64.b64encode(signer.private_bytes()).decode(), "signing key")
+    return signer
+
+
+def _write_private(path: Path, encoded: str, what: str) -> None:
+    """Write a private key file (0600), replacing it atomically."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(encoded + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise IdentityError(f"{path}: cannot write the {what}: {exc.strerror}") from None
+
+
+def _private_text(path: Path, what: str) -> str:
+    """A private key file's text; refused when others may read it."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise IdentityError(
+            f"{path}: mode {mode:04o} lets others read the {what}; run chmod 600 {path}"
+        )
+    return path.read_text().strip()
 
 
 def _read_key(path: Path) -> KeyPair:

@@ -19,6 +19,7 @@ from typing import NoReturn
 
 import trio
 
+from vnetd.control.holders import KeyBindings, may_rewrite
 from vnetd.control.membership import BadEntry, decode_member, members_prefix, rank_of_key
 from vnetd.control.storm import StormGauge
 from vnetd.errors import RegistryUnavailable, WatchCompacted
@@ -55,12 +56,23 @@ class MemberView:
     one. Members held after a reset keep their order among themselves and come
     before every entry of the new store, whose revisions start again low: they
     were registered first (their revisions are shifted below zero).
+
+    ``leases`` maps each member's rank to the lease its entry is bound to (0:
+    none). ``bindings`` holds which signing key each public key belongs to; an
+    entry carrying a key bound to another signing key is refused, and its rank
+    and key noted in ``bindings.copies`` (``control.holders``).
+    ``overwritten`` maps a rank to the mod revision of the last rewrite of its
+    entry that was refused: the holder writes its record back.
     """
 
     def __init__(self) -> None:
         self.members: dict[int, Member] = {}
         self.held: dict[int, float] = {}
         self.created: dict[int, int] = {}
+        self.leases: dict[int, int] = {}
+        self.bindings = KeyBindings()
+        self.overwritten: dict[int, int] = {}
+        self._grace = 0.0
         self.revision = 0
         """The highest store revision seen: of the last list, or of an event since."""
         self.bad_entries: dict[str, str] = {}
@@ -68,6 +80,8 @@ class MemberView:
         self.refused: dict[int, int] = {}
         """Rank -> create revision of an entry whose rewrite was refused (logged once)."""
         self.refused_total = 0
+        self.copies_refused = 0
+        """Entries refused as copies of a public key bound to another signing key."""
         self._bad_window_start = -math.inf
         self._bad_named = 0
         self._bad_unnamed = 0
@@ -97,15 +111,31 @@ class MemberView:
         reset (``hold_until`` is given: it is held until then) or still within
         the grace of an earlier one (its deadline is after ``now``).
         """
+        self._grace = RESET_GRACE_TTLS * spec.registry.lease_ttl
         members: dict[int, Member] = {}
         created: dict[int, int] = {}
+        leases: dict[int, int] = {}
         bad: dict[str, str] = {}
+        listed: list[tuple[KeyValue, Member]] = []
         for kv in kvs:
-            member = self._decode(spec, kv.key, kv.value, bad)
-            member = self._accepted(spec, kv.key, member, kv.create_revision)
+            member = self._decode(spec, kv.key, kv.value, bad, kv.lease)
+            member = self._accepted(
+                spec, kv.key, member, kv.create_revision, kv.lease, kv.mod_revision
+            )
             if member is not None:
-                members[member.rank] = member
-                created[member.rank] = kv.create_revision
+                listed.append((kv, member))
+        # Signed registrations first, each kind in create order: a signed member's key
+        # is bound before an unsigned copy of it is looked at.
+        listed.sort(key=lambda item: (not item[1].signing_key, item[0].create_revision))
+        self.bindings.copies.clear()
+        for kv, member in listed:
+            kept = member is self.members.get(member.rank)  # a refused rewrite: the old one
+            if not kept and self._refused_copy(member, kv.create_revision):
+                continue
+            self.bindings.bind(member)
+            members[member.rank] = member
+            created[member.rank] = kv.create_revision
+            leases[member.rank] = self.leases.get(member.rank, 0) if kept else kv.lease
         held: dict[int, float] = {}
         shift = self.revision + 1 if hold_until is not None else 0  # below the new store's
         for rank, member in self.members.items():
@@ -113,11 +143,14 @@ class MemberView:
             if rank not in members and until is not None and until > now:
                 members[rank] = member
                 created[rank] = self.created.get(rank, 0) - shift
+                leases[rank] = self.leases.get(rank, 0)
                 held[rank] = until
         for rank in sorted(set(self.held) - set(held) - set(members)):
             log.warning("rank %d did not register again after the registry reset; dropped", rank)
         self.members = dict(sorted(members.items()))
         self.created = created
+        self.leases = leases
+        self.bindings.recount(self.members.values(), self._grace)
         self.held = held
         self.revision = revision
         self.bad_entries = bad
@@ -168,61 +201,96 @@ class MemberView:
         if rank is not None:
             self.held.pop(rank, None)
         if event.kind == "delete":
+            if rank is not None:
+                self.bindings.copies.pop(rank, None)
             self._drop(rank)
             return
-        decoded = self._decode(spec, event.key, event.value, self.bad_entries)
-        member = self._accepted(spec, event.key, decoded, event.create_revision)
+        self._grace = RESET_GRACE_TTLS * spec.registry.lease_ttl
+        decoded = self._decode(spec, event.key, event.value, self.bad_entries, event.lease)
+        old = self.members.get(rank) if rank is not None else None
+        member = self._accepted(
+            spec, event.key, decoded, event.create_revision, event.lease, event.mod_revision
+        )
+        if member is not None and member is not old:
+            if self._refused_copy(member, event.create_revision):
+                member = None
+            elif rank is not None:
+                self.bindings.copies.pop(rank, None)
         if member is None:
             self._drop(rank)
-        elif (
-            self.members.get(member.rank) != member
-            or self.created.get(member.rank) != event.create_revision
-        ):
+        elif member is not old:
+            changed = old != member or self.created.get(member.rank) != event.create_revision
+            if old is not None:
+                self.bindings.remove(old, self._grace)
+            self.bindings.add(member)
             self.members[member.rank] = member
             self.created[member.rank] = event.create_revision
-            self._batch.add(member.rank)
+            self.leases[member.rank] = event.lease
+            if changed:
+                self._batch.add(member.rank)
 
     def _accepted(
-        self, spec: MeshSpec, key: str, member: Member | None, create_revision: int
+        self,
+        spec: MeshSpec,
+        key: str,
+        member: Member | None,
+        create_revision: int,
+        lease: int,
+        mod_revision: int,
     ) -> Member | None:
         """``member`` as written at ``key``, or the member we had there if the write
-        breaks the claim rules (another instance, or junk, in an entry never deleted)."""
+        breaks the claim rules (``may_rewrite``) in an entry never deleted."""
         rank = rank_of_key(spec, key)
         if rank is None or rank in self.held:
             return member
         old = self.members.get(rank)
         if old is None or self.created.get(rank) != create_revision or create_revision == 0:
             return member
-        if member is not None and member.rank == rank and member.instance == old.instance:
+        if member is not None and may_rewrite(old, self.leases.get(rank, 0), member, lease):
             return member
+        self.overwritten[rank] = mod_revision
         if self.refused.get(rank) != create_revision:
             self.refused[rank] = create_revision
             self.refused_total += 1
             log.warning(
-                "refusing a rewrite of rank %d's entry by %s: it is held by %s and was not "
+                "refusing a rewrite of rank %d's entry by %s: it is held by %s%s and was not "
                 "deleted in between (create revision %d); keeping %s's member",
                 rank,
                 member.instance if member is not None else "an unreadable record",
                 old.instance,
+                " (signed; the rewrite is not signed by its key)" if old.signing_key else "",
                 create_revision,
                 old.instance,
             )
         return old
 
+    def _refused_copy(self, member: Member, create_revision: int) -> bool:
+        """True (logged once per entry, counted) when ``member`` carries a public key
+        bound to another signing key."""
+        refused, first = self.bindings.refuse_copy(member, create_revision, self.members)
+        self.refused_total += first
+        self.copies_refused += first
+        return refused
+
     def _drop(self, rank: int | None) -> None:
         if rank is None:
             return
         self.created.pop(rank, None)
-        if self.members.pop(rank, None) is not None:
+        self.leases.pop(rank, None)
+        old = self.members.pop(rank, None)
+        if old is not None:
+            self.bindings.remove(old, self._grace)
             self._batch.add(rank)
 
     def held_until(self) -> float:
         """When the next held member's grace ends (``inf`` when none is held)."""
         return min(self.held.values(), default=math.inf)
 
-    def _decode(self, spec: MeshSpec, key: str, value: bytes, bad: dict[str, str]) -> Member | None:
+    def _decode(
+        self, spec: MeshSpec, key: str, value: bytes, bad: dict[str, str], lease: int
+    ) -> Member | None:
         try:
-            return decode_member(spec, key, value)
+            return decode_member(spec, key, value, lease)
         except BadEntry as exc:
             if key not in self.bad_entries:
                 self.bad_total += 1
