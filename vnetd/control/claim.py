@@ -348,7 +348,7 @@ class ClaimHolder:
             return f"rank {me.rank}'s entry is held by {holder}"
         self._written = me
         self.record_updates += 1
-        if result.replaced and overwritten > self._restored:
+        if overwritten > self._restored:
             self.restores += 1
             if self.restores == 1 or self.restores % 100 == 0:
                 log.warning(
@@ -376,12 +376,15 @@ class ClaimHolder:
 
     def _entry_gone(self) -> bool:
         """True when the synced view shows our entry missing (deleted by hand, or
-        the registry lost it while our lease lived on) or only held after a reset."""
+        the registry lost it while our lease lived on), only held after a reset, or
+        replaced by a record not signed by us."""
         if self.view is None or not self.view.synced or self.health.reachable is False:
             return False
         current = self.view.members.get(self.me.rank)
         held = self.me.rank in self.view.held
-        return held or current is None or current.public_key != self.me.public_key
+        if held or current is None or current.public_key != self.me.public_key:
+            return True
+        return current.signing_key != self.me.signing_key  # a record of someone else's
 
 
 def _why_held(holder: Member | None, me: Member) -> str:

@@ -6,7 +6,8 @@ anyone who can write the registry can put a copy of a member's key under a
 free rank. The first *signed* registration of a key binds it to its signing
 key; while a member carries the key, and for a grace period after the last
 one left (its daemon is claiming again), an entry carrying that key unsigned
-or under another signing key is refused. The why, and what this cannot stop:
+or under another signing key is a copy, ordered after every registration (the
+key's peer stays its holder's). The why, and what this cannot stop:
 docs/architecture.md, "Registry layout".
 """
 
@@ -66,7 +67,7 @@ class KeyBindings:
     def refuse_copy(
         self, member: Member, create_revision: int, members: Mapping[int, Member]
     ) -> tuple[bool, bool]:
-        """(refused, first time for this entry): refused when ``member`` carries a key
+        """(a copy, first time for this entry): a copy when ``member`` carries a key
         bound to another signing key; noted in ``copies`` and logged once per entry."""
         bound = self.refuses(member)
         if bound is None:
@@ -78,8 +79,8 @@ class KeyBindings:
         self._logged[rank] = create_revision
         holders = [r for r, m in members.items() if m.public_key == member.public_key]
         log.warning(
-            "refusing rank %d's entry (%s): its public key %s was registered first under "
-            "signing key %s%s, and this entry is %s",
+            "rank %d's entry (%s) copies a public key: %s was registered first under "
+            "signing key %s%s, and this entry is %s; it ranks after that holder",
             rank,
             member.instance,
             member.public_key[:12],

@@ -38,6 +38,9 @@ BAD_ENTRIES_REMEMBERED = 1000
 BAD_ENTRIES_NAMED = 20
 """Bad entries logged by name per ``BAD_LOG_WINDOW``; the rest go into one summary line."""
 BAD_LOG_WINDOW = 60.0
+COPY_ORDER = 1 << 62
+"""Added to the create revision of a copy of a bound public key: it orders after
+every registration (``mesh.desired_peers`` gives a key to its earliest)."""
 CHANGES_KEPT = 4096
 """Changed ranks remembered for ``MemberView.changed_since``; a reader further behind
 gets "everything"."""
@@ -59,8 +62,9 @@ class MemberView:
 
     ``leases`` maps each member's rank to the lease its entry is bound to (0:
     none). ``bindings`` holds which signing key each public key belongs to; an
-    entry carrying a key bound to another signing key is refused, and its rank
-    and key noted in ``bindings.copies`` (``control.holders``).
+    entry carrying a key bound to another signing key is a copy: its rank is
+    ordered after every registration in ``created`` (so the key's holder keeps
+    its peer) and noted in ``bindings.copies`` (``control.holders``).
     ``overwritten`` maps a rank to the mod revision of the last rewrite of its
     entry that was refused: the holder writes its record back.
     """
@@ -80,8 +84,6 @@ class MemberView:
         self.refused: dict[int, int] = {}
         """Rank -> create revision of an entry whose rewrite was refused (logged once)."""
         self.refused_total = 0
-        self.copies_refused = 0
-        """Entries refused as copies of a public key bound to another signing key."""
         self._bad_window_start = -math.inf
         self._bad_named = 0
         self._bad_unnamed = 0
@@ -127,15 +129,20 @@ class MemberView:
         # Signed registrations first, each kind in create order: a signed member's key
         # is bound before an unsigned copy of it is looked at.
         listed.sort(key=lambda item: (not item[1].signing_key, item[0].create_revision))
+        kept_copies = dict(self.bindings.copies)
         self.bindings.copies.clear()
         for kv, member in listed:
-            kept = member is self.members.get(member.rank)  # a refused rewrite: the old one
-            if not kept and self._refused_copy(member, kv.create_revision):
-                continue
+            rank = member.rank
+            if member is self.members.get(rank):  # a refused rewrite: the old one stays
+                created[rank] = self.created.get(rank, kv.create_revision)
+                leases[rank] = self.leases.get(rank, 0)
+                if rank in kept_copies:
+                    self.bindings.copies[rank] = kept_copies[rank]
+            else:
+                created[rank] = self._ordered(member, kv.create_revision)
+                leases[rank] = kv.lease
             self.bindings.bind(member)
-            members[member.rank] = member
-            created[member.rank] = kv.create_revision
-            leases[member.rank] = self.leases.get(member.rank, 0) if kept else kv.lease
+            members[rank] = member
         held: dict[int, float] = {}
         shift = self.revision + 1 if hold_until is not None else 0  # below the new store's
         for rank, member in self.members.items():
@@ -211,20 +218,18 @@ class MemberView:
         member = self._accepted(
             spec, event.key, decoded, event.create_revision, event.lease, event.mod_revision
         )
-        if member is not None and member is not old:
-            if self._refused_copy(member, event.create_revision):
-                member = None
-            elif rank is not None:
-                self.bindings.copies.pop(rank, None)
         if member is None:
             self._drop(rank)
         elif member is not old:
-            changed = old != member or self.created.get(member.rank) != event.create_revision
+            if rank is not None:
+                self.bindings.copies.pop(rank, None)
+            order = self._ordered(member, event.create_revision)
+            changed = old != member or self.created.get(member.rank) != order
             if old is not None:
                 self.bindings.remove(old, self._grace)
             self.bindings.add(member)
             self.members[member.rank] = member
-            self.created[member.rank] = event.create_revision
+            self.created[member.rank] = order
             self.leases[member.rank] = event.lease
             if changed:
                 self._batch.add(member.rank)
@@ -264,13 +269,13 @@ class MemberView:
             )
         return old
 
-    def _refused_copy(self, member: Member, create_revision: int) -> bool:
-        """True (logged once per entry, counted) when ``member`` carries a public key
-        bound to another signing key."""
-        refused, first = self.bindings.refuse_copy(member, create_revision, self.members)
+    def _ordered(self, member: Member, create_revision: int) -> int:
+        """The registration order of ``member``: its create revision, or, when it carries a
+        public key bound to another signing key (a copy: logged once, counted), after
+        every registration, so the key's signed holder keeps its peer."""
+        copy, first = self.bindings.refuse_copy(member, create_revision, self.members)
         self.refused_total += first
-        self.copies_refused += first
-        return refused
+        return create_revision + COPY_ORDER if copy else create_revision
 
     def _drop(self, rank: int | None) -> None:
         if rank is None:

@@ -122,8 +122,8 @@ class DaemonEndpoints:
             reconcile_runs=r.reconciler.stats.runs,
             reconcile_failures=r.reconciler.stats.failures,
             # Invalid entries, and valid ones left out (a key registered earlier by another
-            # rank, or bound to another signing key).
-            bad_entries=r.view.bad_total + r.view.copies_refused + r.reconciler.stats.skipped,
+            # rank, or by the signing key it is bound to).
+            bad_entries=r.view.bad_total + r.reconciler.stats.skipped,
             watch_restarts=max(0, r.view.lists - 1),
             claims=r.claim.claims,
             refused_rewrites=r.view.refused_total,
