@@ -23,7 +23,7 @@ from bounds import form
 
 from vnetd.control.membership import member_key
 from vnetd.lab.cluster import MeshLab, http_get
-from vnetd.lab.lab import Lab
+from vnetd.lab.open_lab import Lab
 from vnetd.lab.pods import LabProcess
 from vnetd.lab.underlay import ETCD_IP, ETCD_PORT
 

@@ -28,12 +28,12 @@ from vnetd.control.membership import (
     try_claim,
 )
 from vnetd.control.proof import Signer
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import COPY_ORDER, MemberView
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec(

@@ -1,7 +1,8 @@
 """Proof that a member record was written by its holder: an Ed25519 signature.
 
 WireGuard's X25519 key cannot sign, so each daemon keeps an Ed25519 signing
-key beside its WireGuard key (``identity.load_or_create_signer``) and signs
+key beside its WireGuard key (``load_or_create_signer``: ``signing.key`` in
+the state dir, 0600, by the rules of ``vnetd.keys``) and signs
 every record it writes. The signature covers the registry key, the lease the
 record is written under and the record's canonical JSON, so a record copied
 to another rank or written under another lease does not verify. Readers let
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
+from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -22,6 +25,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from vnetd.errors import IdentityError
+
+SIGNING_KEY_FILE = "signing.key"
 _DOMAIN = b"vnetd member record v1\n"
 """Signed first, so a signature made for this use can serve no other."""
 
@@ -82,3 +88,36 @@ def verify(signing_key: str, proof: str, key: str, lease: int, body: bytes) -> b
     except (ValueError, binascii.Error, InvalidSignature):
         return False
     return True
+
+
+def load_or_create_signer(state_dir: Path) -> Signer:
+    """The record signing key in ``state_dir`` (made by ``keys.load_or_create_key``
+    first), generated on first use and kept across WireGuard key rotations.
+
+    Raises:
+        IdentityError: the key file is unusable (open to group or others, not a key).
+    """
+    path = state_dir / SIGNING_KEY_FILE
+    try:
+        if path.exists():
+            mode = path.stat().st_mode & 0o777
+            if mode & 0o077:
+                raise IdentityError(
+                    f"{path}: mode {mode:04o} lets others read the signing key; "
+                    f"run chmod 600 {path}"
+                )
+            try:
+                return Signer.from_private_bytes(
+                    base64.b64decode(path.read_text().strip(), validate=True)
+                )
+            except ValueError:
+                raise IdentityError(f"{path}: not a base64 Ed25519 private key") from None
+        signer = Signer.generate()
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(base64.b64encode(signer.private_bytes()).decode() + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise IdentityError(f"{path}: cannot use the signing key: {exc.strerror}") from None
+    return signer
