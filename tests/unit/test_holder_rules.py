@@ -318,3 +318,24 @@ async def test_a_holder_displaced_while_its_lease_lives_says_so(autojump_clock, 
         assert claim.state == "claimed" and claim.displaced == 1
         nursery.cancel_scope.cancel()
     assert "displaced" in caplog.text
+
+
+def test_a_relist_verifies_no_record_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vnetd.control import membership
+
+    calls: list[str] = []
+    real = membership.verify
+
+    def counting(*args: object) -> bool:
+        calls.append("verify")
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(membership, "verify", counting)
+    kvs = [KeyValue(KEY1, signed(HOLDER, HOLDER_SIGNER), 5, 5, 7)]
+    view = MemberView()
+    view.replace(SPEC, kvs, 5)
+    view.replace(SPEC, kvs, 6)
+    assert len(calls) == 1 and view.members == {1: HOLDER}
+    moved = [KeyValue(KEY1, signed(HOLDER, HOLDER_SIGNER, lease=8), 5, 9, 8)]
+    view.replace(SPEC, moved, 9)  # another lease: verified again
+    assert len(calls) == 2

@@ -108,10 +108,13 @@ def show_key(key: str) -> str:
     return shown if len(shown) <= _KEY_SHOWN else f"{shown[:_KEY_SHOWN]}..."
 
 
-def decode_member(spec: MeshSpec, key: str, value: bytes, lease: int = 0) -> Member:
+def decode_member(
+    spec: MeshSpec, key: str, value: bytes, lease: int = 0, *, proven: bool = False
+) -> Member:
     """Parse and check one ``members/<rank>`` entry, bound to ``lease`` (0: none).
 
-    A signed record's proof must verify for this key and lease.
+    A signed record's proof must verify for this key and lease; ``proven``: the
+    caller verified these very bytes at this key and lease before (a re-list).
 
     Raises:
         BadEntry: the message names the key and the field at fault, on one line.
@@ -150,17 +153,21 @@ def decode_member(spec: MeshSpec, key: str, value: bytes, lease: int = 0) -> Mem
         site=_site(key, record.get("site", DEFAULT_SITE)),
         public_endpoint=_endpoint(key, record.get("public_endpoint"), "public_endpoint"),
     )
-    signing_key = _proven_signer(key, raw_key, record, lease)
+    signing_key = _proven_signer(key, raw_key, record, lease, proven)
     return replace(member, signing_key=signing_key) if signing_key else member
 
 
-def _proven_signer(key: str, raw_key: str, record: dict[str, object], lease: int) -> str:
+def _proven_signer(
+    key: str, raw_key: str, record: dict[str, object], lease: int, proven: bool
+) -> str:
     """The record's ``signing_key`` once its ``proof`` verifies; "" for an unsigned record."""
     signing_key, proof = record.get("signing_key"), record.get("proof")
     if signing_key is None and proof is None:
         return ""
     if not isinstance(signing_key, str) or not isinstance(proof, str):
         raise BadEntry(f"{key}: fields signing_key and proof go together, as strings")
+    if proven:
+        return signing_key
     body = {field: value for field, value in record.items() if field != "proof"}
     if not verify(signing_key, proof, raw_key, lease, _canonical(body)):
         raise BadEntry(

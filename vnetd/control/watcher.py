@@ -10,6 +10,7 @@ break the claim rules. The why of each is in docs/architecture.md, "Watch",
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
 import math
 import time
@@ -77,6 +78,8 @@ class MemberView:
         self.bindings = KeyBindings()
         self.overwritten: dict[int, int] = {}
         self._grace = 0.0
+        self._proven: dict[str, tuple[int, bytes]] = {}
+        """Rank key -> (lease, digest) of the signed record last verified there."""
         self.revision = 0
         """The highest store revision seen: of the last list, or of an event since."""
         self.bad_entries: dict[str, str] = {}
@@ -208,6 +211,7 @@ class MemberView:
         if rank is not None:
             self.held.pop(rank, None)
         if event.kind == "delete":
+            self._proven.pop(event.key, None)
             if rank is not None:
                 self.bindings.copies.pop(rank, None)
             self._drop(rank)
@@ -294,15 +298,20 @@ class MemberView:
     def _decode(
         self, spec: MeshSpec, key: str, value: bytes, bad: dict[str, str], lease: int
     ) -> Member | None:
+        seen = (lease, hashlib.blake2b(value, digest_size=16).digest())
         try:
-            return decode_member(spec, key, value, lease)
+            member = decode_member(spec, key, value, lease, proven=self._proven.get(key) == seen)
         except BadEntry as exc:
+            self._proven.pop(key, None)
             if key not in self.bad_entries:
                 self.bad_total += 1
                 self._log_bad(exc)
             if key in bad or len(bad) < BAD_ENTRIES_REMEMBERED:
                 bad[key] = str(exc)
             return None
+        if member.signing_key:  # one entry per rank key: a re-list verifies nothing twice
+            self._proven[key] = seen
+        return member
 
     def _log_bad(self, exc: BadEntry) -> None:
         """Name a bad entry, at most ``BAD_ENTRIES_NAMED`` per window; summarise the rest.
