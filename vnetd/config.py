@@ -49,6 +49,7 @@ DEFAULT_STATE_DIR = Path("/var/lib/vnetd")
 DEFAULT_RESYNC_INTERVAL = 30.0
 DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 ENV_PASSWORD = "VNETD_ETCD_PASSWORD"
+ENV_EXIT_ON_FILE = "VNETD_EXIT_ON_FILE"
 
 # RegistrySpec field -> (flag, environment variable)
 _ACCESS: dict[str, tuple[str, str]] = {
@@ -92,6 +93,8 @@ class Settings:
     """``--public-endpoint``; None: VNETD_PUBLIC_ENDPOINT, then ``[site] public_endpoint``."""
     public_endpoint_file: Path | None = None
     """``--public-endpoint-file``: the public endpoint's only source, followed while running."""
+    exit_on_file: Path | None = None
+    """``--exit-on-file``; None: VNETD_EXIT_ON_FILE, else run until a signal."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,27 @@ def add_public_endpoint_file_argument(parser: argparse.ArgumentParser) -> None:
         help="read the public endpoint from FILE (empty: none) and register it again "
         "whenever it changes, e.g. when the NAT forwards another port",
     )
+
+
+def add_exit_on_file_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--exit-on-file``: end cleanly when a launcher marks its job done."""
+    parser.add_argument(
+        "--exit-on-file",
+        type=Path,
+        metavar="FILE",
+        help="exit 0, releasing the rank at once, when FILE exists, e.g. the marker a "
+        "launcher writes when its job ends (else VNETD_EXIT_ON_FILE; default: run until "
+        "SIGTERM)",
+    )
+
+
+def resolve_exit_file(flag: Path | None, env: Mapping[str, str]) -> Path | None:
+    """The file whose appearance ends the daemon: ``--exit-on-file``, then
+    ``VNETD_EXIT_ON_FILE``; None: none (run until a signal)."""
+    if flag is not None:
+        return flag
+    value = env.get(ENV_EXIT_ON_FILE, "").strip()
+    return Path(value) if value else None
 
 
 def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str:

@@ -4,7 +4,7 @@ A pod is a lab pod (its network namespace) plus a "sandbox" process whose
 mount and UTS namespaces the containers join (``Lab.start(beside=...)``):
 every volume of the template becomes a directory (ConfigMap items, Secret
 keys with ``defaultMode``, ``emptyDir`` as 0777, ``hostPath`` directories
-per node) bind-mounted at each ``mountPath`` (read-only where asked), over
+per node, the node's own under ``/dev``) bind-mounted at each ``mountPath`` (read-only where asked), over
 private overlays of ``/etc`` and ``/var/lib`` so the mount points can exist.
 Each container runs its exact ``command``/``args`` (the image's ENTRYPOINT
 when there is no ``command``) after Kubernetes' ``$(VAR)`` expansion, with
@@ -151,8 +151,8 @@ def materialize_volumes(
         target = root / "volumes" / name
         if "hostPath" in volume:
             path = volume["hostPath"]["path"]
-            if volume["hostPath"].get("type") == "CharDevice":
-                assert os.path.exists(path), path
+            if volume["hostPath"].get("type") == "CharDevice" or path.startswith("/dev/"):
+                assert os.path.exists(path), path  # the node's own device (directory)
                 sources[name] = None
                 continue
             target = root / "host" / path.lstrip("/")

@@ -84,6 +84,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.render.output": VIEWS,
     "vnetd.render.pods": VIEWS,
     "vnetd.render.podscripts": VIEWS,
+    "vnetd.render.secretfiles": VIEWS,
     "vnetd.render.site_manifests": VIEWS,
     "vnetd.render.wgquick": VIEWS,
     "vnetd.status": VIEWS,

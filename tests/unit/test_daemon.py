@@ -46,6 +46,8 @@ class Cluster:
         self.devices: dict[str, FakeDataplane] = {}
         self.running: dict[str, Running] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
+        self.returned: set[str] = set()
+        """Daemons whose ``run_daemon`` returned by itself (not cancelled)."""
 
     @asynccontextmanager
     async def _registry(self, spec: MeshSpec) -> AsyncIterator[Registry]:
@@ -58,6 +60,7 @@ class Cluster:
         *,
         site: str | None = None,
         public_endpoint: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Running:
         name = instance or f"pod{rank}"
         opts = Settings(
@@ -69,7 +72,7 @@ class Cluster:
             site=site,
             public_endpoint=public_endpoint,
         )
-        env = {"POD_IP": f"198.18.1.{rank + 1}"}
+        env = {"POD_IP": f"198.18.1.{rank + 1}", **(env or {})}
 
         @asynccontextmanager
         async def dataplane(config: DeviceConfig) -> AsyncIterator[FakeDataplane]:
@@ -83,6 +86,7 @@ class Cluster:
         async def runner(task_status: trio.TaskStatus[Running]) -> None:
             with trio.CancelScope() as scope:
                 self.scopes[name] = scope
+                self.returned.discard(name)
                 await run_daemon(
                     opts,
                     env,
@@ -90,6 +94,7 @@ class Cluster:
                     open_registry=self._registry,
                     task_status=task_status,
                 )
+                self.returned.add(name)
 
         running: Running = await self.nursery.start(runner)
         self.running[name] = running
@@ -149,6 +154,61 @@ async def test_join_and_leave_change_one_peer_only(tmp_path, autojump_clock):
         new_plans = cluster.devices["pod0"].applied[before:]
         assert [(len(p.add), len(p.remove), len(p.update)) for p in new_plans] == [(0, 1, 0)]
         nursery.cancel_scope.cancel()
+
+
+async def test_the_exit_file_ends_the_daemon_and_releases_the_rank(tmp_path, autojump_clock):
+    """A launcher's "job done" marker (VNETD_EXIT_ON_FILE): run_daemon returns by itself,
+    the lease is revoked (peers drop the rank long before the TTL); other daemons run on."""
+    marker = tmp_path / "flux-operator-complete.txt"
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery, size=3)
+        await cluster.start(0)
+        await cluster.start(1, env={"VNETD_EXIT_ON_FILE": str(marker)})
+        await cluster.wait_full(["pod0", "pod1"], {0, 1})
+        await trio.sleep(30)  # no marker, no exit
+        assert "pod1" not in cluster.returned
+        marker.touch()
+        with trio.fail_after(2.0):  # the lease TTL is 6 s
+            while 1 in cluster.peer_ranks("pod0") or "pod1" not in cluster.returned:
+                await trio.sleep(0.05)
+        assert await cluster.registry.get(member_key(cluster.running["pod0"].spec, 1)) is None
+        assert "pod0" not in cluster.returned
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_exit_file_there_at_start_ends_the_daemon_before_it_claims(tmp_path):
+    """``--exit-on-file`` (the flag): a container restarted after its job ended does
+    not come back up (real clock: autojump would jump over the file check's thread)."""
+    marker = tmp_path / "done"
+    marker.touch()
+    config = tmp_path / "mesh.toml"
+    config.write_text(SPEC.format(size=2))
+    settings = Settings(
+        spec=load_spec(config), rank="1", state_dir=tmp_path / "pod1", instance="pod1",
+        exit_on_file=marker,
+    )  # fmt: skip
+    registry = MemoryRegistry()
+
+    @asynccontextmanager
+    async def opened(spec: MeshSpec) -> AsyncIterator[Registry]:
+        yield registry
+
+    with trio.fail_after(10):
+        await run_daemon(
+            settings, {"POD_IP": "198.18.1.2"}, open_dataplane=cluster_device,
+            open_registry=opened,
+        )  # fmt: skip
+    assert await registry.get(member_key(settings.spec, 1)) is None
+    assert not (tmp_path / "pod1").exists(), "returned before making a key"
+
+
+@asynccontextmanager
+async def cluster_device(config: DeviceConfig) -> AsyncIterator[FakeDataplane]:
+    device = FakeDataplane(config)
+    try:
+        yield device
+    finally:
+        device.close()
 
 
 async def test_registry_outage_leaves_data_plane_alone(tmp_path, autojump_clock):

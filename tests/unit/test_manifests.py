@@ -54,9 +54,13 @@ MANIFESTS = ROOT / "manifests"
 DOC = ROOT / "docs" / "kubernetes.md"
 EXAMPLE = ROOT / "examples" / "mesh.toml"
 
-# 1.29: the oldest release these manifests support (native sidecars and podReplacementPolicy
-# are beta and on by default from it); and the newest schema kubernetes-validate ships.
-VERSIONS = sorted({"1.29", ".".join(latest_version().split(".")[:2])})
+# 1.29: the oldest release these manifests support (native sidecars, podReplacementPolicy and
+# backoffLimitPerIndex are beta and on by default from it), every release to 1.33, and the
+# newest schema kubernetes-validate ships.
+VERSIONS = sorted(
+    {"1.29", "1.30", "1.31", "1.32", "1.33", ".".join(latest_version().split(".")[:2])},
+    key=lambda v: tuple(map(int, v.split("."))),
+)
 KUSTOMIZATION = "kustomization.yaml"
 KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "resources", "components"}
 COMPONENT = ("kustomize.config.k8s.io/v1alpha1", "Component")
@@ -66,6 +70,7 @@ CUSTOM = {
     ("cert-manager.io/v1", "Issuer"): "issuer-cert-manager-v1",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring-v1",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring-v1",
 }
 CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 WORKLOADS = {"Job", "StatefulSet", "DaemonSet"}
@@ -181,7 +186,9 @@ def test_rendered_manifests_validate(config: Path, mode: Mode):
     text = render_manifests(load_spec(config), config.read_text(), ManifestOptions(mode=mode))
     docs = list(yaml.safe_load_all(text))
     assert [d["kind"] for d in docs] == (
-        ["ConfigMap", "Service", "Job"] if mode == "sidecar" else ["ConfigMap", "DaemonSet"]
+        ["ConfigMap", "Service", "Job", "PodDisruptionBudget"]
+        if mode == "sidecar"
+        else ["ConfigMap", "DaemonSet"]
     )
     for doc in docs:
         validate(doc, f"render manifests --config {rel(config)} --mode {mode}")
@@ -577,3 +584,27 @@ def test_manual_tls_commands_make_what_etcd_and_vnetd_need(tmp_path: Path):
             sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
             assert set(sans.get_values_for_type(x509.DNSName)) == names
         assert (tmp_path / f"{name}.key").exists()
+
+
+def test_etcd_monitoring_scrapes_the_metrics_port_it_opens():
+    """components/etcd-monitoring: its ServiceMonitor selects its Service, whose port is
+    the members' metrics port, and its NetworkPolicy opens that port to Prometheus."""
+    docs = load_documents(MANIFESTS / "components" / "etcd-monitoring" / "monitoring.yaml")
+    by_kind = {d["kind"]: d for d in docs}
+    service, monitor = by_kind["Service"], by_kind["ServiceMonitor"]
+    policy = by_kind["NetworkPolicy"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+        service["metadata"]["labels"].items()
+    )
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    (stateful,) = load_documents(MANIFESTS / "etcd" / "statefulset.yaml")
+    (member,) = stateful["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in member["ports"]}
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": ports["metrics"],
+                                         "targetPort": "metrics"}]  # fmt: skip
+    members = stateful["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= members
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= members
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rule["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}

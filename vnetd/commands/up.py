@@ -1,4 +1,4 @@
-"""``vnetd up``: run the daemon for one rank until SIGTERM or SIGINT.
+"""``vnetd up``: run the daemon for one rank until SIGTERM, SIGINT or ``--exit-on-file``.
 
 The parser and the one call into ``vnetd.config`` that turns the flags into
 ``Settings``; the daemon itself (``vnetd.daemon.root``) is imported when the
@@ -17,6 +17,7 @@ from vnetd.config import (
     DEFAULT_STATE_DIR,
     Settings,
     add_etcd_arguments,
+    add_exit_on_file_argument,
     add_public_endpoint_file_argument,
     add_site_arguments,
     settings_from_args,
@@ -51,6 +52,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         help="a mesh-wide WireGuard pre-shared key (wg genpsk), mode 0600, e.g. a mounted "
         "Secret (else VNETD_PRESHARED_KEY_FILE, else [wireguard] preshared_key_file)",
     )
+    add_exit_on_file_argument(up)
     up.add_argument(
         "--instance", help="the name that owns the claim (else POD_NAME, else hostname)"
     )
@@ -79,7 +81,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
 
 
 def run(args: argparse.Namespace) -> int:
-    """Resolve the settings, then run the daemon until a signal; returns 0."""
+    """Resolve the settings, then run the daemon until a signal or the exit file; returns 0."""
     import trio
 
     from vnetd.daemon.root import run_until_signal

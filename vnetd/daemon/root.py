@@ -4,8 +4,9 @@ Start-up order: the device comes up first with the rank's fixed address,
 so the address exists even while the registry is still unreachable; then
 the registry is opened, the stored spec checked, the rank claimed, the
 members watched and the reconciler started (``vnetd.daemon.control_plane``). On SIGTERM
-or SIGINT the lease is revoked (peers drop this rank at once), wireguard-go
-is stopped and the link removed.
+or SIGINT, or once the ``--exit-on-file`` file exists (a launcher's "job
+done" marker), the lease is revoked (peers drop this rank at once),
+wireguard-go is stopped and the link removed.
 
 A launcher waits for that address, so what comes after it is imported after
 it: ``vnetd.daemon.control_plane`` (the control plane) and the registry's client once the
@@ -21,12 +22,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
 from vnetd import __version__
-from vnetd.config import Effective, Settings, effective
+from vnetd.config import Effective, Settings, effective, resolve_exit_file
 from vnetd.control.proof import load_or_create_signer
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.dataplane import DataplaneFactory, DeviceConfig, choose_dataplane, device_id_of
@@ -46,6 +48,10 @@ if TYPE_CHECKING:  # imported when used: see the module doc
     from vnetd.observe.endpoints import DaemonEndpoints
 
 log = logging.getLogger("vnetd.daemon")
+
+EXIT_FILE_POLL = 0.5
+"""How often (s) the exit file is looked for: trio has no portable file watch, and
+one ``stat`` per half second is nothing next to a job's run time."""
 
 
 def prepare(
@@ -113,10 +119,49 @@ async def run_daemon(
 ) -> None:
     """Run until cancelled. Signals are the caller's: see ``run_until_signal``.
 
+    Returns once the exit file (``--exit-on-file``, ``VNETD_EXIT_ON_FILE``)
+    exists, after the same graceful shutdown as a cancellation.
+
     Raises:
         VnetdError: bad input, a spec that differs from the registry's, or a
             data plane that cannot be set up.
     """
+    exit_file = resolve_exit_file(settings.exit_on_file, env)
+    if exit_file is None:
+        await _run_daemon(settings, env, open_dataplane, open_registry, task_status)
+        return
+    if _exists(exit_file):  # a container restarted after its job ended
+        log.info("%s exists: the job is done; not starting", exit_file)
+        return
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_cancel_when_exists, exit_file, nursery.cancel_scope)
+        await _run_daemon(settings, env, open_dataplane, open_registry, task_status)
+        nursery.cancel_scope.cancel()
+
+
+def _exists(path: Path) -> bool:
+    # One stat on the event loop, not in a thread: the marker is on a local volume
+    # (an emptyDir), where a stat takes microseconds, less than a thread hop.
+    return path.exists()
+
+
+async def _cancel_when_exists(path: Path, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` once ``path`` exists."""
+    while True:
+        if _exists(path):
+            break
+        await trio.sleep(EXIT_FILE_POLL)
+    log.info("%s exists: the job is done; shutting down", path)
+    scope.cancel()
+
+
+async def _run_daemon(
+    settings: Settings,
+    env: Mapping[str, str],
+    open_dataplane: DataplaneFactory | None,
+    open_registry: RegistryOpener,
+    task_status: trio.TaskStatus[Running],
+) -> None:
     assigned = None  # --rank auto: the registry's rank, handed on as it is
     if wants_auto_rank(settings.rank, env):
         assigned = await _auto_rank(settings, env, open_registry)

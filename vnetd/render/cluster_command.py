@@ -18,6 +18,8 @@ from vnetd.render.manifests import DEFAULT_IMAGE, manifest_warnings
 from vnetd.render.minicluster import (
     DEFAULT_APP_IMAGE,
     DEFAULT_COMMAND,
+    DEFAULT_OPERATOR_VERSION,
+    OPERATOR_VERSIONS,
     MiniClusterOptions,
     render_minicluster,
 )
@@ -43,6 +45,25 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         metavar = flag[2:].upper().replace("-", "_")
         help_text = f"{text} (default {default})"
         minicluster.add_argument(flag, dest=dest, metavar=metavar, default=default, help=help_text)
+    minicluster.add_argument(
+        "--operator-version",
+        choices=list(OPERATOR_VERSIONS),
+        default=DEFAULT_OPERATOR_VERSION,
+        help="the Flux Operator the MiniCluster is for: where it puts the CURVE certificate, "
+        f"how a container's security context is written (default {DEFAULT_OPERATOR_VERSION})",
+    )
+    minicluster.add_argument(
+        "--tasks",
+        type=int,
+        metavar="N",
+        help="how many tasks the command runs as (default: one per rank)",
+    )
+    minicluster.add_argument(
+        "--mesh-policy",
+        action="store_true",
+        help="also a NetworkPolicy admitting WireGuard's UDP port from the mesh's pods "
+        "(for a namespace whose policies deny by default)",
+    )
     minicluster.set_defaults(run=run_minicluster)
 
     monitoring = kinds.add_parser(
@@ -50,6 +71,14 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         help="a Prometheus Operator PodMonitor and PrometheusRule with the documented alerts",
     )
     _add_config_and_output(monitoring)
+    monitoring.add_argument(
+        "--expected-ranks",
+        type=int,
+        metavar="N",
+        help="how many ranks VnetdRankMissing expects registered, e.g. the DaemonSet's "
+        "desired number of nodes when fewer nodes than mesh.size carry its label "
+        "(default mesh.size)",
+    )
     monitoring.set_defaults(run=run_monitoring)
 
 
@@ -66,7 +95,12 @@ def run_minicluster(args: argparse.Namespace) -> int:
     spec = load_spec(args.config)
     text = _spec_text(args.config)
     options = MiniClusterOptions(
-        image=args.image, app_image=args.app_image, command=args.job_command
+        image=args.image,
+        app_image=args.app_image,
+        command=args.job_command,
+        operator_version=args.operator_version,
+        tasks=args.tasks,
+        mesh_policy=args.mesh_policy,
     )
     rendered = render_minicluster(spec, text, options)
     for warning in manifest_warnings(spec, args.image):
@@ -76,7 +110,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
 
 
 def run_monitoring(args: argparse.Namespace) -> int:
-    _write(render_monitoring(load_spec(args.config)), args.output)
+    _write(render_monitoring(load_spec(args.config), args.expected_ranks), args.output)
     return 0
 
 

@@ -153,7 +153,9 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
             _headless_service(spec, job, port),
             _job(spec, job, image, port, _digest(data), vnetd_site_args(part, options.etcd)),
         ]
-        return objects if part is None else site_objects(spec, part, objects, image)
+        if part is not None:
+            return site_objects(spec, part, objects, image)
+        return [*objects, disruption_budget(spec, job, labels(spec, "sidecar"))]
     data = {SPEC_KEY: spec_toml}
     daemons = _daemon_set(spec, image, port, _digest(data), etcd_args(options.etcd))
     return [_config_map(spec, data), daemons]
@@ -256,6 +258,17 @@ def labels(spec: MeshSpec, component: str) -> Obj:
     }
 
 
+def disruption_budget(spec: MeshSpec, name: str, selector: Obj) -> Obj:
+    """Every rank stays while it runs: evicting one (a drain) would end the instance.
+    A Job's pods have no scale subresource, so only an integer ``minAvailable`` works."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "labels": labels(spec, "sidecar")},
+        "spec": {"minAvailable": spec.size, "selector": {"matchLabels": selector}},
+    }
+
+
 def _config_map(spec: MeshSpec, data: dict[str, str]) -> Obj:
     return {
         "apiVersion": "v1",
@@ -303,7 +316,20 @@ def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str, extra: li
             "completionMode": "Indexed",
             "completions": spec.size,
             "parallelism": spec.size,
-            "backoffLimit": 3,
+            # A rank's pod may fail 3 times; once one rank has failed for good the
+            # instance cannot finish, so the Job fails then (maxFailedIndexes 0).
+            "backoffLimitPerIndex": 3,
+            "maxFailedIndexes": 0,
+            # An eviction (a drain, a preemption) is not the job's fault: it costs
+            # no retry. The PodDisruptionBudget keeps voluntary ones away anyway.
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    }
+                ]
+            },
             # A replacement pod starts only once the failed one is gone: both would
             # have the same host name and claim the same rank.
             "podReplacementPolicy": "Failed",

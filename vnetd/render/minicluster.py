@@ -1,27 +1,34 @@
 """A Flux Operator MiniCluster (``flux-framework.org/v1alpha2``) on vnetd's overlay.
 
-``vnetd render minicluster`` writes a ConfigMap with the spec and a
-MiniCluster whose ``spec.flux.brokerConfig`` is ``vnetd render flux``'s
-table (the operator then writes it as the brokers' config instead of its
-own, whose ``connect`` URIs are pod DNS names), with the certificate path
-the operator copies its CURVE certificate to. vnetd runs as a second
-container of every pod; the Flux container's ``commands.pre`` waits for
-vnetd's ``/readyz`` before the operator's script starts the broker. What
-the operator still does and what vnetd replaces: ``docs/flux.md``.
+``vnetd render minicluster`` writes a ConfigMap with the spec, a MiniCluster
+whose ``spec.flux.brokerConfig`` is ``vnetd render flux``'s table (the
+operator then writes it as the brokers' config instead of its own, whose
+``connect`` URIs are pod DNS names), with the certificate path of the chosen
+operator version, and a PodDisruptionBudget for its pods (and, opt-in, a
+NetworkPolicy for the mesh's UDP port). vnetd runs as a second container of
+every pod; the Flux container's ``commands.pre`` waits for vnetd's
+``/readyz`` before the operator's script starts the broker. What the
+operator still does and what vnetd replaces: ``docs/flux.md``.
 
-Facts of the operator this follows (read from its v1alpha2 API and
-controllers; the schema test holds the field names and types):
+Facts of the operator this follows (read from its v1alpha2 API, controllers
+and scripts at main and 0.2.1; the tests hold its CRDs):
 
 * the pods are an Indexed Job named after the MiniCluster, so host
-  ``<name>-<index>``, and ``JOB_COMPLETION_INDEX`` gives vnetd its rank;
+  ``<name>-<index>``, and ``JOB_COMPLETION_INDEX`` gives vnetd its rank; they
+  are ``restartPolicy: OnFailure``, so a pod completes only once every
+  container has exited 0: vnetd exits with the job when ``wait.sh`` touches
+  ``OPERATOR_MARKER`` (``--exit-on-file``);
 * a container that does not run Flux is started through the operator's
-  bash ``start.sh``, which inserts ``command`` as a line, waits for the
-  Flux socket unless ``flux.noWaitSocket`` (here it must not: Flux waits
-  for vnetd) and appends the Flux view's Python to ``PYTHONPATH`` (unset
-  here, so vnetd imports its own packages);
+  bash ``start.sh``, which inserts ``command`` as a line, waits for the Flux
+  socket unless ``flux.noWaitSocket`` (set: Flux waits for vnetd, so that wait
+  would never end) and appends the Flux view's Python to ``PYTHONPATH``
+  (unset here, so vnetd imports its own packages);
+* the operator sets ``app.kubernetes.io/name`` of its pods to the
+  MiniCluster's name, over ``spec.pod.labels``, which it otherwise keeps;
 * a ConfigMap volume is named after its ConfigMap, so its key must be that
-  name; a ``hostPath`` volume has type Directory, so ``/dev/net`` is mounted
-  rather than the ``/dev/net/tun`` device itself;
+  name; a ``hostPath`` volume has type Directory (0.2.1: no type, and its path
+  is the mount path), so ``/dev/net`` is mounted rather than the tun device;
+  a Secret volume is mounted 0644 with every key (``secretfiles``);
 * container environments are literal values: no downward API, so vnetd's
   endpoint is its default route's address (the pod IP) and its instance the
   host name.
@@ -33,10 +40,12 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from vnetd.errors import SpecError
 from vnetd.render.flux import FluxOptions, render_flux
 from vnetd.render.manifests import (
     DEFAULT_IMAGE,
     check_image,
+    disruption_budget,
     http_port,
     job_name,
     labels,
@@ -52,15 +61,23 @@ from vnetd.render.pods import (
     etcd_tls_dir,
     listens_on_ipv6,
     readyz_host,
+    resources,
 )
 from vnetd.render.podscripts import readyz_wait
+from vnetd.render.secretfiles import (
+    STAGING_DIR,
+    copy_commands,
+    secret_files,
+    staged_volumes,
+    taken_directories,
+)
 from vnetd.spec import MeshSpec
 
 API_VERSION = "flux-framework.org/v1alpha2"
 OPERATOR_VIEW = "/mnt/flux"
 """The operator's default ``flux.container.mountPath``, where it puts Flux and its config."""
-OPERATOR_CURVE_CERT = f"{OPERATOR_VIEW}/config/curve/curve.cert"
-"""Where the operator's start-up script copies the CURVE certificate (0400, the Flux user's)."""
+OPERATOR_MARKER = f"{OPERATOR_VIEW}/flux-operator-complete.txt"
+"""What the operator's ``wait.sh`` touches in every pod once its broker has exited."""
 DEFAULT_APP_IMAGE = "ubuntu:24.04"
 """The application container: any image the operator's Ubuntu noble Flux view runs in."""
 DEFAULT_COMMAND = "hostname"
@@ -69,33 +86,85 @@ Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class OperatorVersion:
+    """What differs between the operator versions this renders for."""
+
+    name: str
+    curve_cert: str
+    """Where its ``wait.sh`` copies the CURVE certificate (0400, the Flux user's)."""
+    core_security_context: bool
+    """``securityContext`` is Kubernetes' own (main), not ``{privileged, addCapabilities}``."""
+
+
+OPERATOR_VERSIONS = {
+    version.name: version
+    for version in (
+        OperatorVersion("main", f"{OPERATOR_VIEW}/config/curve/curve.cert", True),
+        OperatorVersion("0.2.1", f"{OPERATOR_VIEW}/view/curve/curve.cert", False),
+    )
+}
+"""The supported versions: the operator's main branch (its documented install) and its
+last release; docs/flux.md says which commit each was read at."""
+DEFAULT_OPERATOR_VERSION = "main"
+OPERATOR_CURVE_CERT = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].curve_cert
+
+
+@dataclass(frozen=True)
 class MiniClusterOptions:
-    """What the spec does not say: the images and the job's command."""
+    """What the spec does not say: the images, the job, the operator version."""
 
     image: str = DEFAULT_IMAGE
     app_image: str = DEFAULT_APP_IMAGE
     command: str = DEFAULT_COMMAND
+    operator_version: str = DEFAULT_OPERATOR_VERSION
+    tasks: int | None = None
+    """``spec.tasks``; None: one per rank (the operator's own default is 1)."""
+    mesh_policy: bool = False
+    """Also a NetworkPolicy admitting the mesh's UDP port from its own pods."""
 
 
-def broker_config(spec: MeshSpec) -> str:
+def operator_version(name: str) -> OperatorVersion:
+    """Raises: SpecError: not a supported version (naming the flag and the choices)."""
+    if name not in OPERATOR_VERSIONS:
+        choices = ", ".join(OPERATOR_VERSIONS)
+        raise SpecError(f"--operator-version: {name!r} is not supported; choose {choices}")
+    return OPERATOR_VERSIONS[name]
+
+
+def broker_config(spec: MeshSpec, version: str = DEFAULT_OPERATOR_VERSION) -> str:
     """``vnetd render flux --curve-cert <the operator's copy>``: the brokers' whole config."""
-    return render_flux(spec, FluxOptions(curve_cert=OPERATOR_CURVE_CERT))
+    return render_flux(spec, FluxOptions(curve_cert=operator_version(version).curve_cert))
+
+
+def pod_labels(spec: MeshSpec) -> Obj:
+    """``spec.pod.labels``: the operator keeps these (it overwrites ``app.kubernetes.io/name``
+    with the MiniCluster's name); ``part-of: vnetd`` is what etcd's NetworkPolicy admits."""
+    return {
+        "app.kubernetes.io/part-of": "vnetd",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": "minicluster",
+    }
 
 
 def render_minicluster(
     spec: MeshSpec, spec_toml: str, options: MiniClusterOptions | None = None
 ) -> str:
-    """The ConfigMap and the MiniCluster of ``spec`` as a YAML stream.
+    """The ConfigMap, the MiniCluster and its PodDisruptionBudget as a YAML stream.
 
     Raises:
         SpecError: the host names cannot be an Indexed Job's, the HTTP port is
-            0, or an image reference is malformed (each naming its key or flag).
+            0, an image reference is malformed, a Secret file cannot be mounted,
+            the version is unknown or ``--tasks`` below 1 (each naming its key or flag).
     """
     options = options or MiniClusterOptions()
+    version = operator_version(options.operator_version)
     name = job_name(spec)
     port = http_port(spec)
     check_image(options.image, "--image")
     check_image(options.app_image, "--app-image")
+    tasks = spec.size if options.tasks is None else options.tasks
+    if tasks < 1:
+        raise SpecError(f"--tasks: {tasks} is not a task count; give 1 or more")
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -108,15 +177,25 @@ def render_minicluster(
         "metadata": {"name": name, "labels": labels(spec, "minicluster")},
         "spec": {
             "size": spec.size,
-            "flux": {"brokerConfig": broker_config(spec), "noWaitSocket": True},
+            "tasks": tasks,
+            "pod": {"labels": pod_labels(spec)},
+            "flux": {
+                "brokerConfig": broker_config(spec, version.name),
+                "noWaitSocket": True,
+            },
             "containers": [
                 _flux_container(spec, port, options),
-                _vnetd_container(spec, port, options),
+                _vnetd_container(spec, port, options, version),
             ],
         },
     }
+    budget = disruption_budget(spec, name, pod_labels(spec))
+    budget["metadata"]["labels"] = labels(spec, "minicluster")
+    objects = [config_map, minicluster, budget]
+    if options.mesh_policy:
+        objects.append(_mesh_policy(spec))
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
-    return header + yaml_stream([config_map, minicluster])
+    return header + yaml_stream(objects)
 
 
 def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions) -> Obj:
@@ -128,23 +207,24 @@ def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions) -> O
     }
 
 
-def _vnetd_container(spec: MeshSpec, port: int, options: MiniClusterOptions) -> Obj:
+def _vnetd_container(
+    spec: MeshSpec, port: int, options: MiniClusterOptions, version: OperatorVersion
+) -> Obj:
     listen = f"{'[::]' if listens_on_ipv6(spec) else '0.0.0.0'}:{port}"
     argv = ["vnetd", "up", "--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--state-dir", STATE_DIR,
-            "--http-listen", listen]  # fmt: skip
+            "--http-listen", listen, "--exit-on-file", OPERATOR_MARKER]  # fmt: skip
+    tls_dir = etcd_tls_dir(spec)
+    taken = (*taken_directories(CONFIG_DIR, STATE_DIR, tls_dir), OPERATOR_VIEW, STAGING_DIR)
+    files = secret_files(spec, (*taken, "/flux_operator"))
+    steps = [*copy_commands(files), f"exec {shlex.join(argv)}"]
     volume = config_name(spec)
     return {
         "name": "vnetd",
         "image": options.image,
-        "command": f"unset PYTHONPATH; exec {shlex.join(argv)}",
+        "command": f"unset PYTHONPATH; {' && '.join(steps)}",
         "ports": [port],
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsNonRoot": False,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "resources": resources("50m", "64Mi", "256Mi"),
+        "securityContext": _security_context(version),
         "volumes": {
             volume: {
                 "configMapName": volume,
@@ -153,14 +233,44 @@ def _vnetd_container(spec: MeshSpec, port: int, options: MiniClusterOptions) -> 
                 "readOnly": True,
             },
             "dev-net": {"hostPath": "/dev/net", "path": "/dev/net"},
-            **_etcd_tls_volume(spec),
+            **_etcd_tls_volume(tls_dir),
+            **staged_volumes(files),
         },
     }
 
 
-def _etcd_tls_volume(spec: MeshSpec) -> Obj:
-    directory = etcd_tls_dir(spec)
+def _security_context(version: OperatorVersion) -> Obj:
+    if not version.core_security_context:
+        # 0.2.1 can add capabilities but not set the user: the image's must be root.
+        return {"addCapabilities": ["NET_ADMIN"]}
+    return {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _etcd_tls_volume(directory: str | None) -> Obj:
     if directory is None:
         return {}
     volume = {"secretName": ETCD_CLIENT_SECRET, "path": directory, "readOnly": True}
     return {ETCD_CLIENT_SECRET: volume}
+
+
+def _mesh_policy(spec: MeshSpec) -> Obj:
+    """WireGuard's UDP port, from the mesh's own pods, in a default-deny namespace."""
+    mesh = {"matchLabels": pod_labels(spec)}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{spec.name}-vnetd-mesh", "labels": labels(spec, "minicluster")},
+        "spec": {
+            "podSelector": mesh,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": mesh}], "ports": [{"port": spec.port, "protocol": "UDP"}]}
+            ],  # fmt: skip
+        },
+    }

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vnetd.errors import SpecError
 from vnetd.render.manifests import labels, manifest_objects_header, yaml_stream
 from vnetd.render.pods import config_name
 from vnetd.spec import MeshSpec
@@ -25,7 +26,8 @@ Obj = dict[str, Any]
 
 @dataclass(frozen=True)
 class Alert:
-    """One alerting rule; ``expr`` holds ``{m}`` (the mesh selector) and ``{size}``."""
+    """One alerting rule; ``expr`` holds ``{m}`` (the mesh selector) and ``{size}`` (the
+    ranks expected to be registered)."""
 
     name: str
     summary: str
@@ -33,8 +35,9 @@ class Alert:
     duration: str | None = None
     severity: str = "warning"
 
-    def promql(self, spec: MeshSpec) -> str:
-        return self.expr.format(m=f'mesh="{spec.name}"', size=spec.size)
+    def promql(self, spec: MeshSpec, expected: int | None = None) -> str:
+        size = spec.size if expected is None else expected
+        return self.expr.format(m=f'mesh="{spec.name}"', size=size)
 
 
 ALERTS = (
@@ -87,12 +90,34 @@ def promql_block(spec: MeshSpec) -> str:
     return "\n".join(lines[:-1]) + "\n"
 
 
-def render_monitoring(spec: MeshSpec) -> str:
-    """The PodMonitor and the PrometheusRule of ``spec`` as a YAML stream."""
+def check_expected_ranks(spec: MeshSpec, expected: int | None) -> int:
+    """How many ranks ``VnetdRankMissing`` expects: ``--expected-ranks``, else every rank.
+
+    Raises:
+        SpecError: not within 1 .. mesh.size (the flag named).
+    """
+    if expected is None:
+        return spec.size
+    if not 1 <= expected <= spec.size:
+        raise SpecError(
+            f"--expected-ranks: {expected} is not within 1..{spec.size} (mesh.size); give "
+            "how many ranks should be up, e.g. the DaemonSet's desired number of nodes"
+        )
+    return expected
+
+
+def render_monitoring(spec: MeshSpec, expected: int | None = None) -> str:
+    """The PodMonitor and the PrometheusRule of ``spec`` as a YAML stream; ``expected``
+    ranks registered (default: every rank) keep ``VnetdRankMissing`` quiet.
+
+    Raises:
+        SpecError: ``expected`` is out of range (``check_expected_ranks``).
+    """
+    expected = check_expected_ranks(spec, expected)
     header = manifest_objects_header(
         spec, "monitoring", "vnetd render monitoring", "the mesh's spec"
     )
-    return header + yaml_stream([_pod_monitor(spec), _rule(spec)])
+    return header + yaml_stream([_pod_monitor(spec), _rule(spec, expected)])
 
 
 def _selector(spec: MeshSpec) -> Obj:
@@ -125,10 +150,10 @@ def _pod_monitor(spec: MeshSpec) -> Obj:
     }
 
 
-def _rule(spec: MeshSpec) -> Obj:
+def _rule(spec: MeshSpec, expected: int) -> Obj:
     rules = []
     for alert in ALERTS:
-        rule: Obj = {"alert": alert.name, "expr": alert.promql(spec)}
+        rule: Obj = {"alert": alert.name, "expr": alert.promql(spec, expected)}
         if alert.duration:
             rule["for"] = alert.duration
         rule["labels"] = {"severity": alert.severity, "mesh": spec.name}

@@ -25,6 +25,7 @@ from vnetd.render.podscripts import (
     UNDERLAY_SCRIPT,
     flux_start_script,
 )
+from vnetd.render.secretfiles import secret_files, taken_directories, with_secret_files
 from vnetd.spec import MeshSpec
 
 Obj = dict[str, Any]
@@ -127,8 +128,15 @@ def etcd_tls_dir(spec: MeshSpec) -> str | None:
 
 
 def with_etcd_tls(spec: MeshSpec, container: Obj, volumes: list[Obj]) -> None:
-    """Mount ``ETCD_CLIENT_SECRET`` where the spec's TLS files are, if it names any."""
+    """Mount the Secrets of the files the spec names: ``ETCD_CLIENT_SECRET`` where its
+    TLS files are, the pre-shared key and the etcd password (``secretfiles``).
+
+    Raises:
+        SpecError: a file cannot be mounted where the spec names it (naming the key).
+    """
     directory = etcd_tls_dir(spec)
+    files = secret_files(spec, taken_directories(CONFIG_DIR, STATE_DIR, directory))
+    with_secret_files(files, container, volumes)
     if directory is None:
         return
     mount = {"name": "etcd-client-tls", "mountPath": directory, "readOnly": True}

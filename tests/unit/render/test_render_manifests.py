@@ -157,6 +157,15 @@ def test_sidecar_job_is_indexed_and_named_after_the_host_names(
     assert pod["restartPolicy"] == "Never"
     assert pod["subdomain"] == objs["Service"]["metadata"]["name"] == name
     assert job_spec["podReplacementPolicy"] == "Failed"
+    # A drain or a preemption costs no retry; a rank that fails for good fails the Job.
+    assert job_spec["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    ]
+    assert (job_spec["backoffLimitPerIndex"], job_spec["maxFailedIndexes"]) == (3, 0)
+    assert "backoffLimit" not in job_spec, "it would count every rank's failures together"
+    budget = objs["PodDisruptionBudget"]["spec"]
+    assert budget["minAvailable"] == spec.size
+    assert budget["selector"]["matchLabels"] == job_spec["template"]["metadata"]["labels"]
     assert job_spec["activeDeadlineSeconds"] > 0 and job_spec["ttlSecondsAfterFinished"] > 0
     (spread,) = pod["topologySpreadConstraints"]
     assert spread["topologyKey"] == "kubernetes.io/hostname"

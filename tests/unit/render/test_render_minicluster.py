@@ -1,5 +1,7 @@
-"""``vnetd render minicluster``: the MiniCluster fits the Flux Operator's v1alpha2 API,
-its broker config is ``vnetd render flux``'s, and vnetd runs beside Flux."""
+"""``vnetd render minicluster``: the MiniCluster fits the Flux Operator's CRD of each
+supported version (``crds/``, copied from the operator), its broker config is ``vnetd
+render flux``'s, vnetd runs beside Flux and ends with the job, etcd's NetworkPolicy admits
+the pods as the operator labels them, and Secrets the spec names are mounted."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from crd_schemas import validate_custom
-from kubernetes_validate.utils import latest_version, major_minor
+from crd_schemas import validate_crd
 from render_fixtures import EXAMPLE, LAB6_TOML
 
 from vnetd.cli import build_parser, main
 from vnetd.render.minicluster import (
     OPERATOR_CURVE_CERT,
+    OPERATOR_MARKER,
+    OPERATOR_VERSIONS,
     MiniClusterOptions,
     broker_config,
     render_minicluster,
@@ -27,8 +30,7 @@ from vnetd.spec import load_spec
 ROOT = Path(__file__).parents[3]
 SIDECAR_SPEC = ROOT / "manifests" / "sidecar" / "mesh.toml"
 IMAGE = "harbor.hpc.internal/hpc/vnetd:0.1.0"
-VERSIONS = sorted({"1.29", major_minor(latest_version())})
-SCHEMA = "minicluster-v1alpha2"
+VERSIONS = list(OPERATOR_VERSIONS)
 
 
 def rendered(path: Path, options: MiniClusterOptions | None = None) -> list[dict[str, Any]]:
@@ -36,31 +38,48 @@ def rendered(path: Path, options: MiniClusterOptions | None = None) -> list[dict
     return list(yaml.safe_load_all(text))
 
 
-def minicluster_of(path: Path) -> dict[str, Any]:
-    config_map, minicluster = rendered(path, MiniClusterOptions(image=IMAGE))
+def minicluster_of(path: Path, version: str = "main") -> dict[str, Any]:
+    docs = rendered(path, MiniClusterOptions(image=IMAGE, operator_version=version))
+    config_map, minicluster, budget = docs
     assert config_map["kind"] == "ConfigMap" and minicluster["kind"] == "MiniCluster"
+    assert budget["kind"] == "PodDisruptionBudget"
     return minicluster
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("path", [SIDECAR_SPEC, EXAMPLE], ids=["sidecar-spec", "example"])
-def test_minicluster_fits_the_v1alpha2_schema(path: Path, version: str):
-    validate_custom(minicluster_of(path), SCHEMA, version)
+def test_minicluster_fits_the_crd_of_its_operator_version(path: Path, version: str):
+    validate_crd(minicluster_of(path, version), f"minicluster-{version}")
 
 
-def test_schema_catches_unknown_fields_and_wrong_types():
-    minicluster = minicluster_of(SIDECAR_SPEC)
+def test_each_version_needs_its_own_render():
+    """0.2.1's securityContext is the operator's own {privileged, addCapabilities};
+    main's is Kubernetes'. Each render fails the other version's CRD."""
+    with pytest.raises(jsonschema.ValidationError, match="'runAsUser'.* unexpected"):
+        validate_crd(minicluster_of(SIDECAR_SPEC, "main"), "minicluster-0.2.1")
+    with pytest.raises(jsonschema.ValidationError, match="'addCapabilities' was unexpected"):
+        validate_crd(minicluster_of(SIDECAR_SPEC, "0.2.1"), "minicluster-main")
+    old = minicluster_of(SIDECAR_SPEC, "0.2.1")
+    assert "/mnt/flux/view/curve/curve.cert" in old["spec"]["flux"]["brokerConfig"]
+    assert old["spec"]["containers"][1]["securityContext"] == {"addCapabilities": ["NET_ADMIN"]}
+    assert OPERATOR_CURVE_CERT == "/mnt/flux/config/curve/curve.cert"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_crd_catches_unknown_fields_and_wrong_types(version: str):
+    crd = f"minicluster-{version}"
+    minicluster = minicluster_of(SIDECAR_SPEC, version)
     minicluster["spec"]["flux"]["brokerconfig"] = "x"
     with pytest.raises(jsonschema.ValidationError, match="'brokerconfig' was unexpected"):
-        validate_custom(minicluster, SCHEMA, VERSIONS[0])
-    minicluster = minicluster_of(SIDECAR_SPEC)
+        validate_crd(minicluster, crd)
+    minicluster = minicluster_of(SIDECAR_SPEC, version)
     minicluster["spec"]["size"] = "4"
     with pytest.raises(jsonschema.ValidationError, match="'4' is not of type 'integer'"):
-        validate_custom(minicluster, SCHEMA, VERSIONS[0])
-    minicluster = minicluster_of(SIDECAR_SPEC)
-    minicluster["spec"]["containers"][1]["securityContext"]["capabilities"]["add"] = "NET_ADMIN"
-    with pytest.raises(jsonschema.ValidationError, match="is not of type 'array'"):
-        validate_custom(minicluster, SCHEMA, VERSIONS[0])
+        validate_crd(minicluster, crd)
+    minicluster = minicluster_of(SIDECAR_SPEC, version)
+    minicluster["spec"]["pod"]["labels"]["n"] = 1
+    with pytest.raises(jsonschema.ValidationError, match="1 is not of type 'string'"):
+        validate_crd(minicluster, crd)
 
 
 def test_broker_config_is_what_render_flux_writes(capsys: pytest.CaptureFixture[str]):
@@ -75,7 +94,7 @@ def test_broker_config_is_what_render_flux_writes(capsys: pytest.CaptureFixture[
 
 def test_pods_are_named_like_the_spec_hosts_and_vnetd_runs_beside_flux():
     spec = load_spec(SIDECAR_SPEC)
-    config_map, minicluster = rendered(SIDECAR_SPEC, MiniClusterOptions(image=IMAGE))
+    config_map, minicluster, _ = rendered(SIDECAR_SPEC, MiniClusterOptions(image=IMAGE))
     assert config_map["data"] == {"mesh.toml": SIDECAR_SPEC.read_text()}
     # The operator's Indexed Job is named after the MiniCluster: hosts <name>-<index>.
     name = minicluster["metadata"]["name"]
@@ -96,6 +115,11 @@ def test_pods_are_named_like_the_spec_hosts_and_vnetd_runs_beside_flux():
     assert argv[0] == "vnetd"
     build_parser().parse_args(argv[1:])
     assert "--rank" not in argv, "JOB_COMPLETION_INDEX gives the rank"
+    # A batch MiniCluster completes: vnetd ends when the operator's wait.sh marks the end.
+    assert argv[argv.index("--exit-on-file") + 1] == OPERATOR_MARKER
+    assert OPERATOR_MARKER == "/mnt/flux/flux-operator-complete.txt"
+    assert body["tasks"] == spec.size, "the command runs on every rank"
+    assert vnetd["resources"]["requests"] == {"cpu": "50m", "memory": "64Mi"}
     security = vnetd["securityContext"]
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert security["runAsUser"] == 0 and security["allowPrivilegeEscalation"] is False
@@ -110,13 +134,13 @@ def test_options_and_ipv6_listen(tmp_path: Path):
     path = tmp_path / "lab6.toml"
     path.write_text(LAB6_TOML + '\n[http]\nlisten = "[::]:9191"\n')
     options = MiniClusterOptions(image=IMAGE, app_image="ghcr.io/x/app:1", command="./run")
-    _, minicluster = rendered(path, options)
+    _, minicluster, _ = rendered(path, options)
     flux, vnetd = minicluster["spec"]["containers"]
     assert (flux["image"], flux["command"]) == ("ghcr.io/x/app:1", "./run")
     assert "/dev/tcp/::1/9191" in flux["commands"]["pre"]
     assert "--http-listen '[::]:9191'" in vnetd["command"]
     assert "enable_ipv6 = true" in minicluster["spec"]["flux"]["brokerConfig"]
-    validate_custom(minicluster, SCHEMA, VERSIONS[-1])
+    validate_crd(minicluster, "minicluster-main")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -136,6 +160,13 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
     options = MiniClusterOptions(IMAGE, "ghcr.io/x/app:1", "flux run -N 4 hostname")
     spec = load_spec(SIDECAR_SPEC)
     assert target.read_text() == render_minicluster(spec, SIDECAR_SPEC.read_text(), options)
+    code, out, err = run(
+        capsys, "render", "minicluster", "--config", str(SIDECAR_SPEC), "--image", IMAGE,
+        "--operator-version", "0.2.1", "--tasks", "1", "--mesh-policy",
+    )  # fmt: skip
+    assert code == 0, err
+    options = MiniClusterOptions(IMAGE, operator_version="0.2.1", tasks=1, mesh_policy=True)
+    assert out == render_minicluster(spec, SIDECAR_SPEC.read_text(), options)
     code, out, err = run(capsys, "render", "minicluster", "--config", str(SIDECAR_SPEC))
     assert code == 0 and "kind: MiniCluster" in out
     assert "--image: registry.example.org/vnetd:0.1.0 is a placeholder" in err
@@ -148,6 +179,21 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
             'hostname = "n{rank}"', [], r"mesh\.hostname: 'n\{rank\}' cannot be", id="host"
         ),
         pytest.param("", ["--app-image", "a b"], r"--app-image: 'a b' is not an image", id="app"),
+        pytest.param("", ["--tasks", "0"], r"--tasks: 0 is not a task count", id="tasks"),
+        pytest.param(
+            '[wireguard]\npreshared_key_file = "psk"',
+            [],
+            r"wireguard\.preshared_key_file: 'psk' is not an absolute file path: the pods "
+            r"mount it from the Secret vnetd-preshared-key \(key 'psk'\)",
+            id="psk-relative",
+        ),  # fmt: skip
+        pytest.param(
+            '[registry]\npassword_file = "/mnt/flux/pw"\nusername = "u"',
+            [],
+            r"registry\.password_file: '/mnt/flux/pw' is under a directory vnetd mounts "
+            r"already: the pods mount it from the Secret vnetd-etcd-password",
+            id="password-taken",
+        ),  # fmt: skip
     ],
 )
 def test_cli_errors_are_one_line(
@@ -159,3 +205,123 @@ def test_cli_errors_are_one_line(
     assert (code, out) == (2, "")
     assert err.startswith("vnetd: error: ") and err.count("\n") == 1
     assert re.search(message, err), err
+
+
+def operator_pod_labels(minicluster: dict[str, Any], namespace: str) -> dict[str, str]:
+    """The labels the operator's Job gives each pod (controllers/flux ``getPodLabels`` and
+    ``NewMiniClusterJob``, main and 0.2.1 alike): ``spec.pod.labels``, then its own, which
+    overwrite ``app.kubernetes.io/name`` with the MiniCluster's name."""
+    name = minicluster["metadata"]["name"]
+    return {
+        **minicluster["spec"]["pod"]["labels"],
+        "namespace": namespace,
+        "app": "flux-operator",
+        "app.kubernetes.io/name": name,
+        "hpa-selector": name,
+    }
+
+
+def admits(policy: dict[str, Any], pod: dict[str, str], port: str) -> bool:
+    """Whether an ingress rule of ``policy`` admits a pod with labels ``pod`` on ``port``."""
+    for rule in policy["spec"]["ingress"]:
+        ports = {p["port"] for p in rule.get("ports", [])}
+        for peer in rule.get("from", []):
+            match = peer.get("podSelector", {}).get("matchLabels")
+            if match is not None and match.items() <= pod.items() and port in ports:
+                return True
+    return False
+
+
+def test_etcd_network_policy_admits_the_pods_as_the_operator_labels_them():
+    policy = yaml.safe_load((ROOT / "manifests" / "etcd" / "networkpolicy.yaml").read_text())
+    assert policy["kind"] == "NetworkPolicy"
+    for version in VERSIONS:
+        pod = operator_pod_labels(minicluster_of(SIDECAR_SPEC, version), "flux-sample")
+        assert admits(policy, pod, "client"), pod
+        # Without spec.pod.labels the operator's own labels are all a pod has: refused.
+        bare = {k: v for k, v in pod.items() if not k.startswith("app.kubernetes.io/") or
+                k == "app.kubernetes.io/name"}  # fmt: skip
+        assert not admits(policy, bare, "client"), bare
+    # The Job that render manifests writes is admitted too.
+    docs = yaml.safe_load_all((ROOT / "manifests" / "sidecar" / "vnetd.yaml").read_text())
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    assert admits(policy, job["spec"]["template"]["metadata"]["labels"], "client")
+
+
+def test_the_budget_and_the_opt_in_mesh_policy_select_the_ranks(tmp_path: Path):
+    spec = load_spec(SIDECAR_SPEC)
+    options = MiniClusterOptions(image=IMAGE, mesh_policy=True)
+    _, minicluster, budget, policy = rendered(SIDECAR_SPEC, options)
+    pod = operator_pod_labels(minicluster, "flux-sample")
+    assert budget["spec"]["minAvailable"] == spec.size, "a drain waits for the job"
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod.items()
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod.items()
+    assert admits(policy, pod, spec.port)
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": 51820, "protocol": "UDP"}]
+    assert len(rendered(SIDECAR_SPEC, MiniClusterOptions(image=IMAGE))) == 3, "opt-in"
+
+
+SECRETS_TOML = """
+[wireguard]
+preshared_key_file = "/etc/vnetd-psk/preshared.key"
+"""
+PASSWORD_TOML = """
+[registry]
+endpoints = ["http://etcd-client:2379"]
+username = "vnetd"
+password_file = "/etc/vnetd-password/password"
+"""
+
+
+def test_a_minicluster_copies_the_spec_secrets_0400(tmp_path: Path):
+    """The operator mounts Secrets 0644, which vnetd refuses for a pre-shared key: each
+    Secret is mounted aside and copied 0400 where the spec names it before vnetd starts."""
+    path = tmp_path / "mesh.toml"
+    base = SIDECAR_SPEC.read_text().split("[registry]")[0]
+    path.write_text(base + SECRETS_TOML + PASSWORD_TOML)
+    for version in VERSIONS:
+        _, minicluster, _ = rendered(
+            path, MiniClusterOptions(image=IMAGE, operator_version=version)
+        )
+        validate_crd(minicluster, f"minicluster-{version}")
+        vnetd = minicluster["spec"]["containers"][1]
+        volumes = vnetd["volumes"]
+        assert volumes["vnetd-preshared-key"] == {
+            "secretName": "vnetd-preshared-key", "path": "/run/vnetd-secrets/vnetd-preshared-key",
+            "readOnly": True,
+        }  # fmt: skip
+        assert volumes["vnetd-etcd-password"]["secretName"] == "vnetd-etcd-password"
+        command = vnetd["command"]
+        assert ("install -D -m 0400 /run/vnetd-secrets/vnetd-preshared-key/preshared.key "
+                "/etc/vnetd-psk/preshared.key && ") in command  # fmt: skip
+        assert "/run/vnetd-secrets/vnetd-etcd-password/password /etc/vnetd-password/password" in (
+            command
+        )
+        assert command.index("install") < command.index("exec vnetd up")
+
+
+def test_render_manifests_mounts_the_spec_secrets(tmp_path: Path):
+    from vnetd.render.manifests import ManifestOptions, render_manifests
+
+    spec_text = SIDECAR_SPEC.read_text().replace("[http]", SECRETS_TOML.strip() + "\n\n[http]")
+    docs = yaml.safe_load_all(
+        render_manifests(
+            load_spec_text(tmp_path, spec_text), spec_text, ManifestOptions(image=IMAGE)
+        )
+    )
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    (vnetd,) = [c for c in pod["initContainers"] if c["name"] == "vnetd"]
+    assert {"name": "vnetd-preshared-key", "mountPath": "/etc/vnetd-psk/preshared.key",
+            "subPath": "preshared.key", "readOnly": True} in vnetd["volumeMounts"]  # fmt: skip
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "vnetd-preshared-key"]
+    assert volume["secret"] == {
+        "secretName": "vnetd-preshared-key", "defaultMode": 0o400,
+        "items": [{"key": "preshared.key", "path": "preshared.key"}],
+    }  # fmt: skip
+
+
+def load_spec_text(tmp_path: Path, text: str) -> Any:  # noqa: ANN401 - a MeshSpec
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return load_spec(path)

@@ -105,3 +105,21 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
     assert main(["render", "monitoring", "--config", str(BASES["sidecar"]), "-o", str(target)]) == 0
     assert capsys.readouterr() == ("", "")
     assert target.read_text() == render_monitoring(load_spec(BASES["sidecar"]))
+
+
+def test_expected_ranks_sets_the_rank_missing_threshold(capsys: pytest.CaptureFixture[str]):
+    """A DaemonSet on 12 labelled nodes of a 64-rank mesh: the alert compares with 12,
+    not 64 (which would fire for ever)."""
+    config = str(BASES["daemonset"])
+    assert main(["render", "monitoring", "--config", config, "--expected-ranks", "12"]) == 0
+    out, err = capsys.readouterr()
+    rules = {r["alert"]: r for d in yaml.safe_load_all(out) if d["kind"] == "PrometheusRule"
+             for r in d["spec"]["groups"][0]["rules"]}  # fmt: skip
+    assert rules["VnetdRankMissing"]["expr"].endswith(") < 12"), rules["VnetdRankMissing"]
+    assert err == ""
+    assert main(["render", "monitoring", "--config", config, "--expected-ranks", "65"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        "vnetd: error: --expected-ranks: 65 is not within 1..64 (mesh.size); give how many "
+        "ranks should be up, e.g. the DaemonSet's desired number of nodes\n"
+    )

@@ -168,7 +168,8 @@ def test_ranks_alone_keep_the_spec_site():
 def test_etcd_urls_replace_the_spec_endpoints_in_both_modes():
     for mode in ("sidecar", "daemonset"):
         docs = documents(ManifestOptions(mode=mode, etcd=(ETCD_A, "https://etcd-2:2379")))
-        pod = docs[-1]["spec"]["template"]["spec"]
+        (workload,) = [d for d in docs if d["kind"] in ("Job", "DaemonSet")]
+        pod = workload["spec"]["template"]["spec"]
         (vnetd,) = [
             c for c in pod.get("initContainers", []) + pod["containers"] if c["name"] == "vnetd"
         ]

@@ -1,0 +1,112 @@
+"""``docs/flux.md`` section 5, the walk-through to a completed MiniCluster, run where it can be.
+
+Its ``vnetd`` command runs (writing into a temporary directory) and its output
+validates against the MiniCluster CRD of the operator version it targets; its
+``-k`` directory builds with ``kubectl kustomize``; every ``kubectl`` command
+line parses with ``kubectl`` itself (``--help`` rejects unknown subcommands
+and flags without a cluster); the steps come in order and name what the
+render uses (the namespace, the Job, the containers, the operator's URL).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from crd_schemas import validate_crd
+
+from vnetd.cli import main
+from vnetd.render.minicluster import DEFAULT_OPERATOR_VERSION
+from vnetd.render.pods import ETCD_CLIENT_SECRET
+from vnetd.render.secretfiles import ETCD_PASSWORD_SECRET, PRESHARED_KEY_SECRET
+
+ROOT = Path(__file__).parents[3]
+DOC = ROOT / "docs" / "flux.md"
+NAMESPACE = "flux-sample"
+
+
+def section() -> str:
+    text = DOC.read_text()
+    return text.split("\n## 5. ", 1)[1].split("\n## ", 1)[0]
+
+
+def commands() -> list[str]:
+    (block,) = re.findall(r"```sh\n(.*?)```", section(), flags=re.S)
+    return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_steps_come_in_order():
+    steps = [
+        "kubectl apply -f https://raw.githubusercontent.com/flux-framework/flux-operator/main/",
+        f"kubectl create namespace {NAMESPACE}",
+        "pod-security.kubernetes.io/enforce=privileged",
+        f"kubectl -n {NAMESPACE} apply -k manifests/overlays/etcd",
+        "rollout status statefulset/etcd",
+        "vnetd render minicluster",
+        f"kubectl -n {NAMESPACE} apply -f minicluster.yaml",
+        "wait --for=condition=complete job/",
+        "logs -l batch.kubernetes.io/job-completion-index=0 -c ",
+    ]
+    found = [next(i for i, c in enumerate(commands()) if words in c) for words in steps]
+    assert found == sorted(found), "the steps are out of order"
+    assert DEFAULT_OPERATOR_VERSION == "main", "the first command installs main"
+    text = section()
+    for name in (ETCD_CLIENT_SECRET, PRESHARED_KEY_SECRET, ETCD_PASSWORD_SECRET):
+        assert name in text, name
+
+
+def test_the_render_command_runs_and_its_output_fits_the_crd(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    (command,) = [c for c in commands() if c.startswith("vnetd ")]
+    argv = shlex.split(command)[1:]
+    output = argv.index("-o") + 1
+    argv[output] = str(tmp_path / argv[output])
+    argv = [str(ROOT / a) if a.startswith("manifests/") else a for a in argv]
+    assert main(argv) == 0
+    capsys.readouterr()
+    docs = list(yaml.safe_load_all(Path(argv[output]).read_text()))
+    (minicluster,) = [d for d in docs if d["kind"] == "MiniCluster"]
+    validate_crd(minicluster, f"minicluster-{DEFAULT_OPERATOR_VERSION}")
+    name = minicluster["metadata"]["name"]
+    # The wait and the logs name what the operator makes of it.
+    assert f"job/{name} " in " ".join(commands()) + " "
+    logs = [shlex.split(c) for c in commands() if " logs " in c]
+    containers = {words[words.index("-c") + 1] for words in logs}
+    assert containers == {name, "vnetd"}, "the Flux container is named after the MiniCluster"
+    assert any(c.get("name") == "vnetd" for c in minicluster["spec"]["containers"])
+
+
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        print("kubectl is not installed: its commands were not checked")
+        pytest.skip("kubectl is not installed")
+    return found
+
+
+def test_the_kustomization_builds():
+    (command,) = [c for c in commands() if " -k " in c]
+    directory = shlex.split(command)[shlex.split(command).index("-k") + 1]
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(ROOT / directory)], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout)}
+    assert {"StatefulSet", "NetworkPolicy", "Certificate"} <= kinds, kinds
+    assert "Namespace" not in kinds, "the namespace is the walk-through's own"
+
+
+@pytest.mark.parametrize("command", [c for c in commands() if c.startswith("kubectl ")])
+def test_kubectl_commands_parse(command: str):
+    words = shlex.split(command)
+    result = subprocess.run(
+        [kubectl(), *words[1:], "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"{command}: {result.stderr.strip()}"
