@@ -5,7 +5,8 @@ The private key is X25519, generated once into the state dir (0600 in a
 ``load_private_key`` reads a key file for ``vnetd render wg-quick`` by the
 same rules: one base64 key (as ``wg genkey`` prints it), in a file no group
 or other user may access, and no error message holds any part of it. With
-``registry.etcd_security`` this is the only module that imports
+``registry.etcd_security`` and ``control.proof`` (the record signing key,
+kept beside the WireGuard key) this is the only module that imports
 cryptography (docs/architecture.md, "Module map").
 """
 
@@ -46,7 +47,7 @@ def load_or_create_key(state_dir: Path) -> KeyPair:
     key = X25519PrivateKey.generate()
     encoded = base64.b64encode(key.private_bytes_raw()).decode()
     try:
-        _write_new(path, encoded + "\n")
+        write_new(path, encoded + "\n")
     except OSError as exc:
         raise IdentityError(f"{path}: cannot write the key: {exc.strerror}") from None
     return KeyPair(encoded, public_key_of(encoded))
@@ -60,7 +61,7 @@ def _tighten(state_dir: Path) -> None:
         log.info("--state-dir %s: mode %04o tightened to 0700", state_dir, mode)
 
 
-def _write_new(path: Path, text: str) -> None:
+def write_new(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all: a fresh 0600 temporary file (never through a
     symlink, never one that was there), synced, then renamed over ``path``."""
     tmp = path.with_suffix(".tmp")

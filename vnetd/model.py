@@ -28,6 +28,11 @@ class Member:
 
     ``endpoint`` is reachable from the member's own ``site``;
     ``public_endpoint``, if any, from every site (docs/architecture.md, "Sites").
+
+    ``signing_key`` is the holder's Ed25519 public key (base64), whose signature
+    the record carried and which verified (``""``: an unsigned record, as older
+    versions write). Only its holder can change a signed entry
+    (docs/architecture.md, "Registry layout").
     """
 
     rank: int
@@ -39,6 +44,7 @@ class Member:
     device_id: str = ""
     site: str = DEFAULT_SITE
     public_endpoint: str | None = None
+    signing_key: str = ""
 
     def endpoint_from(self, site: str) -> str | None:
         """The endpoint a member of ``site`` reaches this one at: its site endpoint

@@ -231,6 +231,28 @@ async def test_watch_events_carry_the_create_revision(registry: Registry) -> Non
         assert again.create_revision > first.create_revision
 
 
+async def test_watch_events_carry_the_lease(registry: Registry) -> None:
+    """A put carries the lease it bound its key to (0 for none, and for a delete):
+    readers tell a claim (always under a lease) from a leaseless write."""
+    with trio.fail_after(BOUND):
+        lease = await registry.grant(30)
+        _, revision = await registry.list_prefix("m/")
+        async with registry.watch("m/", revision + 1) as events:
+            await registry.create("m/a", b"1", lease=lease)
+            current = await registry.get("m/a")
+            assert current is not None
+            assert await registry.replace("m/a", b"2", current.mod_revision)
+            await registry.delete("m/a")
+            seen = await take(events, 3)
+        await registry.revoke(lease)
+
+        assert [(e.kind, e.value, e.lease) for e in seen] == [
+            ("put", b"1", lease),
+            ("put", b"2", 0),
+            ("delete", b"", 0),
+        ]
+
+
 async def test_watch_from_compacted_revision(backend: Backend) -> None:
     registry = backend.registry
     with trio.fail_after(BOUND):

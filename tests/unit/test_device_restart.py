@@ -286,7 +286,7 @@ class Daemons:
         kv = await self.registry.get(member_key(self.running[rank].spec, rank))
         assert kv is not None
         return (
-            decode_member(self.running[rank].spec, kv.key, kv.value),
+            decode_member(self.running[rank].spec, kv.key, kv.value, kv.lease),
             kv.create_revision,
             kv.lease,
         )

@@ -11,6 +11,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from vnetd.control.claim import ClaimState
 from vnetd.model import DevicePeer
 from vnetd.observe.http import Check, serve_http
 from vnetd.observe.metrics import DaemonMetrics, Snapshot
@@ -19,31 +20,34 @@ from vnetd.observe.readiness import LinkState, readiness
 ADDR = "10.250.0.2"
 
 
+UP = LinkState(True, True, frozenset({ADDR}))
+
+
 @pytest.mark.parametrize(
-    ("link", "claimed", "ok", "why"),
+    ("link", "claim", "ok", "why"),
     [
-        pytest.param(LinkState(False), True, False, "does not exist", id="no-interface"),
-        pytest.param(LinkState(True, True), True, False, "does not hold", id="no-address"),
+        pytest.param(LinkState(False), "claimed", False, "does not exist", id="no-interface"),
+        pytest.param(LinkState(True, True), "claimed", False, "does not hold", id="no-address"),
         pytest.param(
-            LinkState(True, True, frozenset({"10.250.0.3"})), True, False, "does not hold",
+            LinkState(True, True, frozenset({"10.250.0.3"})), "claimed", False, "does not hold",
             id="another-address",
         ),
-        pytest.param(LinkState(True, False, frozenset({ADDR})), True, False, "down", id="down"),
-        pytest.param(
-            LinkState(True, True, frozenset({ADDR})), False, False, "not claimed", id="unclaimed"
-        ),
-        pytest.param(LinkState(True, True, frozenset({ADDR})), True, True, "ready", id="ready"),
+        pytest.param(LinkState(True, False, frozenset({ADDR})), "claimed", False, "down", id="down"),
+        pytest.param(UP, "claiming", False, "not claimed", id="unclaimed"),
+        pytest.param(UP, "waiting", False, "rank 1 is held by pod9; waiting", id="waiting"),
+        pytest.param(UP, "displaced", False, "displaced: rank 1 was taken by pod9", id="displaced"),
+        pytest.param(UP, "claimed", True, "ready", id="ready"),
     ],
 )  # fmt: skip
-def test_readiness(link: LinkState, claimed: bool, ok: bool, why: str) -> None:
-    check = readiness(link, "vnet0", ADDR, claimed)
+def test_readiness(link: LinkState, claim: ClaimState, ok: bool, why: str) -> None:
+    check = readiness(link, "vnet0", ADDR, claim, 1, "pod9")
     assert check.ok is ok
     assert why in check.detail
 
 
 def test_readiness_compares_ipv6_addresses_in_any_notation() -> None:
     link = LinkState(True, True, frozenset({"fd00:250:0:0::2"}))
-    assert readiness(link, "vnet0", "fd00:250::2", True).ok
+    assert readiness(link, "vnet0", "fd00:250::2", "claimed").ok
 
 
 def scrape(metrics: DaemonMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

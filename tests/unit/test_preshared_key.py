@@ -104,6 +104,6 @@ def test_the_key_file_is_chosen_flag_env_spec(
     environ = {"POD_IP": "198.18.1.1"}
     if env:
         environ["VNETD_PRESHARED_KEY_FILE"] = str(tmp_path / env)
-    _spec, _me, config = prepare(opts, environ)
+    _spec, _me, config, _signer = prepare(opts, environ)
     assert config.preshared_key == (keys[expected] if expected else None)
     assert (config.preshared_key or "@@") not in repr(config)

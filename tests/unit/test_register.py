@@ -106,7 +106,7 @@ async def test_public_endpoint_file_is_followed(tmp_path, caplog, monkeypatch):
     async def registered() -> Member:
         entry = await registry.get(member_key(spec, 1))
         assert entry is not None
-        return decode_member(spec, entry.key, entry.value)
+        return decode_member(spec, entry.key, entry.value, entry.lease)
 
     async def until_public(value: str | None) -> None:
         with trio.fail_after(5):
@@ -155,7 +155,9 @@ async def test_register_follows_a_public_endpoint_file_like_up(tmp_path, monkeyp
     async def public() -> str | None:
         entry = await registry.get(member_key(spec, 3))
         return (
-            None if entry is None else decode_member(spec, entry.key, entry.value).public_endpoint
+            None
+            if entry is None
+            else decode_member(spec, entry.key, entry.value, entry.lease).public_endpoint
         )
 
     async def until_public(value: str | None) -> None:

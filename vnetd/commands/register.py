@@ -127,11 +127,13 @@ async def hold_claim(
 
     from vnetd.control.claim import ClaimHolder, follow_public_endpoint
     from vnetd.control.membership import ensure_spec
+    from vnetd.control.proof import Signer
     from vnetd.control.retry import RegistryHealth, retry_registry
 
     health = RegistryHealth()
     await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)
-    claim = ClaimHolder(registry, spec, me, health)
+    # A signing key of this process only: a restarted register waits out its old lease.
+    claim = ClaimHolder(registry, spec, me, health, signer=Signer.generate())
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(claim.run)

@@ -18,6 +18,13 @@ holds for a new public endpoint (``set_public_endpoint``, from
 ``follow_public_endpoint``: the NAT in front of the member forwards another
 port now); peers of other sites then write it (invariant 4: the registry's
 endpoint for the rank changed).
+
+Records are signed with ``signer`` (``control.proof``). The holder also watches
+its own rank in the view: an entry rewritten by another writer (refused by
+readers) is written back; an entry taken by another holder while our lease
+lived is reported as *displaced* (``state``, one log line, a counter) and
+waited out like any holder, never fought over; a copy of our public key at
+another rank is logged once (docs/architecture.md, "Registry layout").
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import trio
 
@@ -36,6 +44,7 @@ from vnetd.control.membership import (
     spec_key,
     try_claim,
 )
+from vnetd.control.proof import Signer
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
@@ -44,6 +53,12 @@ from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.claim")
+
+ClaimState = Literal["claiming", "claimed", "waiting", "displaced"]
+"""``claiming``: not claimed yet; ``waiting``: another holder has the rank (our
+claim was never made, or was lost with our lease); ``displaced``: another
+holder took the rank while our lease lived (a forged delete and create, or a
+second daemon for this rank)."""
 
 
 class ClaimHolder:
@@ -56,12 +71,24 @@ class ClaimHolder:
         me: Member,
         health: RegistryHealth,
         view: MemberView | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self.registry = registry
         self.spec = spec
-        self.me = me
+        self.signer = signer
+        self.me = replace(me, signing_key=signer.public_key) if signer else me
         self.health = health
         self.view = view
+        self.state: ClaimState = "claiming"
+        self.holder: str | None = None
+        """Who holds the rank while we wait (an instance, or "an unreadable entry")."""
+        self.displaced = 0
+        """How many times another holder took the rank while our lease lived."""
+        self.restores = 0
+        """How many times our entry, overwritten by another writer, was written back."""
+        self._lost_with_lease = False
+        self._restored = 0  # the view's ``overwritten`` revision last answered
+        self._copies_logged: set[int] = set()
         self.lease = 0
         self._renewed_at = 0.0
         self.claimed = trio.Event()
@@ -85,6 +112,9 @@ class ClaimHolder:
             await self._claim()
             reason = await self._keep_alive()
             self.claimed = trio.Event()
+            self.claimed_at = None
+            self.state = "claiming"
+            self._lost_with_lease = self.lease != 0
             log.warning("%s; claiming rank %d again", reason, self.me.rank)
 
     def set_device_id(self, device_id: str) -> None:
@@ -128,7 +158,10 @@ class ClaimHolder:
                 self._written = me
                 self.claims += 1
                 self.claimed_at = time.time()
+                self.state, self.holder, self._lost_with_lease = "claimed", None, False
                 how = "took over its own entry" if result.took_over else "created the entry"
+                if result.replaced:
+                    how = f"took over {result.replaced}"
                 log.info(
                     "claimed rank %d as %s (%s, lease %x, ttl %d s)",
                     self.me.rank,
@@ -140,9 +173,26 @@ class ClaimHolder:
                 self.claimed.set()
                 return
             holder = result.holder.instance if result.holder else "an unreadable entry"
+            self.holder = holder
+            if self._lost_with_lease and self.state != "displaced":
+                self.state = "displaced"
+                self.displaced += 1
+                log.error(
+                    "rank %d was taken by %s (lease %x) while our lease %x lived: displaced; "
+                    "not ready, waiting for that entry to go",
+                    self.me.rank,
+                    holder,
+                    result.entry.lease,
+                    self.lease,
+                )
+            elif self.state != "displaced":
+                self.state = "waiting"
             if holder != waiting_on:
                 log.warning(
-                    "rank %d is held by %s; waiting for its lease to end", self.me.rank, holder
+                    "rank %d is held by %s%s; waiting for its lease to end",
+                    self.me.rank,
+                    holder,
+                    _why_held(result.holder, self.me),
                 )
                 waiting_on = holder
             await trio.sleep(min(1.0, self.ttl / 3))
@@ -153,7 +203,7 @@ class ClaimHolder:
         if self.claims:
             await self._store_spec_again()
         me = self.me
-        return me, await try_claim(self.registry, self.spec, me, self.lease)
+        return me, await try_claim(self.registry, self.spec, me, self.lease, self.signer)
 
     async def _fresh_lease(self) -> None:
         """Make sure ``self.lease`` is alive: a wait on a holder can outlast it."""
@@ -190,9 +240,10 @@ class ClaimHolder:
         interval = self.ttl / 3
         lease = self.lease
         renew_at = trio.current_time() + interval
+        seen_own = False  # our entry reached the view since the claim
         while True:
-            with trio.move_on_at(renew_at):
-                await self._record_changed.wait()
+            version = self.view.version if self.view is not None else 0
+            await self._wait(renew_at, version)
             if self._record_changed.is_set():
                 self._record_changed = trio.Event()
             if trio.current_time() >= renew_at:
@@ -200,10 +251,66 @@ class ClaimHolder:
                 reason = await self._renew(lease)
                 if reason is not None:
                     return reason
-            if self._written != self.me:
+            elif self.view is not None and self.view.version != version:
+                gone = self._entry_gone()
+                if seen_own and gone:
+                    return f"rank {self.me.rank}'s entry changed in the registry"
+                seen_own = seen_own or not gone
+            self._report_copies()
+            if self._written != self.me or self._overwritten():
                 reason = await self._update_record(lease)
                 if reason is not None:
                     return reason
+
+    async def _wait(self, deadline: float, version: int) -> None:
+        """Until ``deadline``, a record change, or (with a view) a change of the view."""
+        view, record_changed = self.view, self._record_changed
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+
+                async def record() -> None:
+                    await record_changed.wait()
+                    nursery.cancel_scope.cancel()
+
+                async def member_change() -> None:
+                    if view is not None:
+                        await view.wait_changed(version)
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(record)
+                nursery.start_soon(member_change)
+
+    def _overwritten(self) -> bool:
+        """True when readers refused a rewrite of our entry we have not answered yet."""
+        if self.view is None:
+            return False
+        revision = self.view.overwritten.get(self.me.rank, 0)
+        return revision > self._restored and self._ours() != 0
+
+    def _ours(self) -> int:
+        """The create revision of our entry as readers hold it (0: they hold no entry of ours)."""
+        if self.view is None:
+            return 0
+        member = self.view.members.get(self.me.rank)
+        if member is None or member.public_key != self.me.public_key:
+            return 0
+        if member.signing_key != self.me.signing_key:
+            return 0
+        return self.view.created.get(self.me.rank, 0)
+
+    def _report_copies(self) -> None:
+        """Log once each rank whose entry carries our public key (refused or not)."""
+        if self.view is None:
+            return
+        copies = {r for r, key in self.view.bindings.copies.items() if key == self.me.public_key}
+        for rank in sorted(copies - self._copies_logged - {self.me.rank}):
+            self._copies_logged.add(rank)
+            log.warning(
+                "rank %d's entry carries our public key (rank %d's): a copy, refused by "
+                "readers that saw ours first",
+                rank,
+                self.me.rank,
+            )
 
     async def _renew(self, lease: int) -> str | None:
         """One keepalive; why the claim is lost, or None."""
@@ -226,8 +333,9 @@ class ClaimHolder:
         While the registry is unreachable the update waits for the next renewal.
         """
         me, before = self.me, self._written
+        overwritten = self.view.overwritten.get(me.rank, 0) if self.view is not None else 0
         try:
-            result = await try_claim(self.registry, self.spec, me, lease)
+            result = await try_claim(self.registry, self.spec, me, lease, self.signer, self._ours())
             self.health.ok()
         except RegistryUnavailable as exc:
             self.health.failed("claim", exc)
@@ -239,6 +347,16 @@ class ClaimHolder:
             return f"rank {me.rank}'s entry is held by {holder}"
         self._written = me
         self.record_updates += 1
+        if overwritten > self._restored:
+            self.restores += 1
+            if self.restores == 1 or self.restores % 100 == 0:
+                log.warning(
+                    "rank %d's entry was overwritten by another writer (refused by readers); "
+                    "wrote it back (%d times so far)",
+                    me.rank,
+                    self.restores,
+                )
+        self._restored = max(self._restored, overwritten)
         if before is None or before.device_id != me.device_id:
             log.info(
                 "rank %d's entry updated: device id %s -> %s (a new wireguard-go)",
@@ -257,12 +375,22 @@ class ClaimHolder:
 
     def _entry_gone(self) -> bool:
         """True when the synced view shows our entry missing (deleted by hand, or
-        the registry lost it while our lease lived on) or only held after a reset."""
+        the registry lost it while our lease lived on), only held after a reset, or
+        replaced by a record not signed by us."""
         if self.view is None or not self.view.synced or self.health.reachable is False:
             return False
         current = self.view.members.get(self.me.rank)
         held = self.me.rank in self.view.held
-        return held or current is None or current.public_key != self.me.public_key
+        if held or current is None or current.public_key != self.me.public_key:
+            return True
+        return current.signing_key != self.me.signing_key  # a record of someone else's
+
+
+def _why_held(holder: Member | None, me: Member) -> str:
+    """A note on why the holder is not us when it carries our instance."""
+    if holder is None or holder.instance != me.instance:
+        return ""
+    return " (our instance under another signing key: a second daemon for this rank?)"
 
 
 PUBLIC_ENDPOINT_POLL = 1.0

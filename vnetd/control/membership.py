@@ -5,10 +5,13 @@ Layout (docs/architecture.md, "Registry layout")::
     <prefix>/<mesh>/spec            the [mesh] table as canonical JSON, create-if-absent
     <prefix>/<mesh>/members/<rank>  a member record, bound to its daemon's lease
 
-The claim rules: create ``members/<rank>`` if absent; if present and its
-``instance`` is ours, the old process is gone and we take it over (a
-compare-and-swap on its mod revision); otherwise it is held by someone else
-and the caller waits for its deletion.
+The claim rules (docs/architecture.md, "Claim"): create ``members/<rank>`` if
+absent; if present and signed by our signing key (or, for a record of an older
+version, unsigned with our ``instance``), the old process is gone and we take
+it over (a compare-and-swap on its mod revision); an entry bound to no lease,
+or our own entry overwritten by another writer, is taken back the same way;
+otherwise it is held by someone else and the caller waits for its deletion.
+Records are signed (``control.proof``) and ``decode_member`` checks the proof.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from ipaddress import ip_address
 
+from vnetd.control.proof import Signer, verify
 from vnetd.errors import RegistryError, SpecError, SpecMismatch, VnetdError
 from vnetd.model import Member, check_endpoint, check_public_key, is_ascii_number
 from vnetd.registry.base import KeyValue, Registry
@@ -57,14 +61,34 @@ def member_key(spec: MeshSpec, rank: int) -> str:
     return f"{members_prefix(spec)}{rank}"
 
 
-def encode_member(member: Member) -> bytes:
-    """The record's JSON. ``site`` and ``public_endpoint`` are left out at their
-    defaults, so a single-site mesh writes exactly what older versions wrote."""
+def encode_member(
+    member: Member, signer: Signer | None = None, *, key: str = "", lease: int = 0
+) -> bytes:
+    """The record's JSON. ``site``, ``public_endpoint`` and ``signing_key`` are left
+    out at their defaults, so an unsigned single-site record is exactly what older
+    versions wrote. With ``signer`` (whose key is ``member.signing_key``) the record
+    carries ``proof``: its signature of the rest, at registry ``key`` under ``lease``.
+
+    Raises:
+        ValueError: ``member.signing_key`` is not ``signer``'s (or there is no signer).
+    """
     record = asdict(member)
     if member.site == DEFAULT_SITE:
         del record["site"]
     if member.public_endpoint is None:
         del record["public_endpoint"]
+    if not member.signing_key:
+        del record["signing_key"]
+    body = _canonical(record)
+    if signer is None and not member.signing_key:
+        return body
+    if signer is None or signer.public_key != member.signing_key:
+        raise ValueError("a record with a signing_key is written by that key's signer")
+    record["proof"] = signer.sign(key, lease, body)
+    return _canonical(record)
+
+
+def _canonical(record: dict[str, object]) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -86,14 +110,19 @@ def show_key(key: str) -> str:
     return shown if len(shown) <= _KEY_SHOWN else f"{shown[:_KEY_SHOWN]}..."
 
 
-def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
-    """Parse and check one ``members/<rank>`` entry.
+def decode_member(
+    spec: MeshSpec, key: str, value: bytes, lease: int = 0, *, proven: bool = False
+) -> Member:
+    """Parse and check one ``members/<rank>`` entry, bound to ``lease`` (0: none).
+
+    A signed record's proof must verify for this key and lease; ``proven``: the
+    caller verified these very bytes at this key and lease before (a re-list).
 
     Raises:
         BadEntry: the message names the key and the field at fault, on one line.
     """
     rank = rank_of_key(spec, key)
-    key = show_key(key)
+    raw_key, key = key, show_key(key)
     if rank is None:
         raise BadEntry(f"{key}: not a rank key")
     size = dropped_size(value)
@@ -118,7 +147,7 @@ def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
                 f"{key}: field {field} is not accepted: "
                 "a member's address comes from its rank through the spec"
             )
-    return Member(
+    member = Member(
         rank=rank,
         public_key=_public_key(key, record.get("public_key")),
         endpoint=_endpoint(key, record.get("endpoint"), spec=spec),
@@ -129,6 +158,28 @@ def decode_member(spec: MeshSpec, key: str, value: bytes) -> Member:
         site=_site(key, record.get("site", DEFAULT_SITE)),
         public_endpoint=_endpoint(key, record.get("public_endpoint"), "public_endpoint", spec=spec),
     )
+    signing_key = _proven_signer(key, raw_key, record, lease, proven)
+    return replace(member, signing_key=signing_key) if signing_key else member
+
+
+def _proven_signer(
+    key: str, raw_key: str, record: dict[str, object], lease: int, proven: bool
+) -> str:
+    """The record's ``signing_key`` once its ``proof`` verifies; "" for an unsigned record."""
+    signing_key, proof = record.get("signing_key"), record.get("proof")
+    if signing_key is None and proof is None:
+        return ""
+    if not isinstance(signing_key, str) or not isinstance(proof, str):
+        raise BadEntry(f"{key}: fields signing_key and proof go together, as strings")
+    if proven:
+        return signing_key
+    body = {field: value for field, value in record.items() if field != "proof"}
+    if not verify(signing_key, proof, raw_key, lease, _canonical(body)):
+        raise BadEntry(
+            f"{key}: field proof does not verify under lease {lease:x}: not written by "
+            f"the holder of signing key {signing_key[:12]!r} for this key and lease"
+        )
+    return signing_key
 
 
 def _site(key: str, value: object) -> str:
@@ -242,6 +293,9 @@ async def ensure_spec(registry: Registry, spec: MeshSpec) -> bool:
 @dataclass(frozen=True)
 class Claimed:
     took_over: bool
+    replaced: str = ""
+    """What a takeover replaced when it was not our own entry: "a leaseless entry"
+    or "our entry, overwritten by another writer"."""
 
 
 @dataclass(frozen=True)
@@ -252,23 +306,51 @@ class Held:
     entry: KeyValue
 
 
-async def try_claim(registry: Registry, spec: MeshSpec, me: Member, lease: int) -> Claimed | Held:
-    """One attempt at the claim rules for ``me.rank`` under ``lease``."""
+async def try_claim(
+    registry: Registry,
+    spec: MeshSpec,
+    me: Member,
+    lease: int,
+    signer: Signer | None = None,
+    ours: int = 0,
+) -> Claimed | Held:
+    """One attempt at the claim rules for ``me.rank`` under ``lease``.
+
+    Args:
+        signer: signs the record (its key is ``me.signing_key``); None: unsigned.
+        ours: the create revision of an entry readers accepted as ours (0: none):
+            found overwritten by another writer, it is written back.
+    """
     key = member_key(spec, me.rank)
-    value = encode_member(me)
+    value = encode_member(me, signer, key=key, lease=lease)
     for _ in range(3):  # a lost compare-and-swap race is retried a few times
         existing = await registry.create(key, value, lease)
         if existing is None:
             return Claimed(took_over=False)
         try:
-            holder: Member | None = decode_member(spec, key, existing.value)
+            holder: Member | None = decode_member(spec, key, existing.value, existing.lease)
         except BadEntry:
             holder = None
-        if holder is None or holder.instance != me.instance:
+        replaced = _replaceable(existing, holder, me, ours)
+        if replaced is None:
             return Held(holder, existing)
         if await registry.replace(key, value, existing.mod_revision, lease):
-            return Claimed(took_over=True)
+            return Claimed(took_over=True, replaced=replaced)
     raise RegistryError(f"{key}: claim kept losing compare-and-swap races")
+
+
+def _replaceable(existing: KeyValue, holder: Member | None, me: Member, ours: int) -> str | None:
+    """Why ``me`` may replace ``existing`` ("" for our own entry), or None: it is held."""
+    if existing.lease == 0:
+        return "a leaseless entry"  # every claim is bound to a lease: this holds nothing
+    overwritten = holder is None or holder.signing_key != me.signing_key
+    if ours and existing.create_revision == ours and overwritten:
+        return "our entry, overwritten by another writer"
+    if holder is None:
+        return None
+    if holder.signing_key:
+        return "" if holder.signing_key == me.signing_key else None
+    return "" if holder.instance == me.instance else None  # an unsigned record
 
 
 async def read_members(registry: Registry, spec: MeshSpec) -> tuple[dict[int, Member], int]:
@@ -282,7 +364,7 @@ async def read_members(registry: Registry, spec: MeshSpec) -> tuple[dict[int, Me
     bad = 0
     for kv in kvs:
         try:
-            member = decode_member(spec, kv.key, kv.value)
+            member = decode_member(spec, kv.key, kv.value, kv.lease)
         except BadEntry:
             bad += 1
             continue

@@ -10,6 +10,7 @@ break the claim rules. The why of each is in docs/architecture.md, "Watch",
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
 import math
 import time
@@ -19,6 +20,7 @@ from typing import NoReturn
 
 import trio
 
+from vnetd.control.holders import KeyBindings, may_rewrite
 from vnetd.control.membership import BadEntry, decode_member, members_prefix, rank_of_key
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.storm import StormGauge
@@ -37,6 +39,9 @@ BAD_ENTRIES_REMEMBERED = 1000
 BAD_ENTRIES_NAMED = 20
 """Bad entries logged by name per ``BAD_LOG_WINDOW``; the rest go into one summary line."""
 BAD_LOG_WINDOW = 60.0
+COPY_ORDER = 1 << 62
+"""Added to the create revision of a copy of a bound public key: it orders after
+every registration (``mesh.desired_peers`` gives a key to its earliest)."""
 CHANGES_KEPT = 4096
 """Changed ranks remembered for ``MemberView.changed_since``; a reader further behind
 gets "everything"."""
@@ -55,12 +60,26 @@ class MemberView:
     one. Members held after a reset keep their order among themselves and come
     before every entry of the new store, whose revisions start again low: they
     were registered first (their revisions are shifted below zero).
+
+    ``leases`` maps each member's rank to the lease its entry is bound to (0:
+    none). ``bindings`` holds which signing key each public key belongs to; an
+    entry carrying a key bound to another signing key is a copy: its rank is
+    ordered after every registration in ``created`` (so the key's holder keeps
+    its peer) and noted in ``bindings.copies`` (``control.holders``).
+    ``overwritten`` maps a rank to the mod revision of the last rewrite of its
+    entry that was refused: the holder writes its record back.
     """
 
     def __init__(self) -> None:
         self.members: dict[int, Member] = {}
         self.held: dict[int, float] = {}
         self.created: dict[int, int] = {}
+        self.leases: dict[int, int] = {}
+        self.bindings = KeyBindings()
+        self.overwritten: dict[int, int] = {}
+        self._grace = 0.0
+        self._proven: dict[str, tuple[int, bytes]] = {}
+        """Rank key -> (lease, digest) of the signed record last verified there."""
         self.revision = 0
         """The highest store revision seen: of the last list, or of an event since."""
         self.bad_entries: dict[str, str] = {}
@@ -97,15 +116,36 @@ class MemberView:
         reset (``hold_until`` is given: it is held until then) or still within
         the grace of an earlier one (its deadline is after ``now``).
         """
+        self._grace = RESET_GRACE_TTLS * spec.registry.lease_ttl
         members: dict[int, Member] = {}
         created: dict[int, int] = {}
+        leases: dict[int, int] = {}
         bad: dict[str, str] = {}
+        listed: list[tuple[KeyValue, Member]] = []
         for kv in kvs:
-            member = self._decode(spec, kv.key, kv.value, bad)
-            member = self._accepted(spec, kv.key, member, kv.create_revision)
+            member = self._decode(spec, kv.key, kv.value, bad, kv.lease)
+            member = self._accepted(
+                spec, kv.key, member, kv.create_revision, kv.lease, kv.mod_revision
+            )
             if member is not None:
-                members[member.rank] = member
-                created[member.rank] = kv.create_revision
+                listed.append((kv, member))
+        # Signed registrations first, each kind in create order: a signed member's key
+        # is bound before an unsigned copy of it is looked at.
+        listed.sort(key=lambda item: (not item[1].signing_key, item[0].create_revision))
+        kept_copies = dict(self.bindings.copies)
+        self.bindings.copies.clear()
+        for kv, member in listed:
+            rank = member.rank
+            if member is self.members.get(rank):  # a refused rewrite: the old one stays
+                created[rank] = self.created.get(rank, kv.create_revision)
+                leases[rank] = self.leases.get(rank, 0)
+                if rank in kept_copies:
+                    self.bindings.copies[rank] = kept_copies[rank]
+            else:
+                created[rank] = self._ordered(member, kv.create_revision)
+                leases[rank] = kv.lease
+            self.bindings.bind(member)
+            members[rank] = member
         held: dict[int, float] = {}
         shift = self.revision + 1 if hold_until is not None else 0  # below the new store's
         for rank, member in self.members.items():
@@ -113,11 +153,14 @@ class MemberView:
             if rank not in members and until is not None and until > now:
                 members[rank] = member
                 created[rank] = self.created.get(rank, 0) - shift
+                leases[rank] = self.leases.get(rank, 0)
                 held[rank] = until
         for rank in sorted(set(self.held) - set(held) - set(members)):
             log.warning("rank %d did not register again after the registry reset; dropped", rank)
         self.members = dict(sorted(members.items()))
         self.created = created
+        self.leases = leases
+        self.bindings.recount(self.members.values(), self._grace)
         self.held = held
         self.revision = revision
         self.bad_entries = bad
@@ -168,68 +211,107 @@ class MemberView:
         if rank is not None:
             self.held.pop(rank, None)
         if event.kind == "delete":
+            self._proven.pop(event.key, None)
+            if rank is not None:
+                self.bindings.copies.pop(rank, None)
             self._drop(rank)
             return
-        decoded = self._decode(spec, event.key, event.value, self.bad_entries)
-        member = self._accepted(spec, event.key, decoded, event.create_revision)
+        self._grace = RESET_GRACE_TTLS * spec.registry.lease_ttl
+        decoded = self._decode(spec, event.key, event.value, self.bad_entries, event.lease)
+        old = self.members.get(rank) if rank is not None else None
+        member = self._accepted(
+            spec, event.key, decoded, event.create_revision, event.lease, event.mod_revision
+        )
         if member is None:
             self._drop(rank)
-        elif (
-            self.members.get(member.rank) != member
-            or self.created.get(member.rank) != event.create_revision
-        ):
+        elif member is not old:
+            if rank is not None:
+                self.bindings.copies.pop(rank, None)
+            order = self._ordered(member, event.create_revision)
+            changed = old != member or self.created.get(member.rank) != order
+            if old is not None:
+                self.bindings.remove(old, self._grace)
+            self.bindings.add(member)
             self.members[member.rank] = member
-            self.created[member.rank] = event.create_revision
-            self._batch.add(member.rank)
+            self.created[member.rank] = order
+            self.leases[member.rank] = event.lease
+            if changed:
+                self._batch.add(member.rank)
 
     def _accepted(
-        self, spec: MeshSpec, key: str, member: Member | None, create_revision: int
+        self,
+        spec: MeshSpec,
+        key: str,
+        member: Member | None,
+        create_revision: int,
+        lease: int,
+        mod_revision: int,
     ) -> Member | None:
         """``member`` as written at ``key``, or the member we had there if the write
-        breaks the claim rules (another instance, or junk, in an entry never deleted)."""
+        breaks the claim rules (``may_rewrite``) in an entry never deleted."""
         rank = rank_of_key(spec, key)
         if rank is None or rank in self.held:
             return member
         old = self.members.get(rank)
         if old is None or self.created.get(rank) != create_revision or create_revision == 0:
             return member
-        if member is not None and member.rank == rank and member.instance == old.instance:
+        if member is not None and may_rewrite(old, self.leases.get(rank, 0), member, lease):
             return member
+        self.overwritten[rank] = mod_revision
         if self.refused.get(rank) != create_revision:
             self.refused[rank] = create_revision
             self.refused_total += 1
             log.warning(
-                "refusing a rewrite of rank %d's entry by %s: it is held by %s and was not "
+                "refusing a rewrite of rank %d's entry by %s: it is held by %s%s and was not "
                 "deleted in between (create revision %d); keeping %s's member",
                 rank,
                 member.instance if member is not None else "an unreadable record",
                 old.instance,
+                " (signed; the rewrite is not signed by its key)" if old.signing_key else "",
                 create_revision,
                 old.instance,
             )
         return old
 
+    def _ordered(self, member: Member, create_revision: int) -> int:
+        """The registration order of ``member``: its create revision, or, when it carries a
+        public key bound to another signing key (a copy: logged once, counted), after
+        every registration, so the key's signed holder keeps its peer."""
+        copy, first = self.bindings.refuse_copy(member, create_revision, self.members)
+        self.refused_total += first
+        return create_revision + COPY_ORDER if copy else create_revision
+
     def _drop(self, rank: int | None) -> None:
         if rank is None:
             return
         self.created.pop(rank, None)
-        if self.members.pop(rank, None) is not None:
+        self.leases.pop(rank, None)
+        old = self.members.pop(rank, None)
+        if old is not None:
+            self.bindings.remove(old, self._grace)
             self._batch.add(rank)
 
     def held_until(self) -> float:
         """When the next held member's grace ends (``inf`` when none is held)."""
         return min(self.held.values(), default=math.inf)
 
-    def _decode(self, spec: MeshSpec, key: str, value: bytes, bad: dict[str, str]) -> Member | None:
+    def _decode(
+        self, spec: MeshSpec, key: str, value: bytes, bad: dict[str, str], lease: int
+    ) -> Member | None:
+        seen = (lease, hashlib.blake2b(value, digest_size=16).digest())
         try:
-            return decode_member(spec, key, value)
+            member = decode_member(spec, key, value, lease, proven=self._proven.get(key) == seen)
         except BadEntry as exc:
+            self._proven.pop(key, None)
             if key not in self.bad_entries:
                 self.bad_total += 1
                 self._log_bad(exc)
             if key in bad or len(bad) < BAD_ENTRIES_REMEMBERED:
                 bad[key] = str(exc)
             return None
+        if member.signing_key:  # one entry per rank key: a re-list verifies nothing twice
+            self._proven[key] = seen
+        return member
 
     def _log_bad(self, exc: BadEntry) -> None:
         """Name a bad entry, at most ``BAD_ENTRIES_NAMED`` per window; summarise the rest.

@@ -17,6 +17,7 @@ import trio
 from vnetd.config import Effective
 from vnetd.control.claim import ClaimHolder, follow_public_endpoint
 from vnetd.control.membership import ensure_spec, spec_key
+from vnetd.control.proof import Signer
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.daemon.reconciler import Reconciler
@@ -57,16 +58,18 @@ async def run_control_plane(
     dataplane: Dataplane,
     on_pass: Callable[[float, int], None] | None,
     task_status: Started,
+    signer: Signer | None = None,
 ) -> None:
     """Check the spec, watch the members, reconcile, claim the rank; until cancelled.
 
-    ``on_pass`` is the metrics' pass observer (None without metrics).
+    ``on_pass`` is the metrics' pass observer (None without metrics); ``signer``
+    signs our records (None: unsigned, as older versions wrote them).
     """
     spec = settings.spec
     health = RegistryHealth()
     await _check_spec(registry, spec, health)
     view = MemberView()
-    claim = ClaimHolder(registry, spec, me, health, view)
+    claim = ClaimHolder(registry, spec, me, health, view, signer)
     reconciler = Reconciler(
         spec,
         me.rank,

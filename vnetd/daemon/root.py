@@ -29,6 +29,7 @@ import trio
 
 from vnetd import __version__
 from vnetd.config import Effective, Settings, effective, resolve_exit_file
+from vnetd.control.proof import load_or_create_signer
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.dataplane import DataplaneFactory, DeviceConfig, choose_dataplane, device_id_of
 from vnetd.dataplane.link import default_route_address, resolve_mtu
@@ -42,6 +43,7 @@ from vnetd.registry import open_registry as open_settings_registry
 from vnetd.spec import DEFAULT_SITE, MeshSpec
 
 if TYPE_CHECKING:  # imported when used: see the module doc
+    from vnetd.control.proof import Signer
     from vnetd.daemon.running import Running
     from vnetd.observe.endpoints import DaemonEndpoints
 
@@ -54,8 +56,9 @@ one ``stat`` per half second is nothing next to a job's run time."""
 
 def prepare(
     settings: Settings, env: Mapping[str, str], assigned_rank: int | None = None
-) -> tuple[Effective, Member, DeviceConfig]:
-    """Resolve identity and device config; every failure is a ``VnetdError``.
+) -> tuple[Effective, Member, DeviceConfig, Signer]:
+    """Resolve identity, device config and the record signer (``signing.key`` beside
+    the WireGuard key); every failure is a ``VnetdError``.
 
     Args:
         assigned_rank: the rank the registry assigned (``--rank auto``); None:
@@ -68,6 +71,7 @@ def prepare(
         rank = assigned_rank
     set_rank(rank)
     keys = load_or_create_key(settings.state_dir)
+    signer = load_or_create_signer(settings.state_dir)
     needs_route = not settings.endpoint and not env.get("POD_IP")
     endpoint = resolve_endpoint(
         spec, settings.endpoint, env, default_route_address() if needs_route else None
@@ -83,6 +87,7 @@ def prepare(
         version=__version__,
         site=resolved.site,
         public_endpoint=resolved.public_endpoint,
+        signing_key=signer.public_key,
     )
     config = DeviceConfig(
         interface=spec.interface,
@@ -96,7 +101,7 @@ def prepare(
         address6=spec.interface_address6(rank),
         network6=spec.network6,
     )
-    return resolved, me, config
+    return resolved, me, config, signer
 
 
 def _port_of(endpoint: str, default: int) -> int:
@@ -160,7 +165,7 @@ async def _run_daemon(
     assigned = None  # --rank auto: the registry's rank, handed on as it is
     if wants_auto_rank(settings.rank, env):
         assigned = await _auto_rank(settings, env, open_registry)
-    resolved, me, config = await trio.to_thread.run_sync(prepare, settings, env, assigned)
+    resolved, me, config, signer = await trio.to_thread.run_sync(prepare, settings, env, assigned)
     spec = resolved.spec
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
@@ -200,7 +205,9 @@ async def _run_daemon(
                 started = Started(task_status, endpoints)
                 on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
                 async with open_registry(spec.registry) as registry:
-                    await run_control_plane(resolved, me, registry, dataplane, on_pass, started)
+                    await run_control_plane(
+                        resolved, me, registry, dataplane, on_pass, started, signer
+                    )
             nursery.cancel_scope.cancel()
 
 

@@ -99,14 +99,16 @@ class DaemonEndpoints:
                 link = await self.dataplane.link_state()
         except (DataplaneError, trio.TooSlowError) as exc:
             return Check(False, f"not ready: cannot read {self.spec.interface}: {exc}")
-        claimed = self.running is not None and self.running.claim.claimed_at is not None
+        claim = self.running.claim if self.running is not None else None
+        state = claim.state if claim is not None else "claiming"
+        holder = claim.holder if claim is not None else None
         addresses = [str(address) for address in self.spec.addresses(self.me.rank)]
         # Dual stack: the link must hold both addresses before the claim counts.
         for address in addresses[1:]:
-            check = readiness(link, self.spec.interface, address, claimed=True)
+            check = readiness(link, self.spec.interface, address, "claimed")
             if not check.ok:
                 return check
-        return readiness(link, self.spec.interface, addresses[0], claimed)
+        return readiness(link, self.spec.interface, addresses[0], state, self.me.rank, holder)
 
     async def metrics(self) -> bytes:
         if self.running is not None:
@@ -136,7 +138,9 @@ class DaemonEndpoints:
             "addresses": [str(addr) for addr in self.spec.addresses(self.me.rank)],
             "endpoint": self.me.endpoint,
             "instance": self.me.instance,
-            "claimed": r is not None and r.claim.claimed_at is not None,
+            "claimed": r is not None and r.claim.state == "claimed",
+            "claim": r.claim.state if r is not None else "claiming",
+            "holder": r.claim.holder if r is not None else None,
         }
         return document
 
@@ -155,10 +159,14 @@ class DaemonEndpoints:
             peer_ranks=dict(r.reconciler.stats.peer_ranks),
             reconcile_runs=r.reconciler.stats.runs,
             reconcile_failures=r.reconciler.stats.failures,
-            # Invalid entries, and valid ones left out (a key registered earlier by another rank).
+            # Invalid entries, and valid ones left out (a key registered earlier by another
+            # rank, or by the signing key it is bound to).
             bad_entries=r.view.bad_total + r.reconciler.stats.skipped,
             watch_restarts=max(0, r.view.lists - 1),
             claims=r.claim.claims,
+            refused_rewrites=r.view.refused_total,
+            displaced=r.claim.displaced,
+            restores=r.claim.restores,
             registry_errors=dict(r.health.errors_by_operation),
             wireguard_restarts=restarts_of(r.dataplane),
             now=time.time(),

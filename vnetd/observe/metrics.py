@@ -35,6 +35,9 @@ class Snapshot:
     bad_entries: int = 0
     watch_restarts: int = 0
     claims: int = 0
+    refused_rewrites: int = 0
+    displaced: int = 0
+    restores: int = 0
     registry_errors: Mapping[str, int] = field(default_factory=dict)
     wireguard_restarts: int = 0
     now: float = 0.0
@@ -89,6 +92,22 @@ class _SnapshotCollector(Collector):
             "vnetd_lease_reclaims",
             "Claims after the first (the lease was lost and the rank claimed again).",
             max(0, s.claims - 1),
+        )
+        yield _counter(
+            "vnetd_registry_refused_writes",
+            "Registry entries refused as forgeries: a rewrite of a held entry not made by "
+            "its holder, or a copy of a public key registered under another signing key.",
+            s.refused_rewrites,
+        )
+        yield _counter(
+            "vnetd_claim_displaced",
+            "Times another holder took this rank while our lease lived.",
+            s.displaced,
+        )
+        yield _counter(
+            "vnetd_claim_restores",
+            "Times our entry, overwritten by another writer, was written back.",
+            s.restores,
         )
         yield _counter(
             "vnetd_wireguard_restarts",

@@ -38,13 +38,15 @@ class KeyValue:
 @dataclass(frozen=True)
 class WatchEvent:
     """One change. ``create_revision`` is the key's (for a put; 0 for a delete), as
-    in ``KeyValue``: a put that re-creates a deleted key carries a new one."""
+    in ``KeyValue``: a put that re-creates a deleted key carries a new one.
+    ``lease`` is the lease the put bound the key to (0: none, and for a delete)."""
 
     kind: Literal["put", "delete"]
     key: str
     value: bytes
     mod_revision: int
     create_revision: int = 0
+    lease: int = 0
 
 
 class Registry(Protocol):

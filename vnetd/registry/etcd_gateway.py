@@ -194,4 +194,5 @@ def watch_event(event: JSON) -> WatchEvent:
         value=kept_value(unb64(kv.get("value", ""))),
         mod_revision=int(kv.get("mod_revision", 0)),
         create_revision=int(kv.get("create_revision", 0)),
+        lease=int(kv.get("lease", 0)),
     )

@@ -167,7 +167,7 @@ class MemoryRegistry:
         self._store[key] = KeyValue(key, value, create_revision, self._revision, lease)
         if lease:
             self._leases[lease].keys.add(key)
-        self._history.append(WatchEvent("put", key, value, self._revision, create_revision))
+        self._history.append(WatchEvent("put", key, value, self._revision, create_revision, lease))
         self._notify()
 
     def _remove(self, key: str) -> None:

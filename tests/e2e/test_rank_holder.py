@@ -1,0 +1,256 @@
+"""A rank belongs to its holder: forgeries from public data, against real etcd and wireguard-go.
+
+An intruder here has what every pod has: write access to the mesh's prefix
+and everything public (each record, its ``instance``, every public key). It
+rewrites a live member's record with its own key (keeping the holder's
+``instance``), replaces it by a delete and a create, copies a member's key
+to a free rank, or runs as a second daemon under the same instance. Every
+daemon keeps the rank on its holder's key, or the holder says it was
+displaced (docs/architecture.md, "Registry layout"; docs/security.md,
+"Within one credential"). A daemon cut off from etcd while another pod
+claims its rank stops saying it is ready.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+
+import trio
+from bounds import form
+
+from vnetd.control.membership import member_key
+from vnetd.lab.cluster import MeshLab, http_get
+from vnetd.lab.open_lab import Lab
+from vnetd.lab.pods import LabProcess
+from vnetd.lab.underlay import ETCD_IP, ETCD_PORT
+
+PORT = 9090
+TTL = 5
+WG_ENV = {"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
+
+
+async def record_of(mesh: MeshLab, rank: int) -> dict[str, object]:
+    result = await mesh.lab.etcdctl("get", "--print-value-only", member_key(mesh.spec, rank))
+    record: dict[str, object] = json.loads(result.stdout)
+    return record
+
+
+async def key_at(mesh: MeshLab, on: int, rank: int) -> str | None:
+    """The public key ``on``'s device holds ``rank``'s /32 on (None: no peer has it)."""
+    for row in await mesh.device_dump(on):
+        if f"{mesh.address(rank)}/32" in row[3].split(","):
+            return row[0]
+    return None
+
+
+async def grant_lease(lab: Lab, ttl: int) -> str:
+    """An intruder's own lease (hex id, as etcdctl takes it)."""
+    out = (await lab.etcdctl("lease", "grant", str(ttl))).stdout.decode()
+    match = re.search(r"lease ([0-9a-f]+) granted", out)
+    assert match, out
+    return match.group(1)
+
+
+class Intruder:
+    """A wireguard-go device in pod 2 with a key of its own, that accepts rank 0 as a
+    peer: a handshake or a packet rank 0 sends to it shows in its peer's counters."""
+
+    def __init__(self, mesh: MeshLab) -> None:
+        self.mesh = mesh
+        self.pod = mesh.pod(2)
+        self.process: LabProcess | None = None
+        self.public_key = ""
+
+    async def start(self, rank0_key: str) -> None:
+        lab = self.mesh.lab
+        self.process = await lab.start(self.pod, ["wireguard-go", "-f", "wgx"], WG_ENV)
+        private = (await trio.run_process(["wg", "genkey"], capture_stdout=True)).stdout
+        key_file = lab.workdir / "intruder.key"
+        key_file.write_bytes(private)
+        key_file.chmod(0o600)
+        public = await trio.run_process(["wg", "pubkey"], stdin=private, capture_stdout=True)
+        self.public_key = public.stdout.decode().strip()
+        for _ in range(50):  # the device appears once wireguard-go is up
+            up = await lab.run(self.pod, ["ip", "link", "show", "wgx"], 5, beside=self.process)
+            if up.returncode == 0:
+                break
+            await trio.sleep(0.1)
+        for argv in (
+            ["wg", "set", "wgx", "private-key", str(key_file), "listen-port", "51820",
+             "peer", rank0_key, "allowed-ips", f"{self.mesh.address(0)}/32"],
+            ["ip", "address", "add", f"{self.mesh.address(1)}/32", "dev", "wgx"],
+            ["ip", "link", "set", "wgx", "up"],
+        ):  # fmt: skip
+            result = await lab.run(self.pod, argv, 5, beside=self.process)
+            assert result.returncode == 0, result.stderr.decode()
+
+    async def received(self) -> int:
+        """Bytes the intruder's device received from rank 0 (handshakes, packets)."""
+        assert self.process is not None
+        result = await self.mesh.lab.run(
+            self.pod, ["wg", "show", "wgx", "transfer"], 5, beside=self.process
+        )
+        fields = result.stdout.decode().split()
+        return int(fields[1]) if len(fields) >= 3 else 0
+
+
+async def test_a_rewrite_from_public_data_never_moves_a_held_rank(lab: Lab) -> None:
+    """Item 1: rank 1's record copied with the intruder's key and endpoint, the holder's
+    instance kept, rewritten every 0.5 s. The /32 stays on the holder's key, nothing
+    reaches the intruder, and rank 0 keeps reaching rank 1."""
+    with trio.fail_after(120):
+        mesh = MeshLab.create(lab, ttl=TTL)
+        for rank in (0, 1):
+            await mesh.start_rank(rank)
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        real_key = await key_at(mesh, 0, 1)
+        rank0_key = str((await record_of(mesh, 0))["public_key"])
+        intruder = Intruder(mesh)
+        await intruder.start(rank0_key)
+
+        forged = await record_of(mesh, 1)
+        forged.update(public_key=intruder.public_key, endpoint=f"{intruder.pod.underlay_ip}:51820")
+        forged.pop("proof", None)  # it cannot be made without the holder's signing key
+        seen: set[str | None] = set()
+        for _ in range(16):  # 8 s: over one lease TTL, several of the holder's keepalives
+            await lab.etcdctl("put", member_key(mesh.spec, 1), json.dumps(forged))
+            await trio.sleep(0.5)
+            seen.add(await key_at(mesh, 0, 1))
+        assert seen == {real_key}, (seen, mesh.daemons[0].log_text()[-2000:])
+        assert await intruder.received() == 0
+        ping = await lab.run(mesh.pod(0), ["ping", "-c", "1", "-W", "2", mesh.address(1)], 5)
+        assert ping.returncode == 0, ping.stdout.decode()
+        log0 = mesh.daemons[0].log_text()
+        assert "refusing a rewrite of rank 1's entry" in log0, log0[-2000:]
+        # The holder notices its entry was overwritten and writes it back.
+        with trio.fail_after(2 * TTL):
+            while (await record_of(mesh, 1))["public_key"] != real_key:
+                await trio.sleep(0.2)
+        assert mesh.dead_daemons() == {}
+
+
+async def test_a_delete_and_leaseless_create_does_not_keep_the_holder_out(lab: Lab) -> None:
+    """Item 1, second half: the holder's entry deleted and created again with no lease
+    under another instance and key. Within two TTLs the holder holds its rank again."""
+    with trio.fail_after(120):
+        mesh = MeshLab.create(lab, ttl=TTL)
+        for rank in (0, 1):
+            await mesh.start_rank(rank)
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        real_key = await key_at(mesh, 0, 1)
+        forged = await record_of(mesh, 1)
+        forged.update(public_key=base64.b64encode(bytes(range(40, 72))).decode(),
+                      instance="intruder")  # fmt: skip
+        forged.pop("proof", None)
+        forged.pop("signing_key", None)
+        await lab.etcdctl("del", member_key(mesh.spec, 1))
+        await lab.etcdctl("put", member_key(mesh.spec, 1), json.dumps(forged))
+        with trio.fail_after(2 * TTL):
+            while await key_at(mesh, 0, 1) != real_key:
+                await trio.sleep(0.2)
+        ping = await lab.run(mesh.pod(0), ["ping", "-c", "1", "-W", "2", mesh.address(1)], 5)
+        assert ping.returncode == 0, ping.stdout.decode()
+
+
+async def test_a_copy_of_a_key_at_a_free_rank_does_not_knock_its_member_out(lab: Lab) -> None:
+    """Item 2: rank 1's public key registered at free rank 2 (under the intruder's own
+    lease), then rank 1's entry deleted. Rank 0 still reaches rank 1 once rank 1 has
+    claimed again, and rank 1 reports the copy of its key."""
+    with trio.fail_after(120):
+        mesh = MeshLab.create(lab, ttl=TTL)
+        for rank in (0, 1):
+            await mesh.start_rank(rank)
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        copy = await record_of(mesh, 1)
+        copy.update(rank=2, instance="intruder", endpoint=f"{mesh.pod(2).underlay_ip}:51820")
+        copy.pop("proof", None)
+        copy.pop("signing_key", None)
+        lease = await grant_lease(lab, 120)
+        await lab.etcdctl("put", "--lease", lease, member_key(mesh.spec, 2), json.dumps(copy))
+        await trio.sleep(1.0)  # the copy reaches every watch before the delete
+        await lab.etcdctl("del", member_key(mesh.spec, 1))
+        with trio.fail_after(2 * TTL):
+            while True:
+                ping = await lab.run(
+                    mesh.pod(0), ["ping", "-c", "1", "-W", "1", mesh.address(1)], 5
+                )
+                if ping.returncode == 0:
+                    break
+                await trio.sleep(0.2)
+        assert await key_at(mesh, 0, 2) is None
+        log1 = mesh.daemons[1].log_text()
+        assert "rank 2's entry carries our public key" in log1, log1[-2000:]
+
+
+async def test_a_rank_cut_off_and_replaced_is_no_longer_ready(lab: Lab) -> None:
+    """Item 3: rank 1 cut off from etcd for two TTLs, another pod claims rank 1, the cut
+    heals: the old daemon answers /readyz 503 and its /status says it waits."""
+    with trio.fail_after(120):
+        mesh = MeshLab.create(lab, ttl=TTL)
+        await mesh.start_rank(0)
+        await mesh.start_rank(1, "--http-listen", f"127.0.0.1:{PORT}")
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        ready = f"http://127.0.0.1:{PORT}/readyz"
+        assert (await http_get(lab, mesh.pod(1), ready))[0] == 200
+        for rule in (
+            ["add", "table", "inet", "vnetd_cut"],
+            ["add", "chain", "inet", "vnetd_cut", "out",
+             "{ type filter hook output priority 0 ; }"],
+            ["add", "rule", "inet", "vnetd_cut", "out",
+             "ip", "daddr", ETCD_IP, "tcp", "dport", str(ETCD_PORT), "drop"],
+        ):  # fmt: skip
+            nft = await lab.run(mesh.pod(1), ["nft", *rule], 5)
+            assert nft.returncode == 0, nft.stderr.decode()
+        await trio.sleep(2 * TTL)
+        pod = mesh.pod(2)
+        argv = [sys.executable, "-m", "vnetd", "up", "--config", str(mesh.spec_path),
+                "--rank", "1", "--state-dir", str(pod.state_dir)]  # fmt: skip
+        replacement = await lab.start(pod, argv, {"POD_IP": pod.underlay_ip, "POD_NAME": pod.name})
+        with trio.fail_after(30):
+            while "claimed rank 1 " not in replacement.log_text():
+                await trio.sleep(0.2)
+        healed = await lab.run(mesh.pod(1), ["nft", "delete", "table", "inet", "vnetd_cut"], 5)
+        assert healed.returncode == 0, healed.stderr.decode()
+        with trio.fail_after(2 * TTL):
+            while (await http_get(lab, mesh.pod(1), ready))[0] != 503:
+                await trio.sleep(0.2)
+        status, body = await http_get(lab, mesh.pod(1), f"http://127.0.0.1:{PORT}/status")
+        assert status == 200
+        me = json.loads(body)["self"]
+        assert me["claimed"] is False and me["claim"] == "waiting", me
+        assert me["holder"] == pod.name, me
+
+
+async def test_two_daemons_with_one_instance_settle(lab: Lab) -> None:
+    """Item 5: a second daemon for rank 1 under the same instance (a cloned host, a
+    force-deleted pod's successor) starts beside the first. Over three TTLs rank 0's
+    device changes rank 1's key at most once, and exactly one daemon waits."""
+    with trio.fail_after(120):
+        mesh = MeshLab.create(lab, ttl=TTL)
+        for rank in (0, 1):
+            await mesh.start_rank(rank)
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        pod = mesh.pod(2)
+        argv = [sys.executable, "-m", "vnetd", "up", "--config", str(mesh.spec_path),
+                "--rank", "1", "--state-dir", str(pod.state_dir)]  # fmt: skip
+        twin = await lab.start(pod, argv, {"POD_IP": pod.underlay_ip,
+                                           "POD_NAME": mesh.pod(1).name})  # fmt: skip
+        keys: list[str | None] = [await key_at(mesh, 0, 1)]
+        with trio.move_on_after(3 * TTL):
+            while True:
+                key = await key_at(mesh, 0, 1)
+                if key != keys[-1]:
+                    keys.append(key)
+                await trio.sleep(0.2)
+        assert len(keys) <= 2, keys
+        waiting = [p for p in (mesh.daemons[1], twin) if "rank 1 is held by" in p.log_text()]
+        assert len(waiting) == 1, [p.log_text()[-1500:] for p in (mesh.daemons[1], twin)]
+        assert mesh.dead_daemons() == {} and twin.returncode is None
