@@ -38,11 +38,21 @@ def commands() -> tuple[ModuleType, ...]:
     """Every command's module, in the order ``vnetd --help`` lists them (render adds
     ``render`` and ``hosts``)."""
     from vnetd.commands import address_plan, demo, register
+    from vnetd.doctor import command as doctor_command
     from vnetd.render import command as render_command
     from vnetd.status import command as status_command
     from vnetd.wait import command as wait_command
 
-    return (up, register, address_plan, render_command, status_command, wait_command, demo)
+    return (
+        up,
+        register,
+        address_plan,
+        render_command,
+        status_command,
+        wait_command,
+        doctor_command,
+        demo,
+    )
 
 
 VALUED_OPTIONS = ("--log-level", "--log-format")

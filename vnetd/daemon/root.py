@@ -28,7 +28,13 @@ import trio
 from vnetd import __version__
 from vnetd.config import Effective, Settings, effective
 from vnetd.control.retry import RegistryHealth, retry_registry
-from vnetd.dataplane import DataplaneFactory, DeviceConfig, choose_dataplane, device_id_of
+from vnetd.dataplane import (
+    Dataplane,
+    DataplaneFactory,
+    DeviceConfig,
+    choose_dataplane,
+    device_id_of,
+)
 from vnetd.dataplane.link import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import resolve_endpoint, resolve_instance, resolve_rank
@@ -128,6 +134,9 @@ async def run_daemon(
     )
     if me.site != DEFAULT_SITE or me.public_endpoint:
         log.info("site %s, public endpoint %s", me.site, me.public_endpoint or "none")
+    # The probe service binds the overlay address, which only a chosen (real) data plane
+    # puts on a link; a data plane handed in (the tests' fakes) gets none.
+    probes = bool(spec.doctor_port) and open_dataplane is None
     if open_dataplane is None:
         open_dataplane = await choose_dataplane(settings.dataplane, spec, config.interface)
     endpoints = _endpoints(spec, me) if spec.http.listen else None
@@ -146,8 +155,11 @@ async def run_daemon(
                 me = replace(me, device_id=device_id_of(dataplane))
                 started = Started(task_status, endpoints)
                 on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
-                async with open_registry(spec.registry) as registry:
+                async with open_registry(spec.registry) as registry, trio.open_nursery() as inner:
+                    if probes:
+                        await inner.start(_serve_probes, spec, me, config.mtu, dataplane)
                     await run_control_plane(resolved, me, registry, dataplane, on_pass, started)
+                    inner.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
 
 
@@ -177,6 +189,29 @@ async def _serve_http(
         error = group.exceptions[0]
         why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise VnetdError(f"http listen {listen}: cannot serve there: {why}") from None
+
+
+async def _serve_probes(
+    spec: MeshSpec,
+    me: Member,
+    mtu: int,
+    dataplane: Dataplane,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The doctor's probe service on the overlay address (``mesh.doctor_port``); a port
+    that cannot be bound is a ``VnetdError``."""
+    from vnetd.doctor.service import ProbeService
+
+    try:
+        await ProbeService(spec, me, mtu, dataplane).serve(task_status=task_status)
+    except* OSError as group:
+        error = group.exceptions[0]
+        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise VnetdError(
+            f"mesh.doctor_port {spec.doctor_port}: cannot serve it on the overlay address: {why}"
+            " (pick a free port, or 0 to turn the probe service off)"
+        ) from None
 
 
 def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
