@@ -1,0 +1,130 @@
+"""``vnetd doctor`` in the netns lab: real etcd, real wireguard-go, each fault its one cause.
+
+A healthy mesh of 16 reports every pair good (exit 0). A mesh of 7 carries four
+faults at once, each on its own ranks, and every ordered pair must get exactly
+the cause of the fault on it and no other (exit 1):
+
+- rank 5 never starts: ``not_registered``;
+- rank 4's namespace drops UDP to its WireGuard port (nftables, before it
+  starts): ``no_handshake``;
+- rank 2's namespace drops the inner packets from rank 1 on its WireGuard
+  interface (the tunnel stands, the traffic in it does not pass): ``no_data``
+  for both directions of that pair;
+- rank 3's underlay link has MTU 1400, so outer packets of a full 1420-byte
+  inner packet are dropped on the way in with no ICMP back (a path-MTU black
+  hole): ``mtu_black_hole``, with the largest size that passes.
+
+The doctor runs in pod 0, as a user in a pod of the mesh would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import trio
+
+from vnetd.lab.cluster import MeshLab
+from vnetd.lab.open_lab import open_lab
+
+DOCTOR_TIMEOUT = 30.0
+"""The doctor's own --timeout: its rows take about 1 s (4 s with bisection), and a rank
+that never answers costs its row's 8 s budget; the run is bounded by this."""
+FORM = 60.0
+"""Registrations and peers on every device: seconds each here, WireGuard's retry is 5 s,
+but a loaded machine starting 16 Python daemons needs tens of seconds."""
+
+
+async def doctor(mesh: MeshLab) -> tuple[int, dict[str, Any], str]:
+    argv = [sys.executable, "-m", "vnetd", "doctor", "--config", str(mesh.spec_path),
+            "--json", "--timeout", str(DOCTOR_TIMEOUT)]  # fmt: skip
+    start = time.monotonic()
+    result = await mesh.lab.run(mesh.pod(0), argv, DOCTOR_TIMEOUT + 15)
+    print(f"vnetd doctor: exit {result.returncode} in {time.monotonic() - start:.2f} s")
+    print(result.stderr.decode())
+    return result.returncode, json.loads(result.stdout), result.stderr.decode()
+
+
+async def wait_formed(mesh: MeshLab, ranks: set[int]) -> None:
+    """Until every rank of ``ranks`` is registered and on every other's device."""
+    with trio.fail_after(FORM):
+        while await mesh.registered_ranks() != ranks:
+            await trio.sleep(0.5)
+        for rank in sorted(ranks):
+            while not ranks - {rank} <= await mesh.device_ranks(rank):
+                await trio.sleep(0.5)
+
+
+async def nft(mesh: MeshLab, rank: int, *commands: str) -> None:
+    for command in commands:
+        result = await mesh.lab.run(mesh.pod(rank), ["nft", command], 10)
+        assert result.returncode == 0, result.stderr.decode()
+
+
+async def test_a_healthy_mesh_of_16_is_all_good() -> None:
+    with trio.fail_after(FORM + DOCTOR_TIMEOUT + 60):
+        async with open_lab(16) as lab:
+            mesh = MeshLab.create(lab)
+            for rank in range(16):
+                await mesh.start_rank(rank)
+            await wait_formed(mesh, set(range(16)))
+            code, doc, _ = await doctor(mesh)
+            assert doc["failing"] == [], doc["failing"][:5]
+            assert code == 0
+            assert doc["ok"] is True
+            assert len(doc["working"]) == 16 * 15
+            assert {tuple(w[:3]) for w in doc["working"]} == {
+                (a, b, None) for a in range(16) for b in range(16) if a != b
+            }
+            assert all(w[3] is not None and w[4] == 1420 for w in doc["working"])
+
+
+def expected_cause(a: int, b: int) -> str:
+    pair = {a, b}
+    if 5 in pair:
+        return "not_registered"
+    if 4 in pair:
+        return "no_handshake"
+    if 3 in pair:
+        return "mtu_black_hole"
+    if pair == {1, 2}:
+        return "no_data"
+    return "ok"
+
+
+async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
+    with trio.fail_after(FORM + DOCTOR_TIMEOUT + 60):
+        async with open_lab(7) as lab:
+            mesh = MeshLab.create(lab)
+            await nft(
+                mesh, 4, "add table inet vdoc",
+                "add chain inet vdoc input { type filter hook input priority 0 ; }",
+                f"add rule inet vdoc input udp dport {mesh.spec.port} drop",
+            )  # fmt: skip
+            await nft(
+                mesh, 2, "add table inet vdoc",
+                "add chain inet vdoc input { type filter hook input priority 0 ; }",
+                f'add rule inet vdoc input iifname "{mesh.spec.interface}" '
+                f"ip saddr {mesh.address(1)} drop",
+            )  # fmt: skip
+            mtu = await lab.run(mesh.pod(3), ["ip", "link", "set", "eth0", "mtu", "1400"], 10)
+            assert mtu.returncode == 0, mtu.stderr.decode()
+            started = {0, 1, 2, 3, 4, 6}
+            for rank in sorted(started):
+                await mesh.start_rank(rank)
+            await wait_formed(mesh, started)
+            code, doc, _ = await doctor(mesh)
+            got = {(f["from"], f["to"]): f["cause"] for f in doc["failing"]}
+            got |= {(w[0], w[1]): "ok" for w in doc["working"]}
+            want = {(a, b): expected_cause(a, b) for a in range(7) for b in range(7) if a != b}
+            wrong = {pair: (got.get(pair), cause) for pair, cause in want.items()
+                     if got.get(pair) != cause}  # fmt: skip
+            assert not wrong, f"(got, wanted): {wrong}; {doc['failing']}"
+            assert code == 1
+            holes = [f for f in doc["failing"] if f["cause"] == "mtu_black_hole"]
+            # An outer packet of 1400 bytes carries an inner one of 1340 (60 bytes of
+            # WireGuard over IPv4); bisection stops within 8 bytes below what passes.
+            assert all(1320 <= f["largest"] <= 1340 for f in holes), holes
+            assert doc["registered"] == sorted(started)
