@@ -14,6 +14,9 @@ the cause of the fault on it and no other (exit 1):
   inner packet are dropped on the way in with no ICMP back (a path-MTU black
   hole): ``mtu_black_hole``, with the largest size that passes.
 
+Two sites behind NAT routers lose one site's only gateway: ``gateway_hop`` for
+every pair across.
+
 The doctor runs in pod 0, as a user in a pod of the mesh would run it.
 """
 
@@ -26,8 +29,10 @@ from typing import Any
 
 import trio
 
-from vnetd.lab.cluster import MeshLab
+from vnetd.lab.cluster import MeshLab, write_spec
 from vnetd.lab.open_lab import open_lab
+from vnetd.lab.sites import open_sites_lab
+from vnetd.spec import load_spec
 
 DOCTOR_TIMEOUT = 30.0
 """The doctor's own --timeout: its rows take about 1 s (4 s with bisection), and a rank
@@ -128,3 +133,50 @@ async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
             # WireGuard over IPv4); bisection stops within 8 bytes below what passes.
             assert all(1320 <= f["largest"] <= 1340 for f in holes), holes
             assert doc["registered"] == sorted(started)
+
+
+LEASE_GONE = 15.0
+"""A killed gateway's entry ends within the lab's lease TTL (5 s) and its peers drop
+its routes at once; bound below three TTLs."""
+
+
+async def test_a_killed_site_gateway_is_named_as_the_hop_that_fails() -> None:
+    """Site a (ranks 0-2, gateway 0) and site b (3-5, gateway 3) behind NAT; gateway 3 is
+    killed. Pairs with rank 3: not registered; every pair across the sites: the gateway
+    hop; inside site b, which the doctor in site a can no longer reach: no answer."""
+    with trio.fail_after(FORM + LEASE_GONE + DOCTOR_TIMEOUT + 60):
+        async with open_sites_lab({"a": 3, "b": 3}) as lab:
+            path = write_spec(lab.workdir / "mesh.toml", 6, lab.etcd_urls, ttl=5)
+            with path.open("a") as spec:
+                spec.write("\n[sites.a]\ngateways = [0]\n\n[sites.b]\ngateways = [3]\n")
+            mesh = MeshLab(lab, path, load_spec(path))
+            for gateway in (0, 3):
+                pod = mesh.pod(gateway)
+                await lab.forward(pod)
+                await lab.set_sysctl(pod.netns, "net.ipv4.ip_forward", "1")
+                await lab.set_sysctl(pod.netns, "net.ipv4.conf.all.send_redirects", "0")
+            for rank in (5, 4, 2, 1, 3, 0):
+                pod = mesh.pod(rank)
+                flags = ["--site", lab.site(pod).name]
+                public = lab.public_endpoint(pod)
+                await mesh.start_rank(rank, *flags, *(["--public-endpoint", public] * bool(public)))
+            await wait_formed(mesh, set(range(6)))
+            await lab.kill_pod(mesh.pod(3))
+            with trio.fail_after(LEASE_GONE):
+                while 3 in await mesh.registered_ranks() or 4 in await mesh.device_ranks(0):
+                    await trio.sleep(0.5)
+            code, doc, _ = await doctor(mesh)
+            got = {(f["from"], f["to"]): f["cause"] for f in doc["failing"]}
+            got |= {(w[0], w[1]): "ok" for w in doc["working"]}
+
+            def cause(a: int, b: int) -> str:
+                if 3 in (a, b):
+                    return "not_registered"
+                if (a < 3) != (b < 3):
+                    return "gateway_hop"
+                return "ok" if a < 3 else "no_answer"
+
+            want = {(a, b): cause(a, b) for a in range(6) for b in range(6) if a != b}
+            wrong = {pair: (got.get(pair), c) for pair, c in want.items() if got.get(pair) != c}
+            assert not wrong, f"(got, wanted): {wrong}; {doc['failing']}"
+            assert code == 1

@@ -126,6 +126,11 @@ CASES = [
                  id="gateway-second-hop"),
     pytest.param(SITES, lambda ev: with_seen(without_member(ev, 2), 0, 3, key=None,
                  small_rtt=None), (0, 3), cause.GATEWAY_HOP, id="gateway-gone"),
+    pytest.param(SITES, lambda ev: with_seen(without_row(without_member(ev, 2), 3), 0, 3,
+                 key=None, small_rtt=None), (3, 0), cause.GATEWAY_HOP,
+                 id="gateway-gone-seen-from-the-far-side"),
+    pytest.param(FLAT, lambda ev: with_seen(without_row(ev, 1), 0, 1, key=None,
+                 small_rtt=None), (1, 0), cause.NOT_ON_DEVICE, id="not-on-device-way-back"),
 ]  # fmt: skip
 
 

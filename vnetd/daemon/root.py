@@ -199,19 +199,10 @@ async def _serve_probes(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The doctor's probe service on the overlay address (``mesh.doctor_port``); a port
-    that cannot be bound is a ``VnetdError``."""
+    """The doctor's probe service on the overlay address (``mesh.doctor_port``)."""
     from vnetd.doctor.service import ProbeService
 
-    try:
-        await ProbeService(spec, me, mtu, dataplane).serve(task_status=task_status)
-    except* OSError as group:
-        error = group.exceptions[0]
-        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise VnetdError(
-            f"mesh.doctor_port {spec.doctor_port}: cannot serve it on the overlay address: {why}"
-            " (pick a free port, or 0 to turn the probe service off)"
-        ) from None
+    await ProbeService(spec, me, mtu, dataplane).serve(task_status=task_status)
 
 
 def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:

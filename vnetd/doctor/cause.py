@@ -115,6 +115,17 @@ def classify(evidence: Evidence, source: int, target: int) -> Verdict:
             return _passed(source, target, seen, row, via)
     if via is not None:
         return _gateway_hop(evidence, source, target, via)
+    if seen is None:
+        back_row = evidence.rows.get(target)
+        back = back_row.peers.get(source) if back_row is not None else None
+        if back is not None and back.small_rtt is None:
+            # No row from the source: what the target's device says of the way back.
+            if back.key is None:
+                return _not_on_device(evidence, source, target, seen_by=target)
+            holders = [r for r in evidence.holder_of(back.key) if r != target]
+            if holders and source not in holders:
+                hop = _gateway_hop(evidence, target, source, holders[0])
+                return Verdict(source, target, GATEWAY_HOP, f"on the way back: {hop.detail}")
     return _no_echo(evidence, source, target, seen)
 
 
@@ -150,24 +161,28 @@ def _passed(source: int, target: int, seen: PeerSeen, row: Row | None, via: int 
     )
 
 
-def _not_on_device(evidence: Evidence, source: int, target: int) -> Verdict:
+def _not_on_device(
+    evidence: Evidence, source: int, target: int, seen_by: int | None = None
+) -> Verdict:
+    """No peer holds the address: a site whose gateways are all gone, or a lagging device."""
     spec = evidence.spec
-    site = evidence.members[target].site
+    sites = {evidence.members[source].site, evidence.members[target].site}
     for name, ranks in spec.gateways:
-        if name in {site, evidence.members[source].site} and target not in ranks:
-            present = [r for r in ranks if r in evidence.members]
-            if not present and source not in ranks:
+        if name in sites and not {source, target} & set(ranks):
+            if not any(r in evidence.members for r in ranks):
                 return Verdict(
                     source,
                     target,
                     GATEWAY_HOP,
                     f"no gateway of site {name!r} (ranks {list(ranks)}) is registered",
                 )
+    holder = source if seen_by is None else seen_by
+    other = target if holder == source else source
     return Verdict(
         source,
         target,
         NOT_ON_DEVICE,
-        f"rank {source}'s device has no peer for rank {target}'s address",
+        f"rank {holder}'s device has no peer for rank {other}'s address",
     )
 
 

@@ -31,6 +31,7 @@ from vnetd.doctor.evidence import (
     decode_request,
     encode_row,
 )
+from vnetd.errors import VnetdError
 from vnetd.model import DevicePeer, Member
 from vnetd.spec import MeshSpec
 
@@ -91,12 +92,23 @@ class ProbeService:
         return any(ip in network for network in self.spec.networks)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Answer echoes and row requests until cancelled."""
+        """Answer echoes and row requests until cancelled; nothing a request does ends it.
+
+        Raises:
+            VnetdError: the port cannot be bound on the overlay address.
+        """
         port = self.spec.doctor_port
         echo = df_socket(self.family)
         with echo:
-            await echo.bind((self.address, port))
-            listeners = await trio.open_tcp_listeners(port, host=self.address)
+            try:
+                await echo.bind((self.address, port))
+                listeners = await trio.open_tcp_listeners(port, host=self.address)
+            except OSError as exc:
+                raise VnetdError(
+                    f"mesh.doctor_port {port}: cannot serve it on {self.address}: "
+                    f"{exc.strerror or exc} (pick a free port, or 0 to turn the probe "
+                    "service off)"
+                ) from None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._echo, echo)
                 await nursery.start(trio.serve_listeners, self._answer, listeners)
@@ -105,7 +117,10 @@ class ProbeService:
 
     async def _echo(self, sock: trio.socket.SocketType) -> None:
         while True:
-            data, source = await sock.recvfrom(65535)
+            try:
+                data, source = await sock.recvfrom(65535)
+            except OSError:
+                continue  # an ICMP error queued on the socket
             if data.startswith(MAGIC) and self.in_mesh(source[0]):
                 try:
                     await sock.sendto(data, source)
@@ -113,6 +128,14 @@ class ProbeService:
                     pass  # too big for the path back, or no route: the asker sees a loss
 
     async def _answer(self, stream: trio.SocketStream) -> None:
+        try:
+            await self._answer_one(stream)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.info("doctor request: connection lost: %s", exc)
+        except Exception:  # a bug here must not end the daemon
+            log.exception("doctor request failed")
+
+    async def _answer_one(self, stream: trio.SocketStream) -> None:
         async with stream:
             peer = stream.socket.getpeername()
             if not self.in_mesh(peer[0]):
@@ -177,7 +200,10 @@ class ProbeService:
         """(small round trip, full-size round trip, largest size that passed) to ``target``."""
         sock = df_socket(self.family)
         with sock:
-            await sock.connect((target, self.spec.doctor_port))
+            try:
+                await sock.connect((target, self.spec.doctor_port))
+            except OSError:
+                return None, None, None  # no route to it (invariant 9): nothing passes
             got = await _echo_sizes(sock, [SMALL, self.mtu], self.family, ECHO_WAIT)
             small, full = got.get(SMALL), got.get(self.mtu)
             if small is None:
