@@ -52,6 +52,20 @@ async def doctor(mesh: MeshLab) -> tuple[int, dict[str, Any], str]:
     return result.returncode, json.loads(result.stdout), result.stderr.decode()
 
 
+async def doctor_text(mesh: MeshLab, failing: int) -> str:
+    """The table a user reads, printed for docs/operations.md; its last line counts the
+    same failing pairs as the JSON."""
+    argv = [sys.executable, "-m", "vnetd", "doctor", "--config", str(mesh.spec_path),
+            "--timeout", str(DOCTOR_TIMEOUT)]  # fmt: skip
+    result = await mesh.lab.run(mesh.pod(0), argv, DOCTOR_TIMEOUT + 15)
+    out = result.stdout.decode()
+    print(out)
+    total = mesh.spec.size * (mesh.spec.size - 1)
+    assert out.endswith(f"{failing} of {total} ordered pairs fail\n"), out
+    assert result.returncode == 1
+    return out
+
+
 async def wait_formed(mesh: MeshLab, ranks: set[int]) -> None:
     """Until every rank of ``ranks`` is registered and on every other's device."""
     with trio.fail_after(FORM):
@@ -128,6 +142,8 @@ async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
                      if got.get(pair) != cause}  # fmt: skip
             assert not wrong, f"(got, wanted): {wrong}; {doc['failing']}"
             assert code == 1
+            await doctor_text(mesh, len(doc["failing"]))
+            await doctor_text(mesh, len(doc["failing"]))
             holes = [f for f in doc["failing"] if f["cause"] == "mtu_black_hole"]
             # An outer packet of 1400 bytes carries an inner one of 1340 (60 bytes of
             # WireGuard over IPv4); bisection stops within 8 bytes below what passes.
@@ -180,3 +196,4 @@ async def test_a_killed_site_gateway_is_named_as_the_hop_that_fails() -> None:
             wrong = {pair: (got.get(pair), c) for pair, c in want.items() if got.get(pair) != c}
             assert not wrong, f"(got, wanted): {wrong}; {doc['failing']}"
             assert code == 1
+            await doctor_text(mesh, len(doc["failing"]))

@@ -29,6 +29,9 @@ NO_DATA = "no_data"
 MTU_BLACK_HOLE = "mtu_black_hole"
 NO_ANSWER = "no_answer"
 
+SESSION_LIFETIME = 180.0
+"""WireGuard's REJECT_AFTER_TIME (s): an older handshake holds no session."""
+
 CAUSES = (
     NOT_REGISTERED,
     CLAIMED_TWICE,
@@ -214,10 +217,12 @@ def _no_echo(evidence: Evidence, source: int, target: int, seen: PeerSeen | None
             NO_ANSWER,
             f"rank {source}'s probe service did not answer; rank {target} reaches it",
         )
-    # Bytes that arrived through the tunnel while probing: a session that carries
-    # traffic. The other side's count speaks for this pair only when its echo failed
-    # too (else it counts our answers to its echoes).
-    carried = [s for s in (seen, back) if s is not None and s.delivered >= SMALL]
+    # Bytes that arrived on a completed session while probing: a tunnel that carries
+    # traffic. Handshake messages count in rx too (an initiation is 148 B), so the
+    # session must have completed (WireGuard marks it at the first data packet). The
+    # other side's count speaks for this pair only when its echo failed too (else it
+    # counts our answers to its echoes).
+    carried = [s for s in (seen, back) if s is not None and _carries(s)]
     carried = [s for s in carried if s is seen or s.small_rtt is None]
     if carried:
         side = carried[0]
@@ -238,6 +243,12 @@ def _no_echo(evidence: Evidence, source: int, target: int, seen: PeerSeen | None
         f"rank {source}'s device: {_device_text(seen)}; "
         f"rank {target}'s device: {_device_text(back)}",
     )
+
+
+def _carries(seen: PeerSeen) -> bool:
+    """A session is up (handshake completed within WireGuard's 180 s) and carried data."""
+    age = seen.handshake_age
+    return age is not None and age < SESSION_LIFETIME and seen.delivered >= SMALL
 
 
 def _stale(evidence: Evidence, holder: int, peer: int, seen: PeerSeen | None) -> str:
