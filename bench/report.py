@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from common import JSON, RESULTS, ROOT, read_result
+from report_doctor import doctor_section
 from report_targets import target_rows
 from report_transport import etcd_transport_section
 
@@ -907,7 +908,7 @@ def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
         "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting", "etcd_transport",
-        "startup",
+        "startup", "doctor",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -967,6 +968,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *faults,
         *bursting_section(results.get("bursting")),
         *etcd_transport_section(results.get("etcd_transport")),
+        *doctor_section(results.get("doctor")),
     ]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(numbered(lines)).rstrip() + "\n")

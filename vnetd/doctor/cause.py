@@ -198,6 +198,9 @@ def _gateway_hop(evidence: Evidence, source: int, target: int, via: int) -> Verd
         second = gateway.peers.get(target) if gateway is not None else None
         if gateway is None:
             hop = f"gateway {via} does not answer; rank {source} → gateway {via} passes"
+        elif second is not None and second.key is None:
+            why = _not_on_device(evidence, via, target, seen_by=via).detail
+            hop = f"gateway {via} → rank {target} fails: {why}"
         elif second is None or second.small_rtt is None:
             hop = f"gateway {via} → rank {target} fails ({_device_text(second)})"
         else:

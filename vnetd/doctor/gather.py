@@ -104,7 +104,7 @@ async def ask_all(
             budget = deadline - trio.current_time()
             if budget <= 0:
                 return
-            row = await ask(plan, rank, ranks, min(ROW_DEADLINE, max(1.0, budget - 1.0)))
+            row = await ask(plan, rank, ranks, min(ROW_DEADLINE, max(2.0, budget - 2.0)))
             if row is not None and row.rank == rank:
                 rows[rank] = row
             progress(len(rows))
@@ -118,10 +118,11 @@ async def ask_all(
 
 
 async def ask(plan: DoctorPlan, rank: int, ranks: tuple[int, ...], budget: float) -> Row | None:
-    """One rank's row from its probe service, or None (no answer within ``budget`` + 1 s)."""
+    """One rank's row from its probe service, or None (no answer within ``budget`` + 2 s:
+    the service keeps its probes 1 s inside ``budget``)."""
     spec = plan.spec
     request = RowRequest(tuple(r for r in ranks if r != rank), budget)
-    with trio.move_on_after(budget + 1.0):
+    with trio.move_on_after(budget + 2.0):
         try:
             stream = await trio.open_tcp_stream(str(spec.address(rank)), spec.doctor_port)
             async with stream:

@@ -4,7 +4,7 @@ Pure: it takes the verdicts ``vnetd.doctor.cause`` gave and returns text or a
 JSON-ready document. The matrix is drawn up to ``MATRIX_LIMIT`` ranks and
 summarised per rank beyond; failing pairs are listed one per line up to
 ``LIST_LIMIT`` and grouped by cause and rank beyond. The JSON schema is
-documented in docs/operations.md ("Troubleshooting: `vnetd doctor`").
+documented in docs/operations.md ("Troubleshooting").
 """
 
 from __future__ import annotations

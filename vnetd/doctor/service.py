@@ -51,6 +51,8 @@ far below WireGuard's 5 s handshake retry."""
 BISECT_WAIT = 0.4
 BISECT_STEPS = 7
 MAX_DEADLINE = 30.0
+REPLY_MARGIN = 1.0
+"""Kept back from a request's deadline for reading the device and sending the row (s)."""
 REQUEST_WAIT = 5.0
 """How long a connection may take to send its request (s)."""
 MAX_PARALLEL = 256
@@ -148,8 +150,10 @@ class ProbeService:
                 log.info("doctor request from %s refused: %s", peer[0], exc)
                 return
             async with self._one_at_a_time:
-                deadline = min(request.deadline, MAX_DEADLINE)
-                row = await self.row([r for r in request.ranks if r != self.me.rank], deadline)
+                deadline = min(request.deadline, MAX_DEADLINE) - REPLY_MARGIN
+                row = await self.row(
+                    [r for r in request.ranks if r != self.me.rank], max(deadline, ECHO_WAIT)
+                )
             try:
                 await stream.send_all(encode_row(row) + b"\n")
             except trio.BrokenResourceError:
