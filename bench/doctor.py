@@ -2,7 +2,8 @@
 """``vnetd doctor``'s wall time and registry cost at 8, 32 and 64 ranks.
 
 For each size, one netns lab (one real etcd, per pod one ``vnetd up`` and its
-wireguard-go) forms a full mesh; then ``vnetd doctor --json`` runs in pod 0
+wireguard-go) forms a full mesh (the lab's UDP probes have crossed every ordered
+pair; they are stopped then); then ``vnetd doctor --json`` runs in pod 0
 and etcd's /metrics is scraped (from pod 1) just before and just after it.
 Reported: the doctor's wall time (the process, start to exit) and its own
 ``elapsed_s``; the gRPC messages etcd received during the run, by method, and
@@ -56,24 +57,23 @@ def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def wait_formed(mesh: MeshLab, size: int) -> float:
+async def wait_formed(mesh: MeshLab) -> float:
+    """Until the lab's own UDP probes have crossed every ordered pair, then stop them
+    (their traffic would load the run measured)."""
     start = time.monotonic()
-    ranks = set(range(size))
-    with trio.fail_after(FORM):
-        while await mesh.registered_ranks() != ranks:  # noqa: ASYNC110 (polls etcd)
-            await trio.sleep(1)
-        for rank in sorted(ranks):
-            while not ranks - {rank} <= await mesh.device_ranks(rank):  # noqa: ASYNC110
-                await trio.sleep(0.5)
+    await mesh.wait_full_mesh(FORM)
+    for probe in mesh.probes.values():
+        await probe.stop()
     return time.monotonic() - start
 
 
 async def one(size: int) -> dict[str, Any]:
     async with open_lab(size) as lab:
         mesh = MeshLab.create(lab, ttl=10)
+        await mesh.start_probes()
         for rank in range(size):
             await mesh.start_rank(rank)
-        formed = await wait_formed(mesh, size)
+        formed = await wait_formed(mesh)
         await trio.sleep(5)  # let the joins' last passes settle
         argv = [sys.executable, "-m", "vnetd", "doctor", "--config", str(mesh.spec_path),
                 "--json", "--timeout", str(DOCTOR_TIMEOUT)]  # fmt: skip

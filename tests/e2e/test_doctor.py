@@ -12,7 +12,8 @@ the cause of the fault on it and no other (exit 1):
   for both directions of that pair;
 - rank 3's underlay link has MTU 1400, so outer packets of a full 1420-byte
   inner packet are dropped on the way in with no ICMP back (a path-MTU black
-  hole): ``mtu_black_hole``, with the largest size that passes.
+  hole): ``mtu_black_hole``, with the largest size that passes; and each daemon
+  that found it has locked its route MTU to rank 3 to that size.
 
 Two sites behind NAT routers lose one site's only gateway: ``gateway_hop`` for
 every pair across.
@@ -148,6 +149,12 @@ async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
             # An outer packet of 1400 bytes carries an inner one of 1340 (60 bytes of
             # WireGuard over IPv4); bisection stops within 8 bytes below what passes.
             assert all(1320 <= f["largest"] <= 1340 for f in holes), holes
+            # The black-hole action: each daemon that probed rank 3 locked its route's MTU
+            # to what passed, so TCP's MSS follows it; the pairs untouched keep theirs.
+            for rank, peer in ((0, 3), (3, 0), (6, 3), (0, 6)):
+                shown = await lab.run(mesh.pod(rank), ["ip", "route", "show", mesh.address(peer)])
+                route = shown.stdout.decode()
+                assert ("mtu lock 13" in route) == (3 in (rank, peer)), (rank, peer, route)
             assert doc["registered"] == sorted(started)
 
 

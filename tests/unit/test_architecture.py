@@ -114,6 +114,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.dataplane.kernel": DATAPLANE,
     "vnetd.dataplane.link": DATAPLANE,
     "vnetd.dataplane.pyroute2_package": DATAPLANE,
+    "vnetd.dataplane.route_mtu": DATAPLANE,
     "vnetd.dataplane.route_socket": DATAPLANE,
     "vnetd.dataplane.select": DATAPLANE,
     "vnetd.dataplane.supervise": DATAPLANE,

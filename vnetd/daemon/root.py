@@ -157,7 +157,7 @@ async def run_daemon(
                 on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
                 async with open_registry(spec.registry) as registry, trio.open_nursery() as inner:
                     if probes:
-                        await inner.start(_serve_probes, spec, me, config.mtu, dataplane)
+                        await inner.start(_serve_probes, spec, me, config.mtu, dataplane, endpoints)
                     await run_control_plane(resolved, me, registry, dataplane, on_pass, started)
                     inner.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
@@ -196,13 +196,17 @@ async def _serve_probes(
     me: Member,
     mtu: int,
     dataplane: Dataplane,
+    endpoints: DaemonEndpoints | None,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The doctor's probe service on the overlay address (``mesh.doctor_port``)."""
+    """The doctor's probe service on the overlay address (``mesh.doctor_port``); a black
+    hole it finds shows in ``/status`` and ``/metrics`` when they are served."""
     from vnetd.doctor.service import ProbeService
 
-    await ProbeService(spec, me, mtu, dataplane).serve(task_status=task_status)
+    on_black_hole = endpoints.black_hole if endpoints is not None else None
+    service = ProbeService(spec, me, mtu, dataplane, on_black_hole)
+    await service.serve(task_status=task_status)
 
 
 def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:

@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import trio
 
@@ -77,11 +77,21 @@ def header_size(family: int) -> int:
 class ProbeService:
     """The probe service of one daemon (``serve`` runs it)."""
 
-    def __init__(self, spec: MeshSpec, me: Member, mtu: int, dataplane: Dataplane) -> None:
+    def __init__(
+        self,
+        spec: MeshSpec,
+        me: Member,
+        mtu: int,
+        dataplane: Dataplane,
+        on_black_hole: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.spec = spec
         self.me = me
         self.mtu = mtu
         self.dataplane = dataplane
+        self.on_black_hole = on_black_hole
+        self.lowered: dict[int, int] = {}
+        """Peers whose route MTU this service locked, and to what."""
         self.address = str(spec.address(me.rank))
         self.family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
         self._one_at_a_time = trio.Lock()
@@ -189,7 +199,35 @@ class ProbeService:
                 largest=largest,
                 delivered=(device.rx_bytes - old.rx_bytes) if device and old else 0,
             )
+        for seen in peers.values():
+            if seen.small_rtt is not None and seen.full_rtt is None and seen.largest:
+                await self._lower(seen.rank, seen.largest)
         return Row(self.me.rank, self.me.instance, self.me.public_key, self.mtu, peers)
+
+    async def _lower(self, rank: int, largest: int) -> None:
+        """Lock the route MTU of ``rank``'s addresses to what passed (a black hole).
+
+        Probed again, sizes above the lock fail at the sender, so the largest that
+        passes stays at or below it: the lock only ever goes down, and is set again
+        each time (the peer's route may have been re-added without it)."""
+        from vnetd.dataplane.route_mtu import lock_route_mtu
+
+        mtu = min(largest, self.lowered.get(rank, largest))
+        try:
+            for route in self.spec.allowed_ips(rank)[:1]:  # the primary network's host route
+                await lock_route_mtu(self.spec.interface, route, mtu)
+        except (VnetdError, OSError, ValueError) as exc:
+            log.warning("path MTU black hole to rank %d: cannot lower its route MTU: %s", rank, exc)
+            return
+        if self.lowered.get(rank) != mtu:
+            log.warning(
+                "path MTU black hole to rank %d: %d-byte packets pass, %d-byte ones do not; "
+                "its route MTU is locked to %d",
+                rank, mtu, self.mtu, mtu,
+            )  # fmt: skip
+        self.lowered[rank] = mtu
+        if self.on_black_hole is not None:
+            self.on_black_hole(rank, mtu)
 
     async def _probe_into(
         self,

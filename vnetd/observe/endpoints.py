@@ -74,6 +74,13 @@ class DaemonEndpoints:
         self.dataplane: Dataplane | None = None
         self.running: RunningDaemon | None = None
         self.started = time.time()
+        self.black_holes: dict[int, int] = {}
+        """Peers whose route MTU the probe service locked after finding a black hole."""
+
+    def black_hole(self, rank: int, mtu: int) -> None:
+        """The probe service locked ``rank``'s route MTU to ``mtu`` (a path-MTU black hole)."""
+        self.black_holes[rank] = mtu
+        self.daemon_metrics.black_holes.set(len(self.black_holes))
 
     def attach_dataplane(self, dataplane: Dataplane) -> None:
         """The device is up (the registry may not have answered yet)."""
@@ -137,6 +144,7 @@ class DaemonEndpoints:
             "endpoint": self.me.endpoint,
             "instance": self.me.instance,
             "claimed": r is not None and r.claim.claimed_at is not None,
+            "black_holes": {str(rank): mtu for rank, mtu in sorted(self.black_holes.items())},
         }
         return document
 
