@@ -26,8 +26,9 @@ from vnetd.registry import RegistryOpener
 
 CONNECTIONS = 64
 """Probe services asked at once."""
-ROW_DEADLINE = 8.0
-"""What each service is given for its row (s): its echoes take about 1 s, 4 s with bisection."""
+ROW_DEADLINE = 9.0
+"""What each service is given for its row (s): its echoes take up to 3 s, 6 s with
+bisection, and it keeps 1 s for its device and its answer."""
 SLACK = 2.0
 """Kept back from ``--timeout`` for the verdicts and the output (s)."""
 PROGRESS_AFTER = 2.0

@@ -45,9 +45,10 @@ IPV6_PMTUDISC_DO = getattr(socket, "IPV6_PMTUDISC_DO", 2)
 TRIES = 3
 """Echoes sent per size (one answer is enough)."""
 TRY_GAP = 0.05
-ECHO_WAIT = 1.0
-"""How long the first round waits for its echoes (s): far above a mesh's round trip,
-far below WireGuard's 5 s handshake retry."""
+ECHO_WAIT = 3.0
+"""How long the first round waits for its echoes (s): far above a mesh's round trip, and
+room for a first handshake on a loaded host (the echo may be what starts it), but below
+WireGuard's 5 s handshake retry: a lost handshake is not waited for."""
 BISECT_WAIT = 0.4
 BISECT_STEPS = 7
 MAX_DEADLINE = 30.0
