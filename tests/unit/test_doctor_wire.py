@@ -16,6 +16,7 @@ from vnetd.doctor.evidence import (
     decode_row,
     encode_request,
     encode_row,
+    merge_rows,
 )
 from vnetd.doctor.report import Run, document, text
 
@@ -77,3 +78,13 @@ def test_the_json_document_is_stable() -> None:
     assert doc["working"][0] == [0, 1, None, 1.0, 1420]
     assert sorted(doc) == sorted(["schema", "mesh", "size", "ok", "elapsed_s", "registered",
                                   "answered", "causes", "failing", "working", "notes"])  # fmt: skip
+
+
+def test_a_second_pass_keeps_what_passed_further() -> None:
+    lost = PeerSeen(1, "k", None, None, 0, 0, None, None, None, 0)
+    small = PeerSeen(1, "k", None, 3.0, 0, 0, 0.001, None, 1300, 200)
+    full = PeerSeen(1, "k", None, 3.0, 0, 0, 0.001, 0.002, 1420, 200)
+    first = Row(0, "pod0", "key", 1420, {1: small, 2: lost})
+    merged = merge_rows(first, Row(0, "pod0", "key", 1420, {1: lost, 2: full}))
+    assert merged.peers == {1: small, 2: full}
+    assert merge_rows(first, None) == first

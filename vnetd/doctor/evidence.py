@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 MAGIC = b"vnetd-doctor1"
@@ -138,3 +138,19 @@ def _peer(data: Mapping[str, Any]) -> PeerSeen:
         largest=None if largest is None else int(largest),
         delivered=int(data.get("delivered", 0)),
     )
+
+
+def merge_rows(first: Row, second: Row | None) -> Row:
+    """``first`` with each peer the ``second`` pass saw pass further (small, then full)."""
+    if second is None:
+        return first
+    peers = dict(first.peers)
+    for rank, seen in second.peers.items():
+        old = peers.get(rank)
+        if old is None or _passes(seen) > _passes(old):
+            peers[rank] = seen
+    return replace(first, peers=peers)
+
+
+def _passes(seen: PeerSeen) -> int:
+    return (seen.small_rtt is not None) + (seen.full_rtt is not None)

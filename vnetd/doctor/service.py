@@ -56,8 +56,9 @@ REPLY_MARGIN = 1.0
 """Kept back from a request's deadline for reading the device and sending the row (s)."""
 REQUEST_WAIT = 5.0
 """How long a connection may take to send its request (s)."""
-MAX_PARALLEL = 256
-"""Peers probed at once (each holds one UDP socket)."""
+MAX_PARALLEL = 64
+"""Peers probed at once (each holds one UDP socket): a healthy peer's probe takes one
+round trip, so this paces a row without lengthening it."""
 
 
 def df_socket(family: int) -> trio.socket.SocketType:
