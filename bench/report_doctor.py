@@ -39,4 +39,10 @@ def doctor_section(r: JSON | None) -> list[str]:
             ],
             rows,
         ),  # fmt: skip
+        "Every mesh measured was full by the lab's own UDP probes before the run, so a",
+        "pair the doctor reports failing there is a false failure: on this 2-core machine",
+        "(load 30-46 while 32 daemons ran) echoes were lost or late beyond the 3 s wait",
+        "even after the second pass. This is an open defect at 32 ranks and more here, not",
+        "a figure to read as the mesh's state.",
+        "",
     ]
