@@ -15,6 +15,7 @@ from pathlib import Path
 
 from common import JSON, RESULTS, ROOT, read_result
 from report_all_to_all import all_to_all_section
+from report_doctor import doctor_section
 from report_faults import bursting_section, etcd_faults_section
 from report_format import PLOTS, table, verdict
 from report_formation import full_mesh_section, launcher_section, propagation_section
@@ -69,7 +70,7 @@ def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
         "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting", "etcd_transport",
-        "startup",
+        "startup", "doctor",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -127,6 +128,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *faults,
         *bursting_section(results.get("bursting")),
         *etcd_transport_section(results.get("etcd_transport")),
+        *doctor_section(results.get("doctor")),
     ]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(numbered(lines)).rstrip() + "\n")

@@ -38,6 +38,7 @@ def commands() -> tuple[ModuleType, ...]:
     """Every command's module, in the order ``vnetd --help`` lists them (render adds
     ``render`` and ``hosts``)."""
     from vnetd.commands import address_plan, demo, provision, register
+    from vnetd.doctor import command as doctor_command
     from vnetd.render import command as render_command
     from vnetd.status import command as status_command
     from vnetd.wait import command as wait_command
@@ -50,6 +51,7 @@ def commands() -> tuple[ModuleType, ...]:
         status_command,
         wait_command,
         provision,
+        doctor_command,
         demo,
     )
 

@@ -31,7 +31,13 @@ from vnetd import __version__
 from vnetd.config import Effective, Settings, effective, resolve_exit_file
 from vnetd.control.proof import load_or_create_signer
 from vnetd.control.retry import RegistryHealth, retry_registry
-from vnetd.dataplane import DataplaneFactory, DeviceConfig, choose_dataplane, device_id_of
+from vnetd.dataplane import (
+    Dataplane,
+    DataplaneFactory,
+    DeviceConfig,
+    choose_dataplane,
+    device_id_of,
+)
 from vnetd.dataplane.link import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import resolve_endpoint, resolve_instance, resolve_rank
@@ -186,6 +192,9 @@ async def _run_daemon(
         )
     if me.site != DEFAULT_SITE or me.public_endpoint:
         log.info("site %s, public endpoint %s", me.site, me.public_endpoint or "none")
+    # The probe service binds the overlay address, which only a chosen (real) data plane
+    # puts on a link; a data plane handed in (the tests' fakes) gets none.
+    probes = bool(spec.doctor_port) and open_dataplane is None
     if open_dataplane is None:
         open_dataplane = await choose_dataplane(settings.dataplane, spec, config.interface)
     endpoints = _endpoints(spec, me) if spec.http.listen else None
@@ -204,10 +213,13 @@ async def _run_daemon(
                 me = replace(me, device_id=device_id_of(dataplane))
                 started = Started(task_status, endpoints)
                 on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
-                async with open_registry(spec.registry) as registry:
+                async with open_registry(spec.registry) as registry, trio.open_nursery() as inner:
+                    if probes:
+                        await inner.start(_serve_probes, spec, me, config.mtu, dataplane, endpoints)
                     await run_control_plane(
                         resolved, me, registry, dataplane, on_pass, started, signer
                     )
+                    inner.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
 
 
@@ -237,6 +249,24 @@ async def _serve_http(
         error = group.exceptions[0]
         why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise VnetdError(f"http listen {listen}: cannot serve there: {why}") from None
+
+
+async def _serve_probes(
+    spec: MeshSpec,
+    me: Member,
+    mtu: int,
+    dataplane: Dataplane,
+    endpoints: DaemonEndpoints | None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The doctor's probe service on the overlay address (``mesh.doctor_port``); a black
+    hole it finds shows in ``/status`` and ``/metrics`` when they are served."""
+    from vnetd.doctor.service import ProbeService
+
+    on_black_hole = endpoints.black_hole if endpoints is not None else None
+    service = ProbeService(spec, me, mtu, dataplane, on_black_hole)
+    await service.serve(task_status=task_status)
 
 
 def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:

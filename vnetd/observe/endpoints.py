@@ -74,6 +74,13 @@ class DaemonEndpoints:
         self.dataplane: Dataplane | None = None
         self.running: RunningDaemon | None = None
         self.started = time.time()
+        self.black_holes: dict[int, int] = {}
+        """Peers whose route MTU the probe service locked after finding a black hole."""
+
+    def black_hole(self, rank: int, mtu: int) -> None:
+        """The probe service locked ``rank``'s route MTU to ``mtu`` (a path-MTU black hole)."""
+        self.black_holes[rank] = mtu
+        self.daemon_metrics.black_holes.set(len(self.black_holes))
 
     def attach_dataplane(self, dataplane: Dataplane) -> None:
         """The device is up (the registry may not have answered yet)."""
@@ -141,6 +148,7 @@ class DaemonEndpoints:
             "claimed": r is not None and r.claim.state == "claimed",
             "claim": r.claim.state if r is not None else "claiming",
             "holder": r.claim.holder if r is not None else None,
+            "black_holes": {str(rank): mtu for rank, mtu in sorted(self.black_holes.items())},
         }
         return document
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -141,6 +141,13 @@ class DaemonMetrics:
             "vnetd_plan_changes",
             "Peer changes (adds, updates, removes) in each applied plan.",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=self.registry,
+        )
+
+        self.black_holes = Gauge(
+            "vnetd_black_hole_peers",
+            "Peers whose route MTU this daemon locked after a probe found a path-MTU black "
+            "hole (small packets pass, full-size ones do not).",
             registry=self.registry,
         )
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from vnetd.errors import SpecError
 from vnetd.spec.records import (
     DATAPLANES,
+    DEFAULT_DOCTOR_PORT,
     DEFAULT_SITE,
     DEFAULT_SITE_KEEPALIVE,
     DataplaneSpec,
@@ -47,6 +48,7 @@ _MESH_KEYS: dict[str, type] = {
     "offset": int,
     "persistent_keepalive": int,
     "site_keepalive": int,
+    "doctor_port": int,
 }
 _REGISTRY_KEYS: dict[str, type] = {
     "endpoints": list,
@@ -128,6 +130,10 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         "mesh.site_keepalive", mesh.get("site_keepalive", DEFAULT_SITE_KEEPALIVE), 0, 65535
     )
 
+    doctor_port = _int_in(
+        "mesh.doctor_port", mesh.get("doctor_port", DEFAULT_DOCTOR_PORT), 0, 65535
+    )
+
     return MeshSpec(
         name=name,
         size=size,
@@ -140,6 +146,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         offset=offset,
         persistent_keepalive=keepalive,
         site_keepalive=site_keepalive,
+        doctor_port=doctor_port,
         site=_site_spec(_table(data, "site")),
         gateways=_gateways(_table(data, "sites"), size),
         registry=_registry(registry),

@@ -66,6 +66,8 @@ class DataplaneSpec:
 DEFAULT_SITE = "default"
 """The site of a member that names none (every member of a single-site mesh)."""
 DEFAULT_SITE_KEEPALIVE = 25
+DEFAULT_DOCTOR_PORT = 51821
+"""TCP and UDP port of each daemon's probe service on its overlay address (``vnetd doctor``)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class MeshSpec:
     network6: IPv6Network | None = None
     """Dual stack: the IPv6 network beside an IPv4 ``network``; None: one family."""
     site_keepalive: int = DEFAULT_SITE_KEEPALIVE
+    doctor_port: int = DEFAULT_DOCTOR_PORT
+    """The probe service's port on the overlay address; 0: not served."""
     """Persistent keepalive (s) of peers in another site; 0: off."""
     gateways: tuple[tuple[str, tuple[int, ...]], ...] = ()
     """``[sites.<name>] gateways``: (site, its gateway ranks), sorted by site; () : none."""
@@ -205,6 +209,8 @@ class MeshSpec:
         del table["site"]
         if self.site_keepalive == DEFAULT_SITE_KEEPALIVE:
             del table["site_keepalive"]  # absent at its default: older meshes compare equal
+        if self.doctor_port == DEFAULT_DOCTOR_PORT:
+            del table["doctor_port"]  # as site_keepalive
         if self.gateways:
             table["gateways"] = {site: list(ranks) for site, ranks in self.gateways}
         else:

@@ -1,0 +1,206 @@
+"""``vnetd doctor`` in the netns lab: real etcd, real wireguard-go, each fault its one cause.
+
+A healthy mesh of 16 reports every pair good (exit 0). A mesh of 7 carries four
+faults at once, each on its own ranks, and every ordered pair must get exactly
+the cause of the fault on it and no other (exit 1):
+
+- rank 5 never starts: ``not_registered``;
+- rank 4's namespace drops UDP to its WireGuard port (nftables, before it
+  starts): ``no_handshake``;
+- rank 2's namespace drops the inner packets from rank 1 on its WireGuard
+  interface (the tunnel stands, the traffic in it does not pass): ``no_data``
+  for both directions of that pair;
+- rank 3's underlay link has MTU 1400, so outer packets of a full 1420-byte
+  inner packet are dropped on the way in with no ICMP back (a path-MTU black
+  hole): ``mtu_black_hole``, with the largest size that passes; and each daemon
+  that found it has locked its route MTU to rank 3 to that size.
+
+Two sites behind NAT routers lose one site's only gateway: ``gateway_hop`` for
+every pair across.
+
+The doctor runs in pod 0, as a user in a pod of the mesh would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import trio
+
+from vnetd.lab.cluster import MeshLab, write_spec
+from vnetd.lab.open_lab import open_lab
+from vnetd.lab.sites import open_sites_lab
+from vnetd.spec import load_spec
+
+DOCTOR_TIMEOUT = 30.0
+"""The doctor's own --timeout: its rows take about 1 s (4 s with bisection), and a rank
+that never answers costs its row's 8 s budget; the run is bounded by this."""
+FORM = 60.0
+"""Registrations and peers on every device: seconds each here, WireGuard's retry is 5 s,
+but a loaded machine starting 16 Python daemons needs tens of seconds."""
+
+
+async def doctor(mesh: MeshLab) -> tuple[int, dict[str, Any], str]:
+    argv = [sys.executable, "-m", "vnetd", "doctor", "--config", str(mesh.spec_path),
+            "--json", "--timeout", str(DOCTOR_TIMEOUT)]  # fmt: skip
+    start = time.monotonic()
+    result = await mesh.lab.run(mesh.pod(0), argv, DOCTOR_TIMEOUT + 15)
+    print(f"vnetd doctor: exit {result.returncode} in {time.monotonic() - start:.2f} s")
+    print(result.stderr.decode())
+    return result.returncode, json.loads(result.stdout), result.stderr.decode()
+
+
+async def doctor_text(mesh: MeshLab, failing: int) -> str:
+    """The table a user reads, printed for docs/operations.md; its last line counts the
+    same failing pairs as the JSON."""
+    argv = [sys.executable, "-m", "vnetd", "doctor", "--config", str(mesh.spec_path),
+            "--timeout", str(DOCTOR_TIMEOUT)]  # fmt: skip
+    result = await mesh.lab.run(mesh.pod(0), argv, DOCTOR_TIMEOUT + 15)
+    out = result.stdout.decode()
+    print(out)
+    total = mesh.spec.size * (mesh.spec.size - 1)
+    assert out.endswith(f"{failing} of {total} ordered pairs fail\n"), out
+    assert result.returncode == 1
+    return out
+
+
+async def wait_formed(mesh: MeshLab, ranks: set[int]) -> None:
+    """Until every rank of ``ranks`` is registered and on every other's device."""
+    with trio.fail_after(FORM):
+        while await mesh.registered_ranks() != ranks:
+            await trio.sleep(0.5)
+        for rank in sorted(ranks):
+            while not ranks - {rank} <= await mesh.device_ranks(rank):
+                await trio.sleep(0.5)
+
+
+async def nft(mesh: MeshLab, rank: int, *commands: str) -> None:
+    for command in commands:
+        result = await mesh.lab.run(mesh.pod(rank), ["nft", command], 10)
+        assert result.returncode == 0, result.stderr.decode()
+
+
+async def test_a_healthy_mesh_of_16_is_all_good() -> None:
+    with trio.fail_after(FORM + DOCTOR_TIMEOUT + 60):
+        async with open_lab(16) as lab:
+            mesh = MeshLab.create(lab)
+            for rank in range(16):
+                await mesh.start_rank(rank)
+            await wait_formed(mesh, set(range(16)))
+            code, doc, _ = await doctor(mesh)
+            assert doc["failing"] == [], doc["failing"][:5]
+            assert code == 0
+            assert doc["ok"] is True
+            assert len(doc["working"]) == 16 * 15
+            assert {tuple(w[:3]) for w in doc["working"]} == {
+                (a, b, None) for a in range(16) for b in range(16) if a != b
+            }
+            assert all(w[3] is not None and w[4] == 1420 for w in doc["working"])
+
+
+def expected_cause(a: int, b: int) -> str:
+    pair = {a, b}
+    if 5 in pair:
+        return "not_registered"
+    if 4 in pair:
+        return "no_handshake"
+    if 3 in pair:
+        return "mtu_black_hole"
+    if pair == {1, 2}:
+        return "no_data"
+    return "ok"
+
+
+async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
+    with trio.fail_after(FORM + DOCTOR_TIMEOUT + 60):
+        async with open_lab(7) as lab:
+            mesh = MeshLab.create(lab)
+            await nft(
+                mesh, 4, "add table inet vdoc",
+                "add chain inet vdoc input { type filter hook input priority 0 ; }",
+                f"add rule inet vdoc input udp dport {mesh.spec.port} drop",
+            )  # fmt: skip
+            await nft(
+                mesh, 2, "add table inet vdoc",
+                "add chain inet vdoc input { type filter hook input priority 0 ; }",
+                f'add rule inet vdoc input iifname "{mesh.spec.interface}" '
+                f"ip saddr {mesh.address(1)} drop",
+            )  # fmt: skip
+            mtu = await lab.run(mesh.pod(3), ["ip", "link", "set", "eth0", "mtu", "1400"], 10)
+            assert mtu.returncode == 0, mtu.stderr.decode()
+            started = {0, 1, 2, 3, 4, 6}
+            for rank in sorted(started):
+                await mesh.start_rank(rank)
+            await wait_formed(mesh, started)
+            code, doc, _ = await doctor(mesh)
+            got = {(f["from"], f["to"]): f["cause"] for f in doc["failing"]}
+            got |= {(w[0], w[1]): "ok" for w in doc["working"]}
+            want = {(a, b): expected_cause(a, b) for a in range(7) for b in range(7) if a != b}
+            wrong = {pair: (got.get(pair), cause) for pair, cause in want.items()
+                     if got.get(pair) != cause}  # fmt: skip
+            assert not wrong, f"(got, wanted): {wrong}; {doc['failing']}"
+            assert code == 1
+            await doctor_text(mesh, len(doc["failing"]))
+            await doctor_text(mesh, len(doc["failing"]))
+            holes = [f for f in doc["failing"] if f["cause"] == "mtu_black_hole"]
+            # An outer packet of 1400 bytes carries an inner one of 1340 (60 bytes of
+            # WireGuard over IPv4); bisection stops within 8 bytes below what passes.
+            assert all(1320 <= f["largest"] <= 1340 for f in holes), holes
+            # The black-hole action: each daemon that probed rank 3 locked its route's MTU
+            # to what passed, so TCP's MSS follows it; the pairs untouched keep theirs.
+            for rank, peer in ((0, 3), (3, 0), (6, 3), (0, 6)):
+                shown = await lab.run(mesh.pod(rank), ["ip", "route", "show", mesh.address(peer)])
+                route = shown.stdout.decode()
+                assert ("mtu lock 13" in route) == (3 in (rank, peer)), (rank, peer, route)
+            assert doc["registered"] == sorted(started)
+
+
+LEASE_GONE = 15.0
+"""A killed gateway's entry ends within the lab's lease TTL (5 s) and its peers drop
+its routes at once; bound below three TTLs."""
+
+
+async def test_a_killed_site_gateway_is_named_as_the_hop_that_fails() -> None:
+    """Site a (ranks 0-2, gateway 0) and site b (3-5, gateway 3) behind NAT; gateway 3 is
+    killed. Pairs with rank 3: not registered; every pair across the sites: the gateway
+    hop; inside site b, which the doctor in site a can no longer reach: no answer."""
+    with trio.fail_after(FORM + LEASE_GONE + DOCTOR_TIMEOUT + 60):
+        async with open_sites_lab({"a": 3, "b": 3}) as lab:
+            path = write_spec(lab.workdir / "mesh.toml", 6, lab.etcd_urls, ttl=5)
+            with path.open("a") as spec:
+                spec.write("\n[sites.a]\ngateways = [0]\n\n[sites.b]\ngateways = [3]\n")
+            mesh = MeshLab(lab, path, load_spec(path))
+            for gateway in (0, 3):
+                pod = mesh.pod(gateway)
+                await lab.forward(pod)
+                await lab.set_sysctl(pod.netns, "net.ipv4.ip_forward", "1")
+                await lab.set_sysctl(pod.netns, "net.ipv4.conf.all.send_redirects", "0")
+            for rank in (5, 4, 2, 1, 3, 0):
+                pod = mesh.pod(rank)
+                flags = ["--site", lab.site(pod).name]
+                public = lab.public_endpoint(pod)
+                await mesh.start_rank(rank, *flags, *(["--public-endpoint", public] * bool(public)))
+            await wait_formed(mesh, set(range(6)))
+            await lab.kill_pod(mesh.pod(3))
+            with trio.fail_after(LEASE_GONE):
+                while 3 in await mesh.registered_ranks() or 4 in await mesh.device_ranks(0):
+                    await trio.sleep(0.5)
+            code, doc, _ = await doctor(mesh)
+            got = {(f["from"], f["to"]): f["cause"] for f in doc["failing"]}
+            got |= {(w[0], w[1]): "ok" for w in doc["working"]}
+
+            def cause(a: int, b: int) -> str:
+                if 3 in (a, b):
+                    return "not_registered"
+                if (a < 3) != (b < 3):
+                    return "gateway_hop"
+                return "ok" if a < 3 else "no_answer"
+
+            want = {(a, b): cause(a, b) for a in range(6) for b in range(6) if a != b}
+            wrong = {pair: (got.get(pair), c) for pair, c in want.items() if got.get(pair) != c}
+            assert not wrong, f"(got, wanted): {wrong}; {doc['failing']}"
+            assert code == 1
+            await doctor_text(mesh, len(doc["failing"]))

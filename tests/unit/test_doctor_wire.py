@@ -1,0 +1,90 @@
+"""The doctor's wire codec and report (``vnetd.doctor.evidence``, ``vnetd.doctor.report``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vnetd.doctor.cause import NO_HANDSHAKE, Verdict
+from vnetd.doctor.evidence import (
+    PeerSeen,
+    Row,
+    RowRequest,
+    WireError,
+    decode_request,
+    decode_row,
+    encode_request,
+    encode_row,
+    merge_rows,
+)
+from vnetd.doctor.report import Run, document, text
+
+
+def test_a_row_survives_the_wire() -> None:
+    row = Row(3, "pod3", "k" * 44, 1420, {
+        1: PeerSeen(1, "a" * 44, "198.18.0.2:51820", 4.5, 10, 20, 0.001, None, 1300, 96),
+        2: PeerSeen(2),
+    })  # fmt: skip
+    assert decode_row(encode_row(row)) == row
+
+
+def test_a_request_survives_the_wire_and_bad_ones_are_refused() -> None:
+    request = RowRequest((0, 1, 5), 8.0)
+    assert decode_request(encode_request(request), 8) == request
+    with pytest.raises(WireError):
+        decode_request(encode_request(RowRequest((9,), 8.0)), 8)
+    with pytest.raises(WireError):
+        decode_request(b'{"v": 1, "ranks": [1], "deadline": 9999}', 8)
+    with pytest.raises(WireError):
+        decode_request(b"GET / HTTP/1.1", 8)
+    with pytest.raises(WireError):
+        decode_row(b'{"v": 2}')
+
+
+def verdicts(size: int, bad: set[tuple[int, int]]) -> tuple[Verdict, ...]:
+    return tuple(
+        Verdict(a, b, NO_HANDSHAKE, "why") if (a, b) in bad else Verdict(a, b, "ok", rtt=0.001,
+                                                                         path_mtu=1420)
+        for a in range(size) for b in range(size) if a != b
+    )  # fmt: skip
+
+
+def test_the_text_draws_the_matrix_and_lists_each_failing_pair() -> None:
+    run = Run("m", 3, (0, 1, 2), (0, 1, 2), verdicts(3, {(0, 2)}), 1.0)
+    out = text(run)
+    assert "    0  #." in out
+    assert "0 → 2    no_handshake: why" in out
+    assert out.endswith("1 of 6 ordered pairs fail\n")
+
+
+def test_beyond_64_ranks_the_text_summarises() -> None:
+    bad = {(0, b) for b in range(1, 70)}
+    out = text(Run("m", 70, tuple(range(70)), tuple(range(70)), verdicts(70, bad), 1.0))
+    assert "reach matrix" not in out
+    assert "rank 0: fails to reach 69, not reached by 0" in out
+    assert "no_handshake: 69 pairs, e.g. 0 → 1: why" in out
+
+
+def test_the_json_document_is_stable() -> None:
+    run = Run("m", 3, (0, 1, 2), (0, 1), verdicts(3, {(0, 2)}), 1.0, ("a note",))
+    doc = json.loads(json.dumps(document(run)))
+    assert doc["schema"] == "vnetd-doctor/1"
+    assert doc["ok"] is False
+    assert doc["causes"] == {"no_handshake": 1}
+    assert doc["failing"] == [
+        {"from": 0, "to": 2, "cause": "no_handshake", "detail": "why", "via": None, "largest": None}
+    ]
+    assert doc["working"][0] == [0, 1, None, 1.0, 1420]
+    assert sorted(doc) == sorted(["schema", "mesh", "size", "ok", "elapsed_s", "registered",
+                                  "answered", "causes", "failing", "working", "notes"])  # fmt: skip
+
+
+def test_a_second_pass_keeps_what_passed_further() -> None:
+    lost = PeerSeen(1, "k", None, None, 0, 0, None, None, None, 0)
+    small = PeerSeen(1, "k", None, 3.0, 0, 0, 0.001, None, 1300, 200)
+    full = PeerSeen(1, "k", None, 3.0, 0, 0, 0.001, 0.002, 1420, 200)
+    first = Row(0, "pod0", "key", 1420, {1: small, 2: lost})
+    merged = merge_rows(first, Row(0, "pod0", "key", 1420, {1: lost, 2: full}))
+    assert merged.peers == {1: small, 2: full}
+    assert merge_rows(first, None) == first

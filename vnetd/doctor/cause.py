@@ -1,0 +1,282 @@
+"""One cause for an ordered pair of ranks, from the registry and the daemons' rows.
+
+Pure, and the only place that names a cause: ``classify`` takes what the
+doctor gathered (one list of the members, the rows the probe services
+answered) and returns one ``Verdict`` per ordered pair. The rules are tried
+in the order docs/architecture.md ("Doctor") gives; the first that matches
+names the cause, so a fault upstream (a rank that never registered) is not
+reported again as its symptoms (no handshake, no data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vnetd.doctor.evidence import SMALL, PeerSeen, Row
+from vnetd.model import Member
+from vnetd.spec import MeshSpec
+
+OK = "ok"
+NOT_REGISTERED = "not_registered"
+CLAIMED_TWICE = "claimed_twice"
+KEY_MISMATCH = "key_mismatch"
+NOT_ON_DEVICE = "not_on_device"
+GATEWAY_HOP = "gateway_hop"
+STALE_ENDPOINT = "stale_endpoint"
+NO_HANDSHAKE = "no_handshake"
+NO_DATA = "no_data"
+MTU_BLACK_HOLE = "mtu_black_hole"
+NO_ANSWER = "no_answer"
+
+SESSION_LIFETIME = 180.0
+"""WireGuard's REJECT_AFTER_TIME (s): an older handshake holds no session."""
+
+CAUSES = (
+    NOT_REGISTERED,
+    CLAIMED_TWICE,
+    KEY_MISMATCH,
+    NOT_ON_DEVICE,
+    GATEWAY_HOP,
+    STALE_ENDPOINT,
+    NO_HANDSHAKE,
+    NO_DATA,
+    MTU_BLACK_HOLE,
+    NO_ANSWER,
+)
+"""Every cause, in the order the rules try them (the JSON's ``cause`` values)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One ordered pair: ``source`` reaches ``target`` (``cause`` ok) or why not."""
+
+    source: int
+    target: int
+    cause: str
+    detail: str = ""
+    via: int | None = None
+    """The gateway rank the path goes through; None: direct."""
+    rtt: float | None = None
+    path_mtu: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.cause == OK
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything one run gathered: the spec, one list of the members, the rows."""
+
+    spec: MeshSpec
+    members: Mapping[int, Member]
+    rows: Mapping[int, Row]
+
+    def holder_of(self, key: str | None) -> list[int]:
+        return sorted(r for r, m in self.members.items() if m.public_key == key)
+
+
+def classify(evidence: Evidence, source: int, target: int) -> Verdict:
+    """The one cause for ``source`` → ``target`` (``OK`` when the echo passed)."""
+    members = evidence.members
+
+    def verdict(cause: str, detail: str = "", **extra: object) -> Verdict:
+        return Verdict(source, target, cause, detail, **extra)  # type: ignore[arg-type]
+
+    for rank in (source, target):
+        if rank not in members:
+            return verdict(NOT_REGISTERED, f"rank {rank} has no entry in the registry")
+    for rank in (source, target):
+        problem = _claim_problem(evidence, rank)
+        if problem:
+            return verdict(CLAIMED_TWICE, problem)
+    for rank in (source, target):
+        row = evidence.rows.get(rank)
+        if row is not None and row.public_key != members[rank].public_key:
+            return verdict(
+                KEY_MISMATCH,
+                f"rank {rank}'s daemon has key {_short(row.public_key)}, "
+                f"the registry has {_short(members[rank].public_key)}",
+            )
+    row = evidence.rows.get(source)
+    seen = row.peers.get(target) if row is not None else None
+    via = None
+    if seen is not None:
+        if seen.key is None:
+            return _not_on_device(evidence, source, target)
+        holders = [r for r in evidence.holder_of(seen.key) if r != source]
+        if not holders:
+            return verdict(
+                KEY_MISMATCH,
+                f"rank {source}'s device holds key {_short(seen.key)} for rank {target}'s "
+                f"address, the registry has {_short(members[target].public_key)}",
+            )
+        if target not in holders:
+            via = holders[0]
+        if seen.small_rtt is not None:
+            return _passed(source, target, seen, row, via)
+    if via is not None:
+        return _gateway_hop(evidence, source, target, via)
+    if seen is None:
+        back_row = evidence.rows.get(target)
+        back = back_row.peers.get(source) if back_row is not None else None
+        if back is not None and back.small_rtt is None:
+            # No row from the source: what the target's device says of the way back.
+            if back.key is None:
+                return _not_on_device(evidence, source, target, seen_by=target)
+            holders = [r for r in evidence.holder_of(back.key) if r != target]
+            if holders and source not in holders:
+                hop = _gateway_hop(evidence, target, source, holders[0])
+                return Verdict(source, target, GATEWAY_HOP, f"on the way back: {hop.detail}")
+    return _no_echo(evidence, source, target, seen)
+
+
+def _claim_problem(evidence: Evidence, rank: int) -> str:
+    member = evidence.members[rank]
+    others = [r for r in evidence.holder_of(member.public_key) if r != rank]
+    if others:
+        key = _short(member.public_key)
+        return f"rank {rank}'s key {key} is also registered by rank {others[0]}"
+    row = evidence.rows.get(rank)
+    if row is not None and row.instance != member.instance:
+        return (
+            f"rank {rank}'s address answers as instance {row.instance!r}, "
+            f"the registry's rank {rank} is {member.instance!r}"
+        )
+    return ""
+
+
+def _passed(source: int, target: int, seen: PeerSeen, row: Row | None, via: int | None) -> Verdict:
+    if seen.full_rtt is not None:
+        mtu = row.mtu if row is not None else None
+        return Verdict(source, target, OK, "", via, seen.small_rtt, mtu)
+    largest = seen.largest or 0
+    return Verdict(
+        source,
+        target,
+        MTU_BLACK_HOLE,
+        f"{largest}-byte packets pass, {row.mtu if row else 'full'}-byte ones do not "
+        "(DF set both ways, no ICMP back)",
+        via,
+        seen.small_rtt,
+        largest,
+    )
+
+
+def _not_on_device(
+    evidence: Evidence, source: int, target: int, seen_by: int | None = None
+) -> Verdict:
+    """No peer holds the address: a site whose gateways are all gone, or a lagging device."""
+    spec = evidence.spec
+    sites = {evidence.members[source].site, evidence.members[target].site}
+    for name, ranks in spec.gateways:
+        if name in sites and not {source, target} & set(ranks):
+            if not any(r in evidence.members for r in ranks):
+                return Verdict(
+                    source,
+                    target,
+                    GATEWAY_HOP,
+                    f"no gateway of site {name!r} (ranks {list(ranks)}) is registered",
+                )
+    holder = source if seen_by is None else seen_by
+    other = target if holder == source else source
+    return Verdict(
+        source,
+        target,
+        NOT_ON_DEVICE,
+        f"rank {holder}'s device has no peer for rank {other}'s address",
+    )
+
+
+def _gateway_hop(evidence: Evidence, source: int, target: int, via: int) -> Verdict:
+    first = evidence.rows[source].peers.get(via) if source in evidence.rows else None
+    if first is None or first.small_rtt is None:
+        hop = f"rank {source} → gateway {via} fails ({_device_text(first)})"
+    else:
+        gateway = evidence.rows.get(via)
+        second = gateway.peers.get(target) if gateway is not None else None
+        if gateway is None:
+            hop = f"gateway {via} does not answer; rank {source} → gateway {via} passes"
+        elif second is not None and second.key is None:
+            why = _not_on_device(evidence, via, target, seen_by=via).detail
+            hop = f"gateway {via} → rank {target} fails: {why}"
+        elif second is None or second.small_rtt is None:
+            hop = f"gateway {via} → rank {target} fails ({_device_text(second)})"
+        else:
+            hop = f"both hops pass alone (rank {source} → {via} → {target}); the forward fails"
+    return Verdict(source, target, GATEWAY_HOP, hop, via)
+
+
+def _no_echo(evidence: Evidence, source: int, target: int, seen: PeerSeen | None) -> Verdict:
+    back_row = evidence.rows.get(target)
+    back = back_row.peers.get(source) if back_row is not None else None
+    if seen is None and back is None:
+        return Verdict(source, target, NO_ANSWER, "neither daemon's probe service answered")
+    if seen is None and back is not None and back.small_rtt is not None:
+        return Verdict(
+            source,
+            target,
+            NO_ANSWER,
+            f"rank {source}'s probe service did not answer; rank {target} reaches it",
+        )
+    # Bytes that arrived on a completed session while probing: a tunnel that carries
+    # traffic. Handshake messages count in rx too (an initiation is 148 B), so the
+    # session must have completed (WireGuard marks it at the first data packet). The
+    # other side's count speaks for this pair only when its echo failed too (else it
+    # counts our answers to its echoes).
+    carried = [s for s in (seen, back) if s is not None and _carries(s)]
+    carried = [s for s in carried if s is seen or s.small_rtt is None]
+    if carried:
+        side = carried[0]
+        return Verdict(
+            source,
+            target,
+            NO_DATA,
+            f"the tunnel delivers ({side.delivered} B arrived while probing) "
+            "but no echo passes: inner traffic is dropped",
+        )
+    stale = _stale(evidence, source, target, seen) or _stale(evidence, target, source, back)
+    if stale:
+        return Verdict(source, target, STALE_ENDPOINT, stale)
+    return Verdict(
+        source,
+        target,
+        NO_HANDSHAKE,
+        f"rank {source}'s device: {_device_text(seen)}; "
+        f"rank {target}'s device: {_device_text(back)}",
+    )
+
+
+def _carries(seen: PeerSeen) -> bool:
+    """A session is up (handshake completed within WireGuard's 180 s) and carried data."""
+    age = seen.handshake_age
+    return age is not None and age < SESSION_LIFETIME and seen.delivered >= SMALL
+
+
+def _stale(evidence: Evidence, holder: int, peer: int, seen: PeerSeen | None) -> str:
+    """Why ``holder``'s device endpoint for ``peer`` is stale, or ""."""
+    if seen is None or seen.endpoint is None:
+        return ""
+    members = evidence.members
+    registered = members[peer].endpoint_from(members[holder].site)
+    if registered is None or registered == seen.endpoint:
+        return ""
+    return (
+        f"rank {holder}'s device sends to rank {peer} at {seen.endpoint}, "
+        f"the registry has {registered}; nothing arrives from it"
+    )
+
+
+def _device_text(seen: PeerSeen | None) -> str:
+    if seen is None:
+        return "no answer"
+    handshake = "never" if seen.handshake_age is None else f"{seen.handshake_age:.0f} s ago"
+    return (
+        f"endpoint {seen.endpoint or 'none'}, last handshake {handshake}, "
+        f"rx {seen.rx_bytes} B, tx {seen.tx_bytes} B"
+    )
+
+
+def _short(key: str | None) -> str:
+    return "none" if key is None else key[:8] + "…"

@@ -1,0 +1,196 @@
+"""``vnetd doctor``'s run: one list of the members, every daemon's row, the verdicts.
+
+The I/O around ``vnetd.doctor.cause``: the registry is read once, the probe
+services are asked over the overlay (``CONNECTIONS`` at a time), and the whole
+run stays inside ``--timeout``. A progress line goes to stderr on long runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import TextIO
+
+import trio
+
+from vnetd.control.membership import read_members
+from vnetd.doctor.cause import Evidence, classify
+from vnetd.doctor.command import DoctorPlan
+from vnetd.doctor.evidence import (
+    MAX_ROW,
+    Row,
+    RowRequest,
+    WireError,
+    decode_row,
+    encode_request,
+    merge_rows,
+)
+from vnetd.doctor.report import Run, document, text
+from vnetd.errors import RegistryUnavailable
+from vnetd.model import Member
+from vnetd.registry import RegistryOpener
+
+CONNECTIONS = 64
+"""Probe services asked at once."""
+ROW_DEADLINE = 9.0
+"""What each service is given for its row (s): its echoes take up to 3 s, 6 s with
+bisection, and it keeps 1 s for its device and its answer."""
+SLACK = 2.0
+"""Kept back from ``--timeout`` for the verdicts and the output (s)."""
+PROGRESS_AFTER = 2.0
+SECOND_PASS_MIN = 4.0
+"""Time left (s) below which the failing pairs are not probed a second time."""
+
+
+async def doctor(
+    plan: DoctorPlan,
+    *,
+    open_registry: RegistryOpener | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Run the doctor; returns 0 (all pairs good) or 1 (some pair fails).
+
+    Raises:
+        RegistryUnavailable: the members could not be read (exit 2).
+    """
+    if open_registry is None:
+        from vnetd.registry import open_registry as open_settings_registry
+
+        open_registry = open_settings_registry
+    out, err = out or sys.stdout, err or sys.stderr
+    started = time.monotonic()
+    spec = plan.spec
+    deadline = trio.current_time() + plan.timeout - SLACK
+    async with open_registry(spec.registry) as registry:
+        with trio.move_on_at(deadline - ROW_DEADLINE) as scope:
+            members, _bad = await read_members(registry, spec)
+        if scope.cancelled_caught:
+            raise RegistryUnavailable(
+                f"reading the members of mesh {spec.name}: no answer within "
+                f"{plan.timeout - SLACK - ROW_DEADLINE:g} s; check --etcd or raise --timeout"
+            )
+    ranks = tuple(sorted(members))
+    asks = {rank: ranks for rank in ranks}
+    rows = await ask_all(plan, asks, deadline, _progress(err, started, len(asks)))
+    again = failed_pairs(rows, members)
+    if again and deadline - trio.current_time() > SECOND_PASS_MIN:
+        # Only the failing pairs, once more: on a loaded host an echo can be late, and
+        # this pass is light. A pair that passes in either is good (a reply is proof).
+        second = await ask_all(plan, again, deadline, _progress(err, started, len(again)))
+        rows = {rank: merge_rows(row, second.get(rank)) for rank, row in rows.items()}
+    notes = []
+    if members and not rows:
+        notes.append(
+            "no probe service answered: run vnetd doctor inside a pod of the mesh "
+            f"(it reaches the daemons over the overlay, port {spec.doctor_port})"
+        )
+    evidence = Evidence(spec, members, rows)
+    verdicts = tuple(
+        classify(evidence, a, b) for a in range(spec.size) for b in range(spec.size) if a != b
+    )
+    result = Run(
+        spec.name,
+        spec.size,
+        tuple(sorted(members)),
+        tuple(sorted(rows)),
+        verdicts,
+        time.monotonic() - started,
+        tuple(notes),
+    )
+    if plan.json:
+        out.write(json.dumps(document(result), indent=1) + "\n")
+    else:
+        out.write(text(result))
+    return 0 if result.ok else 1
+
+
+def failed_pairs(
+    rows: Mapping[int, Row], members: Mapping[int, Member]
+) -> dict[int, tuple[int, ...]]:
+    """For each row, the registered ranks whose echoes did not all pass."""
+    again = {}
+    for rank, row in rows.items():
+        targets = tuple(
+            target
+            for target, seen in sorted(row.peers.items())
+            if target in members and (seen.small_rtt is None or seen.full_rtt is None)
+        )
+        if targets:
+            again[rank] = targets
+    return again
+
+
+async def ask_all(
+    plan: DoctorPlan,
+    asks: Mapping[int, tuple[int, ...]],
+    deadline: float,
+    progress: Callable[[int], None],
+) -> dict[int, Row]:
+    """The row of each rank in ``asks`` (about the ranks it maps to) that arrives by
+    ``deadline``."""
+    rows: dict[int, Row] = {}
+    limit = trio.Semaphore(CONNECTIONS)
+
+    async def one(rank: int) -> None:
+        async with limit:
+            budget = deadline - trio.current_time()
+            if budget <= 0:
+                return
+            row = await ask(plan, rank, asks[rank], min(ROW_DEADLINE, max(2.0, budget - 2.0)))
+            if row is not None and row.rank == rank:
+                rows[rank] = row
+            progress(len(rows))
+
+    with trio.move_on_at(deadline):
+        async with trio.open_nursery() as nursery:
+            for rank in sorted(asks):
+                nursery.start_soon(one, rank)
+    progress(-1)
+    return rows
+
+
+async def ask(plan: DoctorPlan, rank: int, ranks: tuple[int, ...], budget: float) -> Row | None:
+    """One rank's row from its probe service, or None (no answer within ``budget`` + 2 s:
+    the service keeps its probes 1 s inside ``budget``)."""
+    spec = plan.spec
+    request = RowRequest(tuple(r for r in ranks if r != rank), budget)
+    with trio.move_on_after(budget + 2.0):
+        try:
+            stream = await trio.open_tcp_stream(str(spec.address(rank)), spec.doctor_port)
+            async with stream:
+                await stream.send_all(encode_request(request) + b"\n")
+                buffer = bytearray()
+                while len(buffer) <= MAX_ROW:
+                    chunk = await stream.receive_some(1 << 16)
+                    if not chunk:
+                        break
+                    buffer += chunk
+                    if buffer.endswith(b"\n"):
+                        break
+            return decode_row(bytes(buffer))
+        except (OSError, trio.BrokenResourceError, WireError):
+            return None
+    return None
+
+
+def _progress(err: TextIO, started: float, total: int) -> Callable[[int], None]:
+    """A progress reporter: one line per second on stderr once the run is long."""
+    last = [0.0]
+
+    def report(done: int) -> None:
+        now = time.monotonic()
+        if done < 0:
+            if last[0]:
+                err.write("\n" if err.isatty() else "")
+            return
+        if now - started < PROGRESS_AFTER or now - last[0] < 1.0:
+            return
+        last[0] = now
+        line = f"vnetd doctor: {done}/{total} rows, {now - started:.0f} s"
+        err.write(("\r" + line) if err.isatty() else line + "\n")
+        err.flush()
+
+    return report

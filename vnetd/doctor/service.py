@@ -1,0 +1,332 @@
+"""Each daemon's probe service: a UDP echo and a TCP row request, on its overlay address.
+
+The doctor (``vnetd doctor``) asks every daemon for its row: the daemon
+echoes to each rank asked about, at 64 bytes and at its device MTU with DF
+set (bisecting when only the small one passes), and reports what its device
+says of each. Bound to the overlay address only, answering only addresses of
+the mesh's networks; one request runs at a time, each bounded by its own
+deadline and ``MAX_DEADLINE``. Hand-written over trio's sockets because the
+protocol is two messages; see docs/architecture.md, "Doctor".
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+
+import trio
+
+from vnetd.dataplane import Dataplane
+from vnetd.doctor.evidence import (
+    MAGIC,
+    MAX_REQUEST,
+    SMALL,
+    PeerSeen,
+    Row,
+    WireError,
+    decode_request,
+    encode_row,
+)
+from vnetd.errors import VnetdError
+from vnetd.model import DevicePeer, Member
+from vnetd.spec import MeshSpec
+
+log = logging.getLogger("vnetd.doctor")
+
+IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
+IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
+IPV6_MTU_DISCOVER = getattr(socket, "IPV6_MTU_DISCOVER", 23)
+IPV6_PMTUDISC_DO = getattr(socket, "IPV6_PMTUDISC_DO", 2)
+
+TRIES = 3
+"""Echoes sent per size (one answer is enough)."""
+TRY_GAP = 0.05
+ECHO_WAIT = 3.0
+"""How long the first round waits for its echoes (s): far above a mesh's round trip, and
+room for a first handshake on a loaded host (the echo may be what starts it), but below
+WireGuard's 5 s handshake retry: a lost handshake is not waited for."""
+BISECT_WAIT = 0.4
+BISECT_STEPS = 7
+MAX_DEADLINE = 30.0
+REPLY_MARGIN = 1.0
+"""Kept back from a request's deadline for reading the device and sending the row (s)."""
+REQUEST_WAIT = 5.0
+"""How long a connection may take to send its request (s)."""
+MAX_PARALLEL = 64
+"""Peers probed at once (each holds one UDP socket): a healthy peer's probe takes one
+round trip, so this paces a row without lengthening it."""
+
+
+def df_socket(family: int) -> trio.socket.SocketType:
+    """A UDP socket that never fragments (DF set, no local fragmentation)."""
+    sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+    if family == socket.AF_INET:
+        sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+    else:
+        sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)
+    return sock
+
+
+def header_size(family: int) -> int:
+    """IP + UDP header bytes: an inner packet of size S carries S minus this."""
+    return 28 if family == socket.AF_INET else 48
+
+
+class ProbeService:
+    """The probe service of one daemon (``serve`` runs it)."""
+
+    def __init__(
+        self,
+        spec: MeshSpec,
+        me: Member,
+        mtu: int,
+        dataplane: Dataplane,
+        on_black_hole: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.me = me
+        self.mtu = mtu
+        self.dataplane = dataplane
+        self.on_black_hole = on_black_hole
+        self.lowered: dict[int, int] = {}
+        """Peers whose route MTU this service locked, and to what."""
+        self.address = str(spec.address(me.rank))
+        self.family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
+        self._one_at_a_time = trio.Lock()
+
+    def in_mesh(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address.split("%")[0])
+        except ValueError:
+            return False
+        return any(ip in network for network in self.spec.networks)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Answer echoes and row requests until cancelled; nothing a request does ends it.
+
+        Raises:
+            VnetdError: the port cannot be bound on the overlay address.
+        """
+        port = self.spec.doctor_port
+        echo = df_socket(self.family)
+        with echo:
+            try:
+                await echo.bind((self.address, port))
+                listeners = await trio.open_tcp_listeners(port, host=self.address)
+            except OSError as exc:
+                raise VnetdError(
+                    f"mesh.doctor_port {port}: cannot serve it on {self.address}: "
+                    f"{exc.strerror or exc} (pick a free port, or 0 to turn the probe "
+                    "service off)"
+                ) from None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._echo, echo)
+                await nursery.start(trio.serve_listeners, self._answer, listeners)
+                log.info("probe service at %s port %d (tcp, udp)", self.address, port)
+                task_status.started()
+
+    async def _echo(self, sock: trio.socket.SocketType) -> None:
+        while True:
+            try:
+                data, source = await sock.recvfrom(65535)
+            except OSError:
+                continue  # an ICMP error queued on the socket
+            if data.startswith(MAGIC) and self.in_mesh(source[0]):
+                try:
+                    await sock.sendto(data, source)
+                except OSError:
+                    pass  # too big for the path back, or no route: the asker sees a loss
+
+    async def _answer(self, stream: trio.SocketStream) -> None:
+        try:
+            await self._answer_one(stream)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.info("doctor request: connection lost: %s", exc)
+        except Exception:  # a bug here must not end the daemon
+            log.exception("doctor request failed")
+
+    async def _answer_one(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            peer = stream.socket.getpeername()
+            if not self.in_mesh(peer[0]):
+                return
+            try:
+                with trio.fail_after(REQUEST_WAIT):
+                    line = await _read_line(stream, MAX_REQUEST)
+                request = decode_request(line, self.spec.size)
+            except (trio.TooSlowError, WireError, trio.BrokenResourceError) as exc:
+                log.info("doctor request from %s refused: %s", peer[0], exc)
+                return
+            async with self._one_at_a_time:
+                deadline = min(request.deadline, MAX_DEADLINE) - REPLY_MARGIN
+                row = await self.row(
+                    [r for r in request.ranks if r != self.me.rank], max(deadline, ECHO_WAIT)
+                )
+            try:
+                await stream.send_all(encode_row(row) + b"\n")
+            except trio.BrokenResourceError:
+                return
+
+    async def row(self, ranks: list[int], deadline: float) -> Row:
+        """This daemon's row for ``ranks``: echoes first, then the device, within ``deadline``."""
+        before = await self.dataplane.peers()
+        results: dict[int, tuple[float | None, float | None, int | None]] = {}
+        limit = trio.Semaphore(MAX_PARALLEL)
+        with trio.move_on_after(deadline):
+            async with trio.open_nursery() as nursery:
+                for rank in ranks:
+                    nursery.start_soon(self._probe_into, rank, results, limit)
+        after = await self.dataplane.peers()
+        now = time.time()
+        holder = _holders(after)
+        peers: dict[int, PeerSeen] = {}
+        for rank in ranks:
+            key = next((holder[r] for r in self.spec.allowed_ips(rank) if r in holder), None)
+            device = after.get(key) if key is not None else None
+            old = before.get(key) if key is not None else None
+            small, full, largest = results.get(rank, (None, None, None))
+            peers[rank] = PeerSeen(
+                rank=rank,
+                key=key,
+                endpoint=device.endpoint if device else None,
+                handshake_age=_age(device, now),
+                rx_bytes=device.rx_bytes if device else 0,
+                tx_bytes=device.tx_bytes if device else 0,
+                small_rtt=small,
+                full_rtt=full,
+                largest=largest,
+                delivered=(device.rx_bytes - old.rx_bytes) if device and old else 0,
+            )
+        for seen in peers.values():
+            if seen.small_rtt is not None and seen.full_rtt is None and seen.largest:
+                await self._lower(seen.rank, seen.largest)
+        return Row(self.me.rank, self.me.instance, self.me.public_key, self.mtu, peers)
+
+    async def _lower(self, rank: int, largest: int) -> None:
+        """Lock the route MTU of ``rank``'s addresses to what passed (a black hole).
+
+        Probed again, sizes above the lock fail at the sender, so the largest that
+        passes stays at or below it: the lock only ever goes down, and is set again
+        each time (the peer's route may have been re-added without it)."""
+        from vnetd.dataplane.route_mtu import lock_route_mtu
+
+        mtu = min(largest, self.lowered.get(rank, largest))
+        try:
+            for route in self.spec.allowed_ips(rank)[:1]:  # the primary network's host route
+                await lock_route_mtu(self.spec.interface, route, mtu)
+        except (VnetdError, OSError, ValueError) as exc:
+            log.warning("path MTU black hole to rank %d: cannot lower its route MTU: %s", rank, exc)
+            return
+        if self.lowered.get(rank) != mtu:
+            log.warning(
+                "path MTU black hole to rank %d: %d-byte packets pass, %d-byte ones do not; "
+                "its route MTU is locked to %d",
+                rank, mtu, self.mtu, mtu,
+            )  # fmt: skip
+        self.lowered[rank] = mtu
+        if self.on_black_hole is not None:
+            self.on_black_hole(rank, mtu)
+
+    async def _probe_into(
+        self,
+        rank: int,
+        results: dict[int, tuple[float | None, float | None, int | None]],
+        limit: trio.Semaphore,
+    ) -> None:
+        async with limit:
+            results[rank] = await self.probe(str(self.spec.address(rank)))
+
+    async def probe(self, target: str) -> tuple[float | None, float | None, int | None]:
+        """(small round trip, full-size round trip, largest size that passed) to ``target``."""
+        sock = df_socket(self.family)
+        with sock:
+            try:
+                await sock.connect((target, self.spec.doctor_port))
+            except OSError:
+                return None, None, None  # no route to it (invariant 9): nothing passes
+            got = await _echo_sizes(sock, [SMALL, self.mtu], self.family, ECHO_WAIT)
+            small, full = got.get(SMALL), got.get(self.mtu)
+            if small is None:
+                return None, None, None
+            if full is not None:
+                return small, full, self.mtu
+            low, high = SMALL, self.mtu  # low passes, high does not
+            for _ in range(BISECT_STEPS):
+                if high - low <= 8:
+                    break
+                middle = (low + high) // 2
+                if middle in await _echo_sizes(sock, [middle], self.family, BISECT_WAIT):
+                    low = middle
+                else:
+                    high = middle
+            return small, None, low
+
+
+async def _echo_sizes(
+    sock: trio.socket.SocketType, sizes: list[int], family: int, wait: float
+) -> dict[int, float]:
+    """Send ``TRIES`` echoes of each size; the round trip of the first answer per size."""
+    nonce = os.urandom(8).hex().encode()
+    sent: dict[tuple[int, int], float] = {}
+    got: dict[int, float] = {}
+    done = trio.Event()
+
+    async def receive() -> None:
+        while len(got) < len(sizes):
+            try:
+                data = await sock.recv(65535)
+            except OSError:
+                continue  # an ICMP error from an earlier send
+            parts = data.split(b" ", 4)
+            if len(parts) < 4 or parts[0] != MAGIC or parts[1] != nonce:
+                continue
+            if parts[2].isdigit() and parts[3].isdigit():
+                size, attempt = int(parts[2]), int(parts[3])
+                if (size, attempt) in sent and size not in got:
+                    got[size] = time.monotonic() - sent[size, attempt]
+        done.set()
+
+    with trio.move_on_after(wait):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            for attempt in range(TRIES):
+                for size in sizes:
+                    if size in got:
+                        continue
+                    head = b"%s %s %d %d " % (MAGIC, nonce, size, attempt)
+                    payload = head.ljust(max(len(head), size - header_size(family)), b".")
+                    sent[size, attempt] = time.monotonic()
+                    try:
+                        await sock.send(payload)
+                    except OSError:
+                        pass  # EMSGSIZE, no route: counted as lost
+                await trio.sleep(TRY_GAP)
+            await done.wait()
+            nursery.cancel_scope.cancel()
+    return got
+
+
+async def _read_line(stream: trio.SocketStream, limit: int) -> bytes:
+    buffer = bytearray()
+    while b"\n" not in buffer:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        buffer += chunk
+        if len(buffer) > limit:
+            raise WireError("request too long")
+    return bytes(buffer.split(b"\n", 1)[0])
+
+
+def _holders(peers: Mapping[str, DevicePeer]) -> dict[str, str]:
+    return {route: key for key, peer in peers.items() for route in peer.allowed_ips}
+
+
+def _age(device: DevicePeer | None, now: float) -> float | None:
+    if device is None or device.last_handshake <= 0:
+        return None
+    return max(0.0, now - device.last_handshake)
