@@ -1,9 +1,10 @@
 """One contract for every Dataplane: the in-memory fake, wireguard-go over UAPI,
 and the kernel's WireGuard over generic netlink.
 
-The uapi cases need root and wireguard-go; the kernel cases need root and a
-kernel that can create a ``wireguard`` link, and skip with the reason
-otherwise (this lab machine has no WireGuard module). Each runs its device in a network
+The uapi cases need root and wireguard-go; the kernel cases (marked ``kernel``)
+need root and a kernel that can create a ``wireguard`` link: where the host
+lacks it (as this lab machine does) they run in the QEMU kernel guest
+(``tests/kernel_guest.py``). Each runs its device in a network
 namespace the test creates (and deletes, also on failure), under a unique
 interface name so that ``/run/wireguard/<ifname>.sock`` cannot collide.
 Overlay 10.250.0.0/16; underlay endpoints in 198.18.0.0/15 exist only as
@@ -40,10 +41,11 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     PublicFormat,
 )
+from kernel_guest import host_kernel_unavailable, in_guest
 
 from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
-from vnetd.dataplane.kernel import KernelDataplane, kernel_unavailable, open_kernel_dataplane
+from vnetd.dataplane.kernel import KernelDataplane, open_kernel_dataplane
 from vnetd.dataplane.link import change_routes, configure_link, prune_addresses, run_netlink
 from vnetd.dataplane.local import read_device
 from vnetd.dataplane.supervise import (
@@ -131,9 +133,9 @@ class Device:
         if isinstance(self.dp, KernelDataplane):
             send = self.dp._send
 
-            def counting_send(messages: list[dict[str, object]]) -> set[str]:
+            def counting_send(messages: list[dict[str, object]], reread: bool) -> set[str]:
                 seen.append(messages)
-                return send(messages)
+                return send(messages, reread)
 
             monkeypatch.setattr(self.dp, "_send", counting_send)
             return seen
@@ -186,27 +188,26 @@ def netns() -> Iterator[str]:
         yield name
 
 
-_kernel_probe: list[str | None] = []
-
-
 def skip_without_kernel_wireguard() -> None:
-    """Skip, printing why, unless a wireguard link can be created (probed once, in a netns)."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("kernel WireGuard: needs root and ip")
-    if not _kernel_probe:
+    """Skip, printing why, unless a wireguard link can be created (probed once, in a netns).
 
-        async def probe() -> str | None:
-            with namespace() as name:
-                return await kernel_unavailable(name)
+    Where the host lacks the module these cases run in the kernel guest instead
+    (``tests/kernel_guest.py``); inside the guest a kernel without it fails them.
+    """
+    reason = host_kernel_unavailable()
+    if reason is None:
+        return
+    reason = f"kernel WireGuard unavailable here: {reason}"
+    if in_guest():
+        pytest.fail(reason)
+    print(reason)
+    pytest.skip(reason)
 
-        _kernel_probe.append(trio.run(probe))
-    if _kernel_probe[0] is not None:
-        reason = f"kernel WireGuard unavailable here: {_kernel_probe[0]}"
-        print(reason)
-        pytest.skip(reason)
+
+KERNEL = pytest.param("kernel", marks=pytest.mark.kernel)
 
 
-@pytest.fixture(params=["fake", pytest.param("uapi", marks=needs_lab), "kernel"])
+@pytest.fixture(params=["fake", pytest.param("uapi", marks=needs_lab), KERNEL])
 def kind(request: pytest.FixtureRequest) -> str:
     if request.param == "kernel":
         skip_without_kernel_wireguard()
@@ -387,7 +388,7 @@ async def test_bad_public_key_is_refused(device: Device) -> None:
         await device.dp.apply(Plan(add=(Peer("not-a-key", (A_IP,)),)))
 
 
-@pytest.fixture(params=[pytest.param("uapi", marks=needs_lab), "kernel"])
+@pytest.fixture(params=[pytest.param("uapi", marks=needs_lab), KERNEL])
 def real_kind(request: pytest.FixtureRequest) -> str:
     """The data planes with a device that ``read_device`` can read (not the fake)."""
     if request.param == "kernel":
