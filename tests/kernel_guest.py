@@ -35,7 +35,7 @@ from vnetd.lab.guest_image import GuestUnavailable
 
 KERNEL_MARK = "kernel"
 RESULTS_FILE = "results.json"
-GUEST_RUN_TIMEOUT = 420.0
+GUEST_RUN_TIMEOUT = 540.0
 """Bound on the guest's whole pytest run (its kernel contract and e2e cases take
 about 3 minutes under TCG here; each test inside keeps its own timeout)."""
 IN_GUEST = "VNETD_GUEST"

@@ -411,6 +411,31 @@ async def test_read_device_reports_what_the_data_plane_holds(real_kind: str, net
     assert read.listen_port == config.listen_port
 
 
+THOUSAND = 1000
+
+
+async def test_a_thousand_peers_in_one_plan_then_all_removed(real_kind: str, netns: str) -> None:
+    """A join of 1000 members in one plan: on the kernel, 1000 generic netlink sets and
+    1000 routes through the route socket, whose acknowledgements overflowed its receive
+    buffer (ENOBUFS) before the in-flight window; then a mass departure the same way."""
+    config = device_config(next(_names))
+    peers = tuple(
+        Peer(public_key(), (f"10.250.{2 + i // 250}.{1 + i % 250}/32",),
+             f"198.18.{4 + i // 250}.{1 + i % 250}:51820", rank=1 + i)
+        for i in range(THOUSAND)
+    )  # fmt: skip
+    with trio.fail_after(120):
+        async with open_device(real_kind, config, netns) as dp:
+            await dp.apply(Plan(add=peers))
+            held = await dp.peers()
+            assert set(held) == {p.public_key for p in peers}
+            assert await dp.routes() == {p.allowed_ips[0] for p in peers}
+            await dp.apply(Plan(remove=peers))
+            assert await dp.peers() == {}
+            assert await dp.routes() == set()
+            assert await device_unreachable(netns) == {NETWORK}
+
+
 A6_IP, B6_IP = "fd00:250::2/128", "fd00:250::3/128"
 
 
