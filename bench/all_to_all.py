@@ -47,12 +47,14 @@ from common import (
     runs_for,
     seeded,
     spread,
+    spreads,
+    summary_by_size,
     wait_for,
     write_result,
 )
 from traces import add_trace_option, keep_traces, start_tracing
 
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 from vnetd.lab.probe import parse_events
 
 PROBE_DURATION = 600.0
@@ -147,23 +149,21 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
     return result
 
 
+def figures(size: int, mine: list[JSON]) -> JSON:
+    """One size's row of the summary, from its runs."""
+    return {
+        **spreads(mine, "from_last_start", "from_last_ready", "rank0_start_to_ready"),
+        "slowest_pair": spread(r["pair_s"]["max"] for r in mine),
+        "slowest_after_both_ready": spread(r["pair_after_both_ready_s"]["max"] for r in mine),
+        "pair_p50": spread(r["pair_s"]["p50"] for r in mine),
+        "over_1s": spread(r["over_s"]["1"] for r in mine),
+        "over_2s": spread(r["over_s"]["2"] for r in mine),
+        "pairs": size * (size - 1),
+    }
+
+
 def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
-    by_size: JSON = {}
-    for size in sizes:
-        mine = [r for r in runs if r["size"] == size]
-        by_size[str(size)] = {
-            "runs": len(mine),
-            "from_last_start": spread(r["from_last_start"] for r in mine),
-            "from_last_ready": spread(r["from_last_ready"] for r in mine),
-            "rank0_start_to_ready": spread(r["rank0_start_to_ready"] for r in mine),
-            "slowest_pair": spread(r["pair_s"]["max"] for r in mine),
-            "slowest_after_both_ready": spread(r["pair_after_both_ready_s"]["max"] for r in mine),
-            "pair_p50": spread(r["pair_s"]["p50"] for r in mine),
-            "over_1s": spread(r["over_s"]["1"] for r in mine),
-            "over_2s": spread(r["over_s"]["2"] for r in mine),
-            "pairs": size * (size - 1),
-        }
-    return {"by_size": by_size, "target_s": 2.0, "target_size": 24}
+    return {"by_size": summary_by_size(runs, sizes, figures), "target_s": 2.0, "target_size": 24}
 
 
 async def main_async(args: Any) -> int:  # noqa: ANN401

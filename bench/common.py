@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from vnetd.lab.cluster import MeshLab, write_spec
-from vnetd.lab.lab import NETNS_PREFIX, Lab, LabProcess
+from vnetd.lab.open_lab import NETNS_PREFIX, Lab, LabProcess
 from vnetd.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +81,22 @@ def latency(values: Sequence[float]) -> JSON:
         "p99": percentile(values, 99),
         "max": max(values) if values else math.nan,
     }
+
+
+def spreads(runs: Sequence[JSON], *names: str) -> JSON:
+    """The ``spread`` of each named figure over ``runs``, by name."""
+    return {name: spread(r[name] for r in runs) for name in names}
+
+
+def summary_by_size(
+    runs: Sequence[JSON], sizes: Iterable[int], figures: Callable[[int, list[JSON]], JSON]
+) -> JSON:
+    """A summary's ``by_size`` table: each size's number of runs, then ``figures(size, runs)``."""
+    table: JSON = {}
+    for size in sizes:
+        mine = [r for r in runs if r["size"] == size]
+        table[str(size)] = {"runs": len(mine), **figures(size, mine)}
+    return table
 
 
 # --- result files -----------------------------------------------------------------------
@@ -343,26 +359,25 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def proc_rss_kib(pid: int) -> int:
-    """Resident set size (VmRSS) of ``pid`` in KiB (0 when it is gone)."""
+def _proc_kib(path: str, field: str) -> int:
+    """The KiB figure a ``/proc`` file gives on its ``field`` line (0 when the process is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field):
                 return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def proc_rss_kib(pid: int) -> int:
+    """Resident set size (VmRSS) of ``pid`` in KiB (0 when it is gone)."""
+    return _proc_kib(f"/proc/{pid}/status", "VmRSS:")
 
 
 def proc_pss_kib(pid: int) -> int:
     """Proportional set size of ``pid`` in KiB, shared pages split (0 when gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return _proc_kib(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 # --- the daemons' JSON logs -------------------------------------------------------------

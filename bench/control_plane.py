@@ -71,7 +71,7 @@ from common import (
 )
 
 from vnetd.lab.cluster import write_spec
-from vnetd.lab.lab import LabProcess, open_lab
+from vnetd.lab.open_lab import LabProcess, open_lab
 
 NAME = "control_plane"
 TITLE = "Control-plane scale (simulated ranks)"

@@ -60,7 +60,7 @@ from common import (
 )
 
 from vnetd.lab.cluster import write_spec
-from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, Pod, open_lab
 from vnetd.spec import load_spec
 
 NAME = "dataplane"

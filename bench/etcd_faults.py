@@ -46,7 +46,7 @@ from common import (
 )
 
 from vnetd.lab.etcd_faults import FAULTS, run_etcd_fault
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 
 NAME = "etcd_faults"
 TITLE = "etcd cluster faults (3 members)"

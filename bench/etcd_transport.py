@@ -49,7 +49,7 @@ from common import (
     write_result,
 )
 
-from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.lab.pods import LabProcess
 
 NAME = "etcd_transport"

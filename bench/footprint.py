@@ -61,8 +61,8 @@ from common import (
 )
 
 from vnetd.lab.cluster import write_spec
-from vnetd.lab.lab import Lab, open_lab
 from vnetd.lab.netns import child_pid
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.spec import load_spec
 
 NAME = "footprint"

@@ -70,6 +70,8 @@ from common import (
     runs_for,
     seeded,
     spread,
+    spreads,
+    summary_by_size,
     wait_for,
     write_result,
 )
@@ -77,8 +79,8 @@ from register import random_public_key
 from traces import add_trace_option, keep_traces, start_tracing
 
 from vnetd.lab.cluster import write_spec
-from vnetd.lab.lab import Lab, open_lab
 from vnetd.lab.netns import child_pid
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.spec import load_spec
 
 SETTLE = 2.0
@@ -340,55 +342,53 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
     return run
 
 
+def propagation_figures(size: int, mine: list[JSON]) -> JSON:
+    """One size's row of the propagation summary, from its runs."""
+    steady_runs = [[s for j in r["steady"] for s in j["samples_ms"]] for r in mine]
+    startup_runs = [r["startup_propagation"]["samples_ms"] for r in mine]
+    joins = [j for r in mine for j in r["steady"]]
+    return {
+        "steady": latency([s for run in steady_runs for s in run]),
+        "startup": latency([s for run in startup_runs for s in run]),
+        "steady_p50_runs": spread(latency(x)["p50"] for x in steady_runs),
+        "steady_p99_runs": spread(latency(x)["p99"] for x in steady_runs),
+        "startup_p50_runs": spread(latency(x)["p50"] for x in startup_runs),
+        "startup_p99_runs": spread(latency(x)["p99"] for x in startup_runs),
+        "first_observer_ms": spread(min(j["samples_ms"]) for j in joins),
+        "pass_ms": latency([p for j in joins for p in j["pass_ms"]]),
+        "cpu_ms_per_join_per_daemon": spread(j["cpu_ms_per_daemon"]["vnetd"] for j in joins),
+        "cpu_ms_until_joined_per_daemon": spread(
+            j["cpu_ms_per_daemon_until_joined"]["vnetd"] for j in joins
+        ),
+        "wg_cpu_ms_per_join_per_daemon": spread(
+            j["cpu_ms_per_daemon"]["wireguard_go"] for j in joins
+        ),
+        "idle_cpu_ms_per_daemon_per_s": spread(r["idle_cpu_ms_per_daemon"][0] / HOLD for r in mine),
+        "ack_rtt_ms": spread(j["ack_rtt_ms"] for j in joins),
+        "startup_negative": sum(r["startup_propagation"]["negative"] for r in mine),
+        "missing": sum(r["startup_propagation"]["missing"] for r in mine),
+    }
+
+
 def summarize_propagation(runs: list[JSON], sizes: list[int]) -> JSON:
-    by_size: JSON = {}
-    for size in sizes:
-        mine = [r for r in runs if r["size"] == size]
-        steady_runs = [[s for j in r["steady"] for s in j["samples_ms"]] for r in mine]
-        startup_runs = [r["startup_propagation"]["samples_ms"] for r in mine]
-        joins = [j for r in mine for j in r["steady"]]
-        by_size[str(size)] = {
-            "runs": len(mine),
-            "steady": latency([s for run in steady_runs for s in run]),
-            "startup": latency([s for run in startup_runs for s in run]),
-            "steady_p50_runs": spread(latency(x)["p50"] for x in steady_runs),
-            "steady_p99_runs": spread(latency(x)["p99"] for x in steady_runs),
-            "startup_p50_runs": spread(latency(x)["p50"] for x in startup_runs),
-            "startup_p99_runs": spread(latency(x)["p99"] for x in startup_runs),
-            "first_observer_ms": spread(min(j["samples_ms"]) for j in joins),
-            "pass_ms": latency([p for j in joins for p in j["pass_ms"]]),
-            "cpu_ms_per_join_per_daemon": spread(j["cpu_ms_per_daemon"]["vnetd"] for j in joins),
-            "cpu_ms_until_joined_per_daemon": spread(
-                j["cpu_ms_per_daemon_until_joined"]["vnetd"] for j in joins
-            ),
-            "wg_cpu_ms_per_join_per_daemon": spread(
-                j["cpu_ms_per_daemon"]["wireguard_go"] for j in joins
-            ),
-            "idle_cpu_ms_per_daemon_per_s": spread(
-                r["idle_cpu_ms_per_daemon"][0] / HOLD for r in mine
-            ),
-            "ack_rtt_ms": spread(j["ack_rtt_ms"] for j in joins),
-            "startup_negative": sum(r["startup_propagation"]["negative"] for r in mine),
-            "missing": sum(r["startup_propagation"]["missing"] for r in mine),
-        }
+    by_size = summary_by_size(runs, sizes, propagation_figures)
     return {"by_size": by_size, "target_p99_ms": 150, "target_size": 64}
 
 
+def full_mesh_figures(size: int, runs: list[JSON]) -> JSON:
+    """One size's row of the full-mesh summary, from its runs."""
+    mine = [r["full_mesh"] for r in runs]
+    rank0 = [x for r in mine for x in r["rank0_first_packet"]]
+    return {
+        **spreads(mine, "from_last_start", "from_last_ready", "from_first_start", "start_span"),
+        "start_to_ready": latency([x for r in mine for x in r["start_to_ready"]]),
+        "rank0_from_start": latency([x["from_start"] for x in rank0]),
+        "rank0_from_ready": latency([x["from_ready"] for x in rank0]),
+    }
+
+
 def summarize_full_mesh(runs: list[JSON], sizes: list[int]) -> JSON:
-    by_size: JSON = {}
-    for size in sizes:
-        mine = [r["full_mesh"] for r in runs if r["size"] == size]
-        rank0 = [x for r in mine for x in r["rank0_first_packet"]]
-        by_size[str(size)] = {
-            "runs": len(mine),
-            "from_last_start": spread(r["from_last_start"] for r in mine),
-            "from_last_ready": spread(r["from_last_ready"] for r in mine),
-            "from_first_start": spread(r["from_first_start"] for r in mine),
-            "start_span": spread(r["start_span"] for r in mine),
-            "start_to_ready": latency([x for r in mine for x in r["start_to_ready"]]),
-            "rank0_from_start": latency([x["from_start"] for x in rank0]),
-            "rank0_from_ready": latency([x["from_ready"] for x in rank0]),
-        }
+    by_size = summary_by_size(runs, sizes, full_mesh_figures)
     return {"by_size": by_size, "target_s": 2.0, "target_size": 64}
 
 

@@ -61,11 +61,13 @@ from common import (
     runs_for,
     seeded,
     spread,
+    spreads,
+    summary_by_size,
     wait_for,
     write_result,
 )
 
-from vnetd.lab.lab import Lab, LabProcess, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, open_lab
 
 NAME = "launcher"
 TITLE = "The launcher of today, side by side"
@@ -249,29 +251,28 @@ async def one_run(size: int, rng: Any, max_gap: float, launcher_first: bool) -> 
     return result
 
 
+def figures(size: int, mine: list[JSON]) -> JSON:
+    """One size's row of the summary, from its runs."""
+    return {
+        **{
+            f"{side}_{key}": spread(r[side][key] for r in mine)
+            for side in ("vnetd", "launcher")
+            for key in ("from_last_pod", "from_first_pod")
+        },
+        **spreads(mine, "ratio_from_last_pod", "ratio_from_first_pod"),
+        "launcher_restart_s": spread(r["launcher"]["restart_s"] for r in mine),
+        "vnetd_last_ready_after_last_pod": spread(
+            r["vnetd"]["last_ready_after_last_pod"] for r in mine
+        ),
+        "vnetd_start_to_ready_p50": spread(r["vnetd"]["start_to_ready"]["p50"] for r in mine),
+        "vnetd_ready_to_hello_p50": spread(r["vnetd"]["ready_to_hello"]["p50"] for r in mine),
+        "vnetd_ready_to_hello_max": spread(r["vnetd"]["ready_to_hello"]["max"] for r in mine),
+        "launcher_workers_retried": spread(r["launcher"]["workers_retried"] for r in mine),
+    }
+
+
 def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
-    by_size: JSON = {}
-    for size in sizes:
-        mine = [r for r in runs if r["size"] == size]
-        by_size[str(size)] = {
-            "runs": len(mine),
-            **{
-                f"{side}_{key}": spread(r[side][key] for r in mine)
-                for side in ("vnetd", "launcher")
-                for key in ("from_last_pod", "from_first_pod")
-            },
-            "ratio_from_last_pod": spread(r["ratio_from_last_pod"] for r in mine),
-            "ratio_from_first_pod": spread(r["ratio_from_first_pod"] for r in mine),
-            "launcher_restart_s": spread(r["launcher"]["restart_s"] for r in mine),
-            "vnetd_last_ready_after_last_pod": spread(
-                r["vnetd"]["last_ready_after_last_pod"] for r in mine
-            ),
-            "vnetd_start_to_ready_p50": spread(r["vnetd"]["start_to_ready"]["p50"] for r in mine),
-            "vnetd_ready_to_hello_p50": spread(r["vnetd"]["ready_to_hello"]["p50"] for r in mine),
-            "vnetd_ready_to_hello_max": spread(r["vnetd"]["ready_to_hello"]["max"] for r in mine),
-            "launcher_workers_retried": spread(r["launcher"]["workers_retried"] for r in mine),
-        }
-    return {"by_size": by_size, "target_ratio": 10}
+    return {"by_size": summary_by_size(runs, sizes, figures), "target_ratio": 10}
 
 
 async def main_async(args: Any) -> int:  # noqa: ANN401

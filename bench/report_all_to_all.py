@@ -1,12 +1,13 @@
 """The benchmark page's section on the first all-to-all (``bench/all_to_all.py``).
 
-Kept apart from ``report.py`` so that file only calls it; it uses its helpers.
+``report.py`` calls it; the helpers it shares with the other sections are in
+``report_format.py``.
 """
 
 from __future__ import annotations
 
 from common import JSON
-from report import by_size, failures_note, load_note, mmm, num, table, verdict
+from report_format import by_size, failures_note, load_note, mmm, num, table, verdict
 
 
 def all_to_all_section(r: JSON | None) -> tuple[list[str], bool | None]:

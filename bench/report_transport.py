@@ -1,9 +1,9 @@
-"""The ``etcd_transport`` section of docs/benchmarks.md (bench/etcd_transport.py's result),
-kept apart from report.py, which imports it."""
+"""The ``etcd_transport`` section of docs/benchmarks.md (bench/etcd_transport.py's result)."""
 
 from __future__ import annotations
 
 from common import JSON
+from report_format import failures_note, load_note, mmm, table
 
 TRANSPORTS = ("json", "grpc", "grpc-trio")
 ROWS = tuple((t, m) for t in TRANSPORTS for m in ("live", "batched"))
@@ -16,8 +16,6 @@ HEADER = ("transport", "delivery", "events/message", "etcd µs", "client µs", "
 
 
 def etcd_transport_section(r: JSON | None) -> list[str]:
-    from report import failures_note, load_note, mmm, table
-
     out = ["## etcd transport: JSON gateway against native gRPC", ""]
     if r is None:
         return out + ["Not measured (run `bench/etcd_transport.py`).", ""]

@@ -3,7 +3,7 @@
 
     sim_ranks.py --config mesh.toml --ranks 0-255 --state-root DIR [--stagger 0.005]
 
-Each rank is a whole ``vnetd.daemon.run_daemon`` (spec check, claim under a
+Each rank is a whole ``vnetd.daemon.root.run_daemon`` (spec check, claim under a
 lease with keepalive, list-then-watch, reconciler) with its own etcd client
 (the clients share one TLS context, as ``sharing_tls`` lets a process),
 state dir (key) and instance name; only the device is the in-memory
@@ -44,13 +44,13 @@ from typing import ClassVar
 import trio
 
 from vnetd.config import Settings
-from vnetd.daemon import run_daemon
+from vnetd.daemon.root import run_daemon
+from vnetd.daemon.running import Running
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Plan
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener, sharing_tls
-from vnetd.running import Running
 from vnetd.spec import load_spec
 
 

@@ -42,7 +42,7 @@ from common import (
 )
 
 from vnetd.lab.cluster import monotonic_of, write_spec
-from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.spec import load_spec
 
 NAME = "startup"

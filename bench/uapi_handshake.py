@@ -123,7 +123,7 @@ async def inner(args: argparse.Namespace) -> None:
 async def outer(args: argparse.Namespace) -> None:
     from dataplane import run_ok, wg_keypair
 
-    from vnetd.lab.lab import open_lab
+    from vnetd.lab.open_lab import open_lab
 
     async with open_lab(1, with_etcd=False) as lab:
         pod = lab.pods[0]

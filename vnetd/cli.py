@@ -24,7 +24,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from vnetd import __version__, up
+from vnetd import __version__
+from vnetd.commands import up
 from vnetd.errors import VnetdError
 from vnetd.logs import LOG_FORMATS, setup_logging
 
@@ -36,12 +37,12 @@ EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 def commands() -> tuple[ModuleType, ...]:
     """Every command's module, in the order ``vnetd --help`` lists them (render adds
     ``render`` and ``hosts``)."""
-    from vnetd import demo, plan, register
+    from vnetd.commands import address_plan, demo, register
     from vnetd.render import command as render_command
     from vnetd.status import command as status_command
     from vnetd.wait import command as wait_command
 
-    return (up, register, plan, render_command, status_command, wait_command, demo)
+    return (up, register, address_plan, render_command, status_command, wait_command, demo)
 
 
 VALUED_OPTIONS = ("--log-level", "--log-format")

@@ -4,33 +4,38 @@ A command that reaches the registry builds its settings record here in one
 call from its parsed command line (``settings_from_args``): the spec file,
 then ``--etcd`` URLs, then the etcd TLS and auth settings (flag, then
 environment, then ``[registry]``; the password file is read), then
-``--http-listen``. ``vnetd up`` runs from ``Settings``; see the module map
-in docs/architecture.md. Secrets come from files (or ``VNETD_ETCD_PASSWORD``),
+``--http-listen``. ``vnetd up`` runs from ``Settings``, and ``effective``
+resolves the rest of its settings that need nothing of the host: the site,
+the public endpoint and the pre-shared key (``identity`` resolves the ones
+that do: rank, endpoint, instance). See the module map in
+docs/architecture.md. Secrets come from files (or ``VNETD_ETCD_PASSWORD``),
 never from a flag's value.
 
 The etcd access flags are declared and resolved here, not in the registry
 package: they are flags and environment with the same precedence as every
 other setting, and resolving them needs nothing but the spec. So this module
-imports the pure core only, the registry port opens a backend from a spec
-that is already resolved and knows no flag, and building the parsers
-imports no client library.
+imports the pure core (and ``keys`` when a pre-shared key is read), the
+registry port opens a backend from a spec that is already resolved and knows
+no flag, and building the parsers imports no client library.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TypeVar
 
 from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
-from vnetd.errors import SpecError
+from vnetd.errors import IdentityError, SpecError
+from vnetd.model import check_endpoint
 from vnetd.spec import (
     HttpSpec,
     MeshSpec,
     RegistrySpec,
+    SiteSpec,
     check_etcd_url,
     check_listen,
     check_site_name,
@@ -65,9 +70,10 @@ NO_ACCESS_FLAGS: AccessFlags = MappingProxyType({})
 class Settings:
     """What ``vnetd up`` runs with: the resolved spec and the daemon's own flags.
 
-    Rank, endpoint and instance stay as given: the identity step resolves
-    them with the environment and the host (``--rank auto`` with the
-    registry); the data plane kind is chosen with the host's WireGuard.
+    The flags stay as given: ``effective`` resolves site, public endpoint and
+    pre-shared key with the environment and the spec; ``vnetd.identity``
+    resolves rank, endpoint and instance with the host (``--rank auto`` with
+    the registry); the data plane kind is chosen with the host's WireGuard.
     """
 
     spec: MeshSpec
@@ -86,6 +92,61 @@ class Settings:
     """``--public-endpoint``; None: VNETD_PUBLIC_ENDPOINT, then ``[site] public_endpoint``."""
     public_endpoint_file: Path | None = None
     """``--public-endpoint-file``: the public endpoint's only source, followed while running."""
+
+
+@dataclass(frozen=True)
+class Effective:
+    """The daemon's settings once flag, environment and spec are resolved (``effective``)."""
+
+    spec: MeshSpec
+    """With ``[site]`` set to this member's site and public endpoint (the peers'
+    endpoints are chosen by it)."""
+    preshared_key: str | None = field(repr=False)
+    resync_interval: float
+    public_endpoint_file: Path | None
+
+    @property
+    def site(self) -> str:
+        return self.spec.site.name
+
+    @property
+    def public_endpoint(self) -> str | None:
+        return self.spec.site.public_endpoint
+
+
+def effective(settings: Settings, env: Mapping[str, str]) -> Effective:
+    """The site, the public endpoint and the pre-shared key of ``settings``, resolved.
+
+    Raises:
+        VnetdError: naming the flag, variable or spec key at fault.
+    """
+    spec = settings.spec
+    site = resolve_site(spec, settings.site, env)
+    public_endpoint = resolve_public_endpoint(
+        spec, settings.public_endpoint, env, settings.public_endpoint_file
+    )
+    return Effective(
+        spec=replace(spec, site=SiteSpec(site, public_endpoint)),
+        preshared_key=resolve_preshared_key(settings, env),
+        resync_interval=settings.resync_interval,
+        public_endpoint_file=settings.public_endpoint_file,
+    )
+
+
+def resolve_preshared_key(settings: Settings, env: Mapping[str, str]) -> str | None:
+    """The mesh's pre-shared key: ``--preshared-key-file``, ``VNETD_PRESHARED_KEY_FILE``,
+    then ``[wireguard] preshared_key_file``; None when none is given."""
+    from vnetd.keys import load_preshared_key  # cryptography: not for building the parsers
+
+    sources = [
+        ("--preshared-key-file", settings.preshared_key_file),
+        ("VNETD_PRESHARED_KEY_FILE", env.get("VNETD_PRESHARED_KEY_FILE")),
+        ("wireguard.preshared_key_file", settings.spec.local.preshared_key_file),
+    ]
+    for source, value in sources:
+        if value:
+            return load_preshared_key(Path(value), source)
+    return None
 
 
 Record = TypeVar("Record", bound="DataclassInstance")
@@ -201,6 +262,33 @@ def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> st
         if value:
             return check_site_name(value.strip(), source)
     return spec.site.name
+
+
+def resolve_public_endpoint(
+    spec: MeshSpec, flag: str | None, env: Mapping[str, str], file: Path | None = None
+) -> str | None:
+    """The ``ip:port`` other sites reach this member at, or None (no forwarded port).
+
+    ``file`` (``--public-endpoint-file``), when given, is the only source: its
+    content (empty: none), which the daemon then follows.
+    """
+    sources = [
+        ("--public-endpoint", flag),
+        ("VNETD_PUBLIC_ENDPOINT", env.get("VNETD_PUBLIC_ENDPOINT")),
+        ("site.public_endpoint", spec.site.public_endpoint),
+    ]
+    if file is not None:
+        try:
+            sources = [(f"--public-endpoint-file {file}", file.read_text())]
+        except OSError as exc:
+            raise IdentityError(f"--public-endpoint-file {file}: {exc.strerror}") from None
+    for source, value in sources:
+        if value and value.strip():
+            try:
+                return check_endpoint(value.strip())
+            except ValueError as exc:
+                raise IdentityError(f"{source}: {exc}") from None
+    return None
 
 
 def add_wireguard_dir_argument(parser: argparse.ArgumentParser, tail: str) -> None:

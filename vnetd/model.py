@@ -1,13 +1,18 @@
 """Frozen, sortable records shared by the pure core and the adapters.
 
 Public keys are the standard base64 form that ``wg`` prints. Endpoints are
-``host:port`` with IPv6 hosts in brackets. Allowed IPs are CIDR strings,
+``host:port`` with IPv6 hosts in brackets. The records' own rules are here
+too (``check_endpoint``, ``check_public_key``): the registry's codec, the
+settings and the commands apply the same ones. Allowed IPs are CIDR strings,
 kept sorted so that equal records compare equal.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass, field
+from ipaddress import ip_address
 
 from vnetd.spec.records import DEFAULT_SITE
 
@@ -150,3 +155,64 @@ class Plan:
 
 def _label(peer: Peer) -> str:
     return f"rank{peer.rank}" if peer.rank is not None else peer.public_key[:8]
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """A WireGuard key pair, base64; made and read by ``vnetd.keys``."""
+
+    private_key: str
+    public_key: str
+
+    def __repr__(self) -> str:  # the private key never reaches a log
+        return f"KeyPair(public_key={self.public_key!r})"
+
+
+def check_public_key(value: str) -> str:
+    """Validate a WireGuard public key (base64 of 32 bytes, as ``wg pubkey`` prints it).
+
+    Raises:
+        ValueError: ``is not base64`` or ``is N bytes, not 32``.
+    """
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("is not base64") from None
+    if len(raw) != 32:
+        raise ValueError(f"is {len(raw)} bytes, not 32")
+    return value
+
+
+def check_endpoint(value: str) -> str:
+    """Validate ``ip:port`` (``[ip6]:port``) and return it in canonical form.
+
+    Raises:
+        ValueError: with a message saying what is wrong.
+    """
+    shown = ascii(value) if len(value) <= 80 else f"{ascii(value[:80])}..."
+    host, sep, port = value.rpartition(":")
+    if not sep or not is_ascii_number(port) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{shown} is not HOST:PORT with a port in 1..65535")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        addr = ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        raise ValueError(f"{shown}: {ascii(host)} is not an IP address") from None
+    if addr.version == 6 and addr.scope_id is not None:
+        # A zone names an interface of the writer's host: meaningless to a peer,
+        # and wireguard-go refuses an unknown one, failing the whole transaction.
+        raise ValueError(f"{shown}: an IPv6 zone (%...) is not allowed in an endpoint")
+    if addr.version == 6 and not bracketed:
+        raise ValueError(f"{shown}: an IPv6 address needs brackets, as [{host}]:{port}")
+    return f"[{addr}]:{int(port)}" if addr.version == 6 else f"{addr}:{int(port)}"
+
+
+def is_ascii_number(text: str) -> bool:
+    """``0`` or an ASCII decimal without leading zeros, of at most 18 digits (``int()``
+    refuses strings of over 4300 digits, and no rank or port needs more than 18)."""
+    return (
+        0 < len(text) <= 18
+        and text.isascii()
+        and text.isdigit()
+        and (text == "0" or not text.startswith("0"))
+    )

@@ -44,14 +44,13 @@ from cryptography.hazmat.primitives.serialization import (
 from kernel_guest import host_kernel_unavailable, in_guest
 
 from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
+from vnetd.dataplane.device_reader import read_device
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
 from vnetd.dataplane.kernel import KernelDataplane, open_kernel_dataplane
 from vnetd.dataplane.link import change_routes, configure_link, prune_addresses, run_netlink
-from vnetd.dataplane.local import read_device
 from vnetd.dataplane.supervise import (
     WireguardGo,
     output_path,
-    socket_path,
     start_wireguard_go,
 )
 from vnetd.dataplane.uapi import (
@@ -62,9 +61,9 @@ from vnetd.dataplane.uapi import (
     parse_peers,
     plan_lines,
 )
-from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET
+from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET, socket_path
 from vnetd.errors import DataplaneError
-from vnetd.identity import public_key_of
+from vnetd.keys import public_key_of
 from vnetd.model import Peer, PeerUpdate, Plan
 
 NETWORK = "10.250.0.0/16"

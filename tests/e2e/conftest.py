@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab.open_lab import Lab, open_lab
 
 REQUIRED_TOOLS = ("ip", "unshare", "etcd", "etcdctl", "wireguard-go", "wg", "ping", "nft")
 

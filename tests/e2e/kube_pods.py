@@ -34,7 +34,7 @@ from typing import Any
 
 import trio
 
-from vnetd.lab.lab import ETCD_IP, Lab, LabProcess, Pod
+from vnetd.lab.open_lab import ETCD_IP, Lab, LabProcess, Pod
 from vnetd.render.pods import FLUX_IMAGE
 
 Obj = dict[str, Any]

@@ -22,7 +22,7 @@ import trio
 
 from vnetd.control.membership import members_prefix, rank_of_key
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 from vnetd.lab.probe import parse_events
 
 RANKS = 16

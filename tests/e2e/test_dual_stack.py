@@ -18,7 +18,7 @@ import trio
 from bounds import AFTER_CLAIM, FORMATION
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, Pod, open_lab
 from vnetd.lab.probe import parse_events, probe_command
 
 NETWORK, NETWORK6 = "10.250.0.0/24", "fd00:250::/64"

@@ -18,7 +18,7 @@ import subprocess
 import trio
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab, Pod, open_lab
+from vnetd.lab.open_lab import Lab, Pod, open_lab
 
 GATEWAY = "198.18.0.1"
 """On pod 0's underlay link, held by no namespace: a default route that goes nowhere."""

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from vnetd.lab.cluster import MeshLab, log_lines, monotonic_of
-from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, Pod, open_lab
 from vnetd.lab.probe import probe_command
 
 SIGTERM_DROP = 1.0

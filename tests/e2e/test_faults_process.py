@@ -31,7 +31,7 @@ from bounds import AFTER_CLAIM, WG_GO_BACKOFF, form
 
 from vnetd.control.membership import member_key
 from vnetd.lab.cluster import MeshLab, log_lines
-from vnetd.lab.lab import Lab, LabProcess, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, open_lab
 from vnetd.lab.probe import parse_events
 
 LOST_AFTER = 0.3

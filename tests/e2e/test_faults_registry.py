@@ -20,10 +20,10 @@ import trio
 from bounds import REGISTRY_BACKOFF_MAX, form
 
 from vnetd.control.membership import member_key, spec_key
-from vnetd.initiator import FALLBACK_AFTER
 from vnetd.lab.cluster import MeshLab, write_spec
-from vnetd.lab.lab import Lab, LabError, open_lab
 from vnetd.lab.netns import signal_pid
+from vnetd.lab.open_lab import Lab, LabError, open_lab
+from vnetd.mesh.initiator import FALLBACK_AFTER
 
 TTL = 5
 OUTAGE = 30.0  # the figure for scenario 1

@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab, LabProcess, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, open_lab
 
 PODS = 8
 HELLO_WITHIN = 10.0

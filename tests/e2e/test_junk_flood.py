@@ -13,7 +13,7 @@ from bounds import WATCH_RESTART, form
 
 from vnetd.control.membership import members_prefix
 from vnetd.lab.cluster import MeshLab, http_get
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 
 JUNK = 100_000
 RSS_GROWTH_LIMIT_KB = 10 * 1024  # measured +0.4 MB; +21 MB when every bad key was kept

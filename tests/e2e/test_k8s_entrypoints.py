@@ -30,7 +30,7 @@ import yaml
 from kube_pods import KubePod, by_kind, shim_directory, start_pod
 
 from vnetd.lab.etcd import EtcdTls
-from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab.open_lab import Lab, open_lab
 
 ROOT = Path(__file__).parents[2]
 HERE = Path(__file__).parent

@@ -22,7 +22,7 @@ import trio
 import yaml
 from kube_pods import KubePod, by_kind, shim_directory, start_pod
 
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 from vnetd.render.manifests import ManifestOptions, render_manifests
 from vnetd.spec import parse_spec
 

@@ -34,7 +34,7 @@ import trio
 from test_fail_closed import GATEWAY, ping_until_answered, route_get, run_in, unreachable_routes
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 
 DATAPLANES = {0: "kernel", 1: "userspace", 2: "kernel"}
 START_ORDER = (2, 1, 0)

@@ -15,7 +15,7 @@ import trio
 from bounds import FORMATION, form
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab
+from vnetd.lab.open_lab import Lab
 
 SWAPPED_WITHIN = 3.0
 """Every peer holds the new key within this long of the claim (a watch event); below the

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from vnetd.lab import lab as lab_module
-from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab import open_lab as lab_module
 from vnetd.lab.netns import add_netns, list_netns, pid_alive
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.lab.probe import parse_events, probe_command
 
 HEALTH = (

@@ -29,7 +29,7 @@ import trio
 from bounds import FORMATION, WG_RETRY
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, Pod, open_lab
 
 UNDERLAY_MTU = 1400
 TRANSFER_BYTES = 4 * 1024 * 1024

@@ -17,7 +17,7 @@ from bounds import REGISTRY_BACKOFF_MAX
 from prometheus_client.parser import text_string_to_metric_families
 
 from vnetd.lab.cluster import MeshLab, http_get
-from vnetd.lab.lab import Lab, LabProcess, Pod
+from vnetd.lab.open_lab import Lab, LabProcess, Pod
 
 PORT = 9090
 

@@ -10,7 +10,7 @@ import trio
 from bounds import form
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 
 RANKS = 8
 
@@ -74,7 +74,14 @@ async def test_ranks_started_before_etcd_join_when_it_appears():
             await mesh.start_probes()
             for rank in (3, 1, 0, 2):
                 await mesh.start_rank(rank)
-            await trio.sleep(5)
+            # Each daemon must have met the outage before etcd starts (a fixed sleep let a
+            # daemon slowed by load start after etcd and never log it).
+            with trio.fail_after(60):
+                while not all(
+                    "registry unreachable" in d.log_text() for d in mesh.daemons.values()
+                ):
+                    await trio.sleep(0.1)
+            await trio.sleep(2)
             assert mesh.dead_daemons() == {}, "a daemon exited while etcd was absent"
             assert mesh.first_reached() == {}
             began = time.monotonic()

@@ -14,7 +14,7 @@ import time
 import trio
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab, LabProcess, Pod, open_lab
+from vnetd.lab.open_lab import Lab, LabProcess, Pod, open_lab
 
 WG_ENV = {"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1", "LOG_LEVEL": "error"}
 REACH_BOUND = 10.0

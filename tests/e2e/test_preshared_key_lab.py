@@ -15,7 +15,7 @@ import trio
 from bounds import form
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab
+from vnetd.lab.open_lab import Lab
 
 
 def write_psk(lab: Lab, name: str, fill: int) -> str:

@@ -17,7 +17,7 @@ from bounds import FORMATION
 
 from vnetd.control.assign import assign_prefix
 from vnetd.lab.cluster import MeshLab, write_spec
-from vnetd.lab.lab import LabProcess, open_lab
+from vnetd.lab.open_lab import LabProcess, open_lab
 from vnetd.spec import load_spec
 
 NODES = 6

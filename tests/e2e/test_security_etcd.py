@@ -19,7 +19,7 @@ from tlscerts import TestCA
 from vnetd.control.membership import members_prefix
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.etcd import EtcdTls
-from vnetd.lab.lab import ETCD_IP, Lab, open_lab
+from vnetd.lab.open_lab import ETCD_IP, Lab, open_lab
 
 
 async def status_in_pod(

@@ -30,7 +30,7 @@ from test_faults_members import count, log_lines, wait_for_line
 from test_faults_process import registry_entry, start_beside, start_sandbox, wireguard_go_of
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import LabProcess, Pod, open_lab
+from vnetd.lab.open_lab import LabProcess, Pod, open_lab
 
 SENDER = """
 import socket, sys, time

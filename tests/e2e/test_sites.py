@@ -19,7 +19,7 @@ import trio
 from test_flux_overlay import HELLO_WITHIN, hellos, render_bootstrap, start_broker, wait_until
 
 from vnetd.lab.cluster import MeshLab, write_spec
-from vnetd.lab.lab import ETCD_IP, Pod
+from vnetd.lab.open_lab import ETCD_IP, Pod
 from vnetd.lab.sites import SitesLab, open_sites_lab
 from vnetd.spec import load_spec
 

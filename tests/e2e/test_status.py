@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab, LabProcess
+from vnetd.lab.open_lab import Lab, LabProcess
 
 LIMIT = 30.0  # one vnetd status run; it takes about a second
 

@@ -17,7 +17,7 @@ from bounds import form
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab
+from vnetd.lab.open_lab import Lab
 from vnetd.model import Member
 
 FORGED_KEY = base64.b64encode(bytes(range(40, 72))).decode()

@@ -16,7 +16,7 @@ import trio
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import Lab, LabProcess
+from vnetd.lab.open_lab import Lab, LabProcess
 from vnetd.model import Member
 
 

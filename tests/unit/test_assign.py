@@ -12,7 +12,7 @@ import trio
 
 from vnetd.config import Settings
 from vnetd.control.assign import MeshFull, assign_key, assign_rank, assigned_rank_key
-from vnetd.daemon import run_daemon, wants_auto_rank
+from vnetd.daemon.root import run_daemon, wants_auto_rank
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import RegistryError, SpecError

@@ -15,20 +15,20 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from ipaddress import ip_interface, ip_network
 
-import pytest
 import trio
 import trio.testing
+from shared import wide_key as key
 
 from vnetd.control.membership import encode_member, member_key
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.storm import FULL_BATCH, PAUSE_MAX, PAUSE_MAX_LARGE, PAUSE_MIN, StormGauge
 from vnetd.control.watcher import MemberView, sync_members
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import RegistryUnavailable
 from vnetd.model import Member
-from vnetd.reconciler import Reconciler
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
 
 SIZE = 1024
@@ -38,15 +38,6 @@ CONFIG = DeviceConfig(
     "vnet0", base64.b64encode(b"\xff" * 32).decode(), 51820,
     ip_interface("10.64.3.255/16"), ip_network("10.64.0.0/16"), 1420,
 )  # fmt: skip
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(rank.to_bytes(2, "big") * 16).decode()
 
 
 def member(rank: int) -> Member:

@@ -81,7 +81,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(monkeypatch: pytest.Monk
     def broken(args: object) -> int:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr("vnetd.plan.run", broken)
+    monkeypatch.setattr("vnetd.commands.address_plan.run", broken)
     with pytest.raises(BrokenPipeError):
         main(["plan", "--config", str(EXAMPLE)])
 

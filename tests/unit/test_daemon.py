@@ -13,14 +13,14 @@ import trio.testing
 
 from vnetd.config import Settings
 from vnetd.control.membership import encode_member, member_key
-from vnetd.daemon import run_daemon
+from vnetd.daemon.root import run_daemon
+from vnetd.daemon.running import Running
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import SpecMismatch
 from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.running import Running
 from vnetd.spec import MeshSpec, load_spec
 
 SPEC = """
@@ -32,11 +32,6 @@ hostname = "unit-{{rank}}"
 [registry]
 lease_ttl = 6
 """
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 class Cluster:

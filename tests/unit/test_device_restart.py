@@ -23,35 +23,24 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from shared import SPEC, FlakyFake, key
 
 from vnetd.config import Settings
 from vnetd.control.membership import BadEntry, decode_member, encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.daemon import run_daemon
+from vnetd.daemon.reconciler import Reconciler
+from vnetd.daemon.root import run_daemon
+from vnetd.daemon.running import Running
 from vnetd.dataplane import supervise
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.dataplane.uapi import handshake_lines
 from vnetd.dataplane.uapi_protocol import plan_lines
-from vnetd.errors import DataplaneError
-from vnetd.mesh import diff
+from vnetd.mesh.peers import diff
 from vnetd.model import DevicePeer, Member, Peer, Plan
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import Registry, WatchEvent
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.running import Running
-from vnetd.spec import MeshSpec, load_spec, parse_spec
-
-SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
+from vnetd.spec import MeshSpec, load_spec
 
 
 def member(rank: int, device_id: str = "", endpoint: str | None = None) -> Member:
@@ -209,16 +198,6 @@ async def test_reconciler_readds_only_the_restarted_peer_and_starts_a_handshake(
     rewrite(view, replace(member(2, "dev2-new"), started=2.0))
     assert not await reconciler.reconcile_once()
     assert device.handshakes[started:] == [key(2)]
-
-
-class FlakyFake(FakeDataplane):
-    failures = 0
-
-    async def apply(self, plan: Plan) -> None:
-        if plan and self.failures:
-            self.failures -= 1
-            raise DataplaneError("UAPI /run/wireguard/vnet0.sock: Connection refused")
-        await super().apply(plan)
 
 
 async def test_after_a_resync_runs_once_the_pass_has_applied(autojump_clock):

@@ -27,11 +27,6 @@ NO_LEADER = {"error": "etcdserver: no leader", "message": "etcdserver: no leader
 CLOSING = {"error": "grpc: the client connection is closing", "code": 1}
 
 
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
 class Members:
     """Each member is ``ok``, ``frozen``, ``refused``, ``leaderless`` or ``stopping``."""
 

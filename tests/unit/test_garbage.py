@@ -16,6 +16,7 @@ from ipaddress import ip_interface
 import pytest
 import trio
 import trio.testing
+from shared import key as public_key
 
 from vnetd.control.membership import (
     BadEntry,
@@ -24,27 +25,18 @@ from vnetd.control.membership import (
     encode_member,
     member_key,
 )
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Member
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 10, "network": "10.250.0.0/16"}})
 PREFIX = "/vnetd/m/members/"
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-def public_key(n: int) -> str:
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
 
 
 def member(rank: int, key: int | None = None) -> Member:

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from vnetd.errors import SpecError
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member, Peer
 from vnetd.spec import SiteSpec, parse_spec
 

@@ -6,7 +6,8 @@ import stat
 import pytest
 
 from vnetd.errors import IdentityError
-from vnetd.identity import load_or_create_key, public_key_of, resolve_endpoint, resolve_rank
+from vnetd.identity import resolve_endpoint, resolve_rank
+from vnetd.keys import load_or_create_key, public_key_of
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec(

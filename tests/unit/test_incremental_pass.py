@@ -17,15 +17,16 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared import wide_key as key
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member, Plan
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.spec import parse_spec
 
@@ -36,15 +37,6 @@ CONFIG = DeviceConfig(
     "vnet0", base64.b64encode(b"\xff" * 32).decode(), 51820,
     ip_interface("10.64.0.1/16"), ip_network("10.64.0.0/16"), 1420,
 )  # fmt: skip
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-def key(n: int) -> str:
-    return base64.b64encode(n.to_bytes(2, "big") * 16).decode()
 
 
 def member(rank: int, key_of: int | None = None, port: int = 51820) -> Member:

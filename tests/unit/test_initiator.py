@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import itertools
 import logging
 import math
@@ -12,14 +11,16 @@ from ipaddress import ip_interface, ip_network
 import pytest
 import trio
 import trio.testing
+from shared import SPEC, key
 from test_daemon import Cluster
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
-from vnetd.initiator import (
+from vnetd.mesh.initiator import (
     EARLY_CHECK,
     FALLBACK_AFTER,
     IDLE_KEEPALIVE,
@@ -29,20 +30,7 @@ from vnetd.initiator import (
     PairRule,
 )
 from vnetd.model import DevicePeer, Member, Peer, Plan
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import WatchEvent
-from vnetd.spec import parse_spec
-
-SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 def peer(rank: int) -> Peer:

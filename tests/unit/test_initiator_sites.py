@@ -6,7 +6,6 @@ NAT with no forwarded port (no public endpoint) unless said otherwise.
 
 from __future__ import annotations
 
-import base64
 import itertools
 import logging
 import math
@@ -16,27 +15,19 @@ from ipaddress import ip_interface, ip_network
 import pytest
 import trio
 import trio.testing
+from shared import key
 from test_daemon import Cluster
 
 from vnetd.control.watcher import MemberView
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.initiator import PairRule
-from vnetd.mesh import desired_peers
+from vnetd.mesh.initiator import PairRule
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member, Peer
-from vnetd.reconciler import Reconciler
 from vnetd.spec import SiteSpec, parse_spec
 
 MESH = {"name": "m", "size": 10, "network": "10.250.0.0/16"}
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 def member(rank: int, site: str = "default", public: bool = False) -> Member:

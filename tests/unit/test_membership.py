@@ -4,6 +4,7 @@ import base64
 import json
 
 import pytest
+from shared import SPEC
 
 from vnetd.control.membership import (
     BadEntry,
@@ -13,9 +14,7 @@ from vnetd.control.membership import (
     member_key,
 )
 from vnetd.model import Member
-from vnetd.spec import parse_spec
 
-SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 KEY = base64.b64encode(b"k" * 32).decode()
 GOOD = {
     "rank": 2,

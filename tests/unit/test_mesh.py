@@ -1,18 +1,13 @@
 from __future__ import annotations
 
-import base64
-
 import pytest
+from shared import byte_key as key
 
-from vnetd.mesh import desired_peers, diff, written_after
+from vnetd.mesh.peers import desired_peers, diff, written_after
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 8, "network": "10.250.0.0/16"}})
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n]) * 32).decode()
 
 
 def member(rank: int, k: int | None = None, endpoint: str | None = None) -> Member:

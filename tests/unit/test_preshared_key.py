@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from vnetd.config import Settings
-from vnetd.daemon import prepare
+from vnetd.daemon.root import prepare
 from vnetd.dataplane.kernel import peer_messages
 from vnetd.dataplane.uapi_protocol import plan_lines
 from vnetd.errors import IdentityError
-from vnetd.identity import load_preshared_key
+from vnetd.keys import load_preshared_key
 from vnetd.model import Peer, Plan
 from vnetd.spec import load_spec
 

@@ -23,13 +23,14 @@ import pytest
 import trio
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic.wireguard import AsyncWireGuard, wgmsg
+from shared import key
 
 from vnetd.control.membership import encode_member, member_key
+from vnetd.dataplane.device_reader import LocalDevice, read_device
 from vnetd.dataplane.kernel import split_endpoint
-from vnetd.dataplane.local import LocalDevice, read_device
 from vnetd.dataplane.uapi_protocol import GET_REQUEST
 from vnetd.errors import DataplaneError
-from vnetd.identity import public_key_of
+from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
@@ -54,10 +55,6 @@ hostname = "unit-{rank}"
 [registry]
 endpoints = ["http://127.0.0.1:1"]
 """
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(bytes([rank + 1]) * 32).decode()
 
 
 PEERS = (

@@ -9,26 +9,21 @@ of a member moves the device.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 from dataclasses import replace
 
 import pytest
+from shared import SPEC
+from shared import byte_key as key
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, WatchEvent
-from vnetd.spec import parse_spec
 
-SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 KEY1 = member_key(SPEC, 1)
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n]) * 32).decode()
 
 
 HOLDER = Member(1, key(1), "198.18.1.1:51820", "pod1", started=100.0, version="1.0")

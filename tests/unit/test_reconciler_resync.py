@@ -16,33 +16,27 @@ from dataclasses import replace
 from ipaddress import ip_interface, ip_network
 from pathlib import Path
 
-import pytest
 import trio
 import trio.testing
+from shared import SPEC, FlakyFake, key
 
 from vnetd.config import Settings
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.daemon import run_daemon
+from vnetd.daemon.reconciler import Reconciler
+from vnetd.daemon.root import run_daemon
+from vnetd.daemon.running import Running
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.errors import DataplaneError
-from vnetd.model import DevicePeer, Member, Plan
-from vnetd.reconciler import Reconciler
+from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.running import Running
-from vnetd.spec import MeshSpec, load_spec, parse_spec
+from vnetd.spec import MeshSpec, load_spec
 
-SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 CONFIG = DeviceConfig(
     "vnet0", base64.b64encode(b"\x09" * 32).decode(), 51820,
     ip_interface("10.250.0.1/16"), ip_network("10.250.0.0/16"), 1420,
 )  # fmt: skip
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
 
 
 def member(rank: int) -> Member:
@@ -53,23 +47,6 @@ def listed(view: MemberView, ranks: range) -> None:
     """Give ``view`` a full list of ``ranks``, as ``sync_members`` does."""
     kvs = [KeyValue(member_key(SPEC, r), encode_member(member(r)), r + 1, r + 1) for r in ranks]
     view.replace(SPEC, kvs)
-
-
-class FlakyFake(FakeDataplane):
-    """Refuses the next ``failures`` plans, as a device being restarted would."""
-
-    failures = 0
-
-    async def apply(self, plan: Plan) -> None:
-        if plan and self.failures:
-            self.failures -= 1
-            raise DataplaneError("UAPI /run/wireguard/vnet0.sock: Connection refused")
-        await super().apply(plan)
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 async def until(condition: Callable[[], bool], timeout: float = 5.0) -> float:

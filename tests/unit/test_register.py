@@ -15,15 +15,10 @@ import trio.testing
 from test_daemon import Cluster
 
 from vnetd.cli import build_parser
+from vnetd.commands.register import hold_claim, member_of
 from vnetd.errors import VnetdError
-from vnetd.register import hold_claim, member_of
 
 HOST_KEY = base64.b64encode(b"h" * 32).decode()
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 def args(tmp_path, *extra: str):
@@ -96,9 +91,9 @@ async def test_public_endpoint_file_is_followed(tmp_path, caplog, monkeypatch):
     """A new public endpoint in the file rewrites our entry under the same lease."""
     from vnetd.control.claim import ClaimHolder, follow_public_endpoint
     from vnetd.control.membership import decode_member, member_key
+    from vnetd.control.retry import RegistryHealth
     from vnetd.model import Member
     from vnetd.registry.memory import MemoryRegistry
-    from vnetd.retry import RegistryHealth
     from vnetd.spec import parse_spec
 
     spec = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})

@@ -18,32 +18,24 @@ from ipaddress import ip_interface
 import pytest
 import trio
 import trio.testing
+from shared import key
 from test_daemon import Cluster
 
 from vnetd.control.membership import encode_member, member_key
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.mesh import Skipped, desired_peers
+from vnetd.mesh.peers import Skipped, desired_peers
 from vnetd.model import Member
 from vnetd.observe.endpoints import DaemonEndpoints
 from vnetd.observe.metrics import DaemonMetrics
-from vnetd.reconciler import Reconciler
 from vnetd.registry.base import KeyValue
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 8, "network": "10.250.0.0/16"}})
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
 
 
 def member(rank: int, key_of: int | None = None) -> Member:

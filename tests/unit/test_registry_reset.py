@@ -15,24 +15,18 @@ import pytest
 import trio
 import trio.testing
 from resettable import wipe
+from shared import SPEC
 from test_daemon import Cluster
 
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.membership import encode_member, member_key, members_prefix, spec_key
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
-from vnetd.spec import parse_spec
 
 TTL = 6  # test_daemon's spec
 NAMES = ["pod0", "pod1", "pod2"]
-SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 async def registered(registry: MemoryRegistry, cluster: Cluster) -> set[int]:

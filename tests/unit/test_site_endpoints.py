@@ -3,30 +3,25 @@ member record's optional ``site`` and ``public_endpoint`` (docs/architecture.md,
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import replace
 
 import pytest
+from shared import byte_key as key
 
-from vnetd.config import resolve_site
+from vnetd.config import resolve_public_endpoint, resolve_site
 from vnetd.control.membership import BadEntry, decode_member, encode_member, member_key
 from vnetd.dataplane.base import handshake_keepalives
 from vnetd.dataplane.kernel import handshake_messages, peer_messages
 from vnetd.dataplane.uapi import handshake_lines
 from vnetd.dataplane.uapi_protocol import plan_lines
 from vnetd.errors import IdentityError, SpecError
-from vnetd.identity import resolve_public_endpoint
-from vnetd.mesh import desired_peers, diff, peer_endpoint, written_after
+from vnetd.mesh.peers import desired_peers, diff, peer_endpoint, written_after
 from vnetd.model import Member, Plan
 from vnetd.spec import SiteSpec, parse_spec
 
 MESH = {"name": "m", "size": 8, "network": "10.250.0.0/16"}
 SPEC = parse_spec({"mesh": MESH})
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n]) * 32).decode()
 
 
 def member(rank: int, site: str = "default", public: str | None = None) -> Member:

@@ -11,7 +11,7 @@ import pytest
 
 from vnetd.cli import main
 from vnetd.errors import SpecError
-from vnetd.mesh import desired_peers, diff
+from vnetd.mesh.peers import desired_peers, diff
 from vnetd.model import DevicePeer, Member
 from vnetd.spec import parse_spec
 

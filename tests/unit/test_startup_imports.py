@@ -21,7 +21,7 @@ try:
     main(["--log-level", "INFO", "up", "--help"])
 except SystemExit:
     pass
-import trio, vnetd.daemon, vnetd.dataplane.uapi, vnetd.dataplane.kernel
+import trio, vnetd.daemon.root, vnetd.dataplane.uapi, vnetd.dataplane.kernel
 print(" ".join(sorted(sys.modules)))
 """
 
@@ -32,9 +32,9 @@ NOT_BEFORE_THE_ADDRESS = (
     "vnetd.observe.endpoints",
     "httpx",  # the registry client: opened once the device is up
     "vnetd.registry.etcd",
-    "vnetd.serving",  # the control plane: after the device
+    "vnetd.daemon.control_plane",  # the control plane: after the device
     "vnetd.control.claim",
-    "vnetd.reconciler",
+    "vnetd.daemon.reconciler",
     "vnetd.render",  # other commands
     "vnetd.render.command",
     "vnetd.status",

@@ -14,12 +14,13 @@ import pytest
 import trio
 import trio.testing
 from rich.console import Console
+from shared import key
 
 from vnetd.cli import main
 from vnetd.control.membership import encode_member, member_key, read_members
-from vnetd.dataplane.local import LocalDevice, read_local_device
+from vnetd.dataplane.device_reader import LocalDevice, read_local_device
 from vnetd.errors import DataplaneError, RegistryUnavailable
-from vnetd.identity import public_key_of
+from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
@@ -28,35 +29,9 @@ from vnetd.status.command import StatusPlan
 from vnetd.status.show import DEVICE_TIMEOUT, show_status
 from vnetd.status.table import plain_console
 
-SPEC_TEXT = """
-[mesh]
-name = "unit"
-size = {size}
-network = "10.250.0.0/16"
-hostname = "unit-{{rank}}"
-[registry]
-endpoints = ["http://127.0.0.1:1"]
-"""
-
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 PRIVATE_KEY = base64.b64encode(bytes(range(1, 33))).decode()
 DEVICE_KEY = public_key_of(PRIVATE_KEY)
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "mesh.toml"
-    path.write_text(SPEC_TEXT.format(size=4))
-    return path
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(bytes([rank + 1]) * 32).decode()
 
 
 def wall_clock() -> float:

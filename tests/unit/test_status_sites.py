@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import base64
 import io
+
+from shared import wide_key as key
 
 from vnetd.model import Member
 from vnetd.spec import parse_spec
@@ -13,10 +14,6 @@ from vnetd.status.view import as_json, rank_rows
 NOW = 1_700_000_000.0
 MESH = {"name": "unit", "size": 8, "network": "10.250.0.0/16"}
 GATEWAYED = parse_spec({"mesh": MESH, "sites": {"b": {"gateways": [4, 5]}}})
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(rank.to_bytes(2, "big") * 16).decode()
 
 
 def member(rank: int) -> Member:

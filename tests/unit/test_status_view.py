@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import subprocess
 import sys
 
 import pytest
+from shared import wide_key as key
 
 from vnetd.model import DevicePeer, Member
 from vnetd.spec import parse_spec
@@ -29,10 +29,6 @@ NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 
 def spec_of(size: int):
     return parse_spec({"mesh": {"name": "unit", "size": size, "network": "10.250.0.0/16"}})
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(rank.to_bytes(2, "big") * 16).decode()
 
 
 def member(rank: int, started: float = NOW - 60) -> Member:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import base64
+from shared import wide_key as key
 
 from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET, split_plan
 from vnetd.model import Peer, PeerUpdate, Plan
-
-
-def key(n: int) -> str:
-    return base64.b64encode(n.to_bytes(32, "big")).decode()
 
 
 def peer(n: int) -> Peer:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from shared import key
 
 from vnetd.cli import main
 from vnetd.config import resolve_spec
@@ -22,32 +23,6 @@ from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, load_spec
 from vnetd.wait.command import WaitOptions, WaitPlan, plan_wait, run_wait, uapi_handshakes
 from vnetd.wait.gate import Gate, evaluate
-
-SPEC_TEXT = """
-[mesh]
-name = "unit"
-size = {size}
-network = "10.250.0.0/16"
-hostname = "unit-{{rank}}"
-[registry]
-endpoints = ["http://127.0.0.1:1"]
-"""
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "mesh.toml"
-    path.write_text(SPEC_TEXT.format(size=4))
-    return path
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(bytes([rank + 1]) * 32).decode()
 
 
 async def register(registry: MemoryRegistry, spec: MeshSpec, rank: int) -> None:
@@ -591,9 +566,9 @@ def test_cli_usage_errors(config, capsys, args, message):
 
 
 async def test_a_member_held_after_a_registry_reset_does_not_count():
+    from vnetd.control.retry import RegistryHealth
     from vnetd.control.watcher import MemberView
     from vnetd.registry.base import KeyValue
-    from vnetd.retry import RegistryHealth
     from vnetd.spec import parse_spec
     from vnetd.wait.run import _Waiter
 

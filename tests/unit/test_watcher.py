@@ -10,21 +10,14 @@ import pytest
 import trio
 import trio.testing
 from resettable import wipe
+from shared import SPEC
 
 from vnetd.control.membership import encode_member, member_key
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import WatchCompacted
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.retry import RegistryHealth
-from vnetd.spec import parse_spec
-
-SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
-
-
-@pytest.fixture
-def autojump_clock():
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 def member(rank: int) -> Member:

@@ -32,16 +32,15 @@ import trio
 from vnetd.control.membership import (
     Claimed,
     Held,
-    check_endpoint,
     ensure_spec,
     spec_key,
     try_claim,
 )
+from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
-from vnetd.model import Member
+from vnetd.model import Member, check_endpoint
 from vnetd.registry.base import Registry
-from vnetd.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.claim")

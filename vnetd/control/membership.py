@@ -13,16 +13,13 @@ and the caller waits for its deletion.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from ipaddress import ip_address
 
 from vnetd.errors import RegistryError, SpecError, SpecMismatch, VnetdError
-from vnetd.model import Member
+from vnetd.model import Member, check_endpoint, check_public_key, is_ascii_number
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.spec import DEFAULT_SITE, MeshSpec, check_site_name
 
@@ -76,20 +73,9 @@ def rank_of_key(spec: MeshSpec, key: str) -> int | None:
     ASCII digits are digits (``str.isdigit`` also accepts ``²`` and ``３``).
     """
     suffix = key.removeprefix(members_prefix(spec))
-    if suffix == key or not _is_ascii_number(suffix):
+    if suffix == key or not is_ascii_number(suffix):
         return None
     return int(suffix)
-
-
-def _is_ascii_number(text: str) -> bool:
-    """``0`` or an ASCII decimal without leading zeros, of at most 18 digits (``int()``
-    refuses strings of over 4300 digits, and no rank or port needs more than 18)."""
-    return (
-        0 < len(text) <= 18
-        and text.isascii()
-        and text.isdigit()
-        and (text == "0" or not text.startswith("0"))
-    )
 
 
 def show_key(key: str) -> str:
@@ -164,51 +150,12 @@ def _validated(key: str, prefix: str, value: str, check: Callable[[str], str]) -
         raise BadEntry(f"{key}: {prefix}{exc}") from None
 
 
-def check_public_key(value: str) -> str:
-    """Validate a WireGuard public key (base64 of 32 bytes, as ``wg pubkey`` prints it).
-
-    Raises:
-        ValueError: ``is not base64`` or ``is N bytes, not 32``.
-    """
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError("is not base64") from None
-    if len(raw) != 32:
-        raise ValueError(f"is {len(raw)} bytes, not 32")
-    return value
-
-
 def _endpoint(key: str, value: object, field: str = "endpoint") -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise BadEntry(f"{key}: field {field} is not a string")
     return _validated(key, f"field {field}: ", value, check_endpoint)
-
-
-def check_endpoint(value: str) -> str:
-    """Validate ``ip:port`` (``[ip6]:port``) and return it in canonical form.
-
-    Raises:
-        ValueError: with a message saying what is wrong.
-    """
-    shown = ascii(value) if len(value) <= 80 else f"{ascii(value[:80])}..."
-    host, sep, port = value.rpartition(":")
-    if not sep or not _is_ascii_number(port) or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{shown} is not HOST:PORT with a port in 1..65535")
-    bracketed = host.startswith("[") and host.endswith("]")
-    try:
-        addr = ip_address(host[1:-1] if bracketed else host)
-    except ValueError:
-        raise ValueError(f"{shown}: {ascii(host)} is not an IP address") from None
-    if addr.version == 6 and addr.scope_id is not None:
-        # A zone names an interface of the writer's host: meaningless to a peer,
-        # and wireguard-go refuses an unknown one, failing the whole transaction.
-        raise ValueError(f"{shown}: an IPv6 zone (%...) is not allowed in an endpoint")
-    if addr.version == 6 and not bracketed:
-        raise ValueError(f"{shown}: an IPv6 address needs brackets, as [{host}]:{port}")
-    return f"[{addr}]:{int(port)}" if addr.version == 6 else f"{addr}:{int(port)}"
 
 
 def _text(key: str, field: str, value: object, *, required: bool) -> str:

@@ -20,11 +20,11 @@ from typing import NoReturn
 import trio
 
 from vnetd.control.membership import BadEntry, decode_member, members_prefix, rank_of_key
+from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.storm import StormGauge
 from vnetd.errors import RegistryUnavailable, WatchCompacted
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry, WatchEvent
-from vnetd.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.watch")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR, socket_path
 from vnetd.errors import DataplaneError
 
 log = logging.getLogger("vnetd.dataplane")
@@ -51,10 +51,6 @@ STOP_GRACE = 5.0  # SIGTERM until SIGKILL
 KILL_WAIT = 2.0  # SIGKILL until the exit is seen
 _TAIL = 8192  # bytes of output read for the last line
 _BANNER = ("┌", "│", "└")  # wireguard-go's "use the kernel module" box
-
-
-def socket_path(interface: str) -> str:
-    return f"{SOCKET_DIR}/{interface}.sock"
 
 
 def output_path(interface: str) -> str:

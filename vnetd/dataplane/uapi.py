@@ -37,12 +37,17 @@ from vnetd.dataplane.supervise import (
     probe_socket,
     read_device_id,
     remove_stale,
-    socket_path,
     start_wireguard_go,
     write_device_id,
 )
 from vnetd.dataplane.uapi_client import SEND_ALLOWANCE, UAPI_TIMEOUT, UapiClient
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR, parse_peers, plan_lines, split_plan
+from vnetd.dataplane.uapi_protocol import (
+    SOCKET_DIR,
+    parse_peers,
+    plan_lines,
+    socket_path,
+    split_plan,
+)
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 

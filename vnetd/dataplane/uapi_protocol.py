@@ -9,6 +9,7 @@ keys are hex on the wire. See docs/architecture.md (data plane).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -24,6 +25,12 @@ UPSTREAM_SOCKET_DIR = "/var" + SOCKET_DIR
 ``/run``): the ``--wireguard-dir`` default that ``vnetd status`` and ``vnetd wait`` show."""
 
 GET_REQUEST = b"get=1\n\n"
+
+
+def socket_path(interface: str, directory: str | os.PathLike[str] = SOCKET_DIR) -> str:
+    """wireguard-go's UAPI socket for ``interface`` in ``directory``: ``<dir>/<interface>.sock``."""
+    return os.path.join(directory, f"{interface}.sock")
+
 
 Lines = list[tuple[str, str]]
 """``key=value`` lines as ``(key, value)`` pairs, in wire order."""

@@ -26,8 +26,8 @@ from typing import Any
 import trio
 
 from vnetd.control.membership import members_prefix, rank_of_key
-from vnetd.lab.lab import Lab, LabError, LabProcess, Pod
 from vnetd.lab.netns import child_pid
+from vnetd.lab.open_lab import Lab, LabError, LabProcess, Pod
 from vnetd.lab.probe import parse_events, probe_command
 from vnetd.spec import MeshSpec, load_spec
 

@@ -30,7 +30,7 @@ import trio
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.etcd_cluster import EtcdCluster
-from vnetd.lab.lab import Lab, open_lab
+from vnetd.lab.open_lab import Lab, open_lab
 
 FAULTS = ("leader-killed", "frozen", "partitioned", "rolling-restart", "replaced")
 PODS = 5

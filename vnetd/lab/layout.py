@@ -1,6 +1,6 @@
 """The built lab: its namespaces on one bridge, its etcd, and the processes started in pods.
 
-``open_lab`` (module ``vnetd.lab.lab``) builds and tears it down; the layout
+``open_lab`` (module ``vnetd.lab.open_lab``) builds and tears it down; the layout
 is drawn there.
 """
 

@@ -1,4 +1,4 @@
-"""A lab pod and the processes started in it (the lab is built by ``vnetd.lab.lab``).
+"""A lab pod and the processes started in it (the lab is built by ``vnetd.lab.open_lab``).
 
 Processes run in their pod's network namespace and, by default, in a private
 mount namespace with their own tmpfs on ``/run/wireguard``, so every pod can

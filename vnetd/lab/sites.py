@@ -28,8 +28,8 @@ from pathlib import Path
 
 import trio
 
-from vnetd.lab.lab import ETCD_IP, ETCD_MAC, UNDERLAY_PREFIXLEN, Lab, LabError, Pod, open_lab
 from vnetd.lab.netns import ip_batch
+from vnetd.lab.open_lab import ETCD_IP, ETCD_MAC, UNDERLAY_PREFIXLEN, Lab, LabError, Pod, open_lab
 
 WG_PORT = 51820
 FIRST_FORWARDED_PORT = 40000

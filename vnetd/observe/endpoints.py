@@ -3,27 +3,65 @@
 
 The endpoint is served from the start, before the device exists, so a probe
 sees "not ready: starting" rather than a refused connection; the running
-daemon's components are attached once they exist.
+daemon's components are attached once they exist. What they read of it is
+``RunningDaemon``, which ``vnetd.daemon.running.Running`` satisfies: observe sits
+below the daemon runtime and imports nothing of it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import trio
 
+from vnetd.control.claim import ClaimHolder
+from vnetd.control.retry import RegistryHealth
+from vnetd.control.watcher import MemberView
 from vnetd.dataplane import Dataplane, restarts_of
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Member
 from vnetd.observe.http import Check
 from vnetd.observe.metrics import DaemonMetrics, Snapshot
 from vnetd.observe.readiness import readiness
-from vnetd.running import Running
 from vnetd.spec import MeshSpec
 from vnetd.status.view import as_json
 
 DEVICE_READ_TIMEOUT = 2.0
+
+
+class PassCounts(Protocol):
+    """The reconciler's counters (``ReconcileStats``) that the metrics read."""
+
+    @property
+    def runs(self) -> int: ...
+    @property
+    def failures(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
+    @property
+    def peer_ranks(self) -> Mapping[str, int]: ...
+
+
+class CountingReconciler(Protocol):
+    @property
+    def stats(self) -> PassCounts: ...
+
+
+class RunningDaemon(Protocol):
+    """What the endpoints read of a started daemon."""
+
+    @property
+    def view(self) -> MemberView: ...
+    @property
+    def claim(self) -> ClaimHolder: ...
+    @property
+    def reconciler(self) -> CountingReconciler: ...
+    @property
+    def dataplane(self) -> Dataplane: ...
+    @property
+    def health(self) -> RegistryHealth: ...
 
 
 class DaemonEndpoints:
@@ -34,14 +72,14 @@ class DaemonEndpoints:
         self.me = me
         self.daemon_metrics = metrics
         self.dataplane: Dataplane | None = None
-        self.running: Running | None = None
+        self.running: RunningDaemon | None = None
         self.started = time.time()
 
     def attach_dataplane(self, dataplane: Dataplane) -> None:
         """The device is up (the registry may not have answered yet)."""
         self.dataplane = dataplane
 
-    def attach(self, running: Running) -> None:
+    def attach(self, running: RunningDaemon) -> None:
         """Every component runs."""
         self.dataplane = running.dataplane
         self.running = running
@@ -102,7 +140,7 @@ class DaemonEndpoints:
         }
         return document
 
-    async def _device(self, r: Running) -> dict[str, DevicePeer]:
+    async def _device(self, r: RunningDaemon) -> dict[str, DevicePeer]:
         with trio.move_on_after(DEVICE_READ_TIMEOUT):
             try:
                 return await r.dataplane.peers()
@@ -110,7 +148,7 @@ class DaemonEndpoints:
                 return {}
         return {}
 
-    async def _snapshot(self, r: Running) -> Snapshot:
+    async def _snapshot(self, r: RunningDaemon) -> Snapshot:
         return Snapshot(
             members=len(r.view.members),
             peers=await self._device(r),

@@ -248,7 +248,7 @@ def run_manifests(args: argparse.Namespace) -> int:
 
 def run_wg_quick(args: argparse.Namespace, open_registry: RegistryOpener | None = None) -> int:
     """``vnetd render wg-quick``; ``open_registry`` is for tests (default etcd)."""
-    from vnetd.render.keyfile import load_private_key
+    from vnetd.keys import load_private_key
     from vnetd.render.members import read_members_now
     from vnetd.render.wgquick import registration_problem, render_wg_quick
 

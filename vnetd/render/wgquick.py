@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vnetd.identity import KeyPair
-from vnetd.mesh import desired_peers
-from vnetd.model import Member
+from vnetd.mesh.peers import desired_peers
+from vnetd.model import KeyPair, Member
 from vnetd.spec import MeshSpec
 
 

@@ -25,6 +25,7 @@ from vnetd.config import (
     add_wireguard_dir_argument,
     settings_from_args,
 )
+from vnetd.dataplane.uapi_protocol import socket_path
 from vnetd.errors import SpecError
 from vnetd.spec import MeshSpec
 
@@ -57,7 +58,7 @@ class StatusPlan:
     @property
     def device_socket(self) -> Path:
         """wireguard-go's UAPI socket, read when it is there."""
-        return self.wireguard_dir / f"{self.spec.interface}.sock"
+        return Path(socket_path(self.spec.interface, self.wireguard_dir))
 
 
 def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)

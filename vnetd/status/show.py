@@ -32,7 +32,7 @@ from vnetd.status.table import plain_console, print_plain, status_renderable
 from vnetd.status.view import as_json, rank_rows, utc_text
 
 if TYPE_CHECKING:  # the reader imports pyroute2: only when a device is read
-    from vnetd.dataplane.local import LocalDevice
+    from vnetd.dataplane.device_reader import LocalDevice
 
 READ_TIMEOUT = 10.0
 """One read of the members, seconds (every endpoint tried within it)."""
@@ -259,6 +259,6 @@ def _stdout_console() -> Console:
 
 
 async def _read_uapi_device(path: Path) -> LocalDevice:
-    from vnetd.dataplane.local import read_local_device
+    from vnetd.dataplane.device_reader import read_local_device
 
     return await read_local_device(path, DEVICE_TIMEOUT)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from vnetd.mesh import desired_peers
+from vnetd.mesh.peers import desired_peers
 from vnetd.model import DevicePeer, Member
 from vnetd.ranks import format_ranks
 from vnetd.spec import DEFAULT_SITE, MeshSpec, SiteSpec

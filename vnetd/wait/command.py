@@ -27,6 +27,7 @@ from vnetd.config import (
     add_wireguard_dir_argument,
     settings_from_args,
 )
+from vnetd.dataplane.uapi_protocol import socket_path
 from vnetd.errors import IdentityError, SpecError, plain_errors
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener
@@ -138,8 +139,10 @@ def plan_wait(opts: WaitOptions, env: Mapping[str, str], hostname: str) -> WaitP
     else:
         assert opts.ranks is not None
         gate = Gate(spec.size, parse_ranks(opts.ranks, spec.size), None, self_rank, opts.reachable)
-    socket_path = opts.wireguard_dir / f"{spec.interface}.sock" if opts.reachable else None
-    return WaitPlan(spec, gate, opts.timeout, socket_path)
+    device_socket = (
+        Path(socket_path(spec.interface, opts.wireguard_dir)) if opts.reachable else None
+    )
+    return WaitPlan(spec, gate, opts.timeout, device_socket)
 
 
 def _self_rank(
@@ -205,7 +208,7 @@ async def run_wait(
 def uapi_handshakes(path: Path) -> HandshakeReader:
     """Read the keys with a handshake from the local device: wireguard-go's UAPI
     socket at ``path``, else the kernel's WireGuard device (``read_device``)."""
-    from vnetd.dataplane.local import read_local_device
+    from vnetd.dataplane.device_reader import read_local_device
 
     async def read() -> Collection[str]:
         device = await read_local_device(path, UAPI_TIMEOUT)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import trio
 
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import DataplaneError
 from vnetd.registry.base import Registry
-from vnetd.retry import RegistryHealth
 from vnetd.spec import MeshSpec
 from vnetd.wait.gate import Gate, Status, evaluate, progress_line
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import base64
 import tomllib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
+from shared import key as private_key
+
 from vnetd.control.membership import encode_member, member_key
-from vnetd.identity import KeyPair, public_key_of
-from vnetd.model import Member
+from vnetd.keys import public_key_of
+from vnetd.model import KeyPair, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, parse_spec
@@ -85,11 +86,6 @@ LAB6 = parse_spec(
 
 DUAL = parse_spec(tomllib.loads(DUAL_TOML))
 """A dual-stack mesh: IPv4 ``network`` (the primary) and IPv6 ``network6``."""
-
-
-def private_key(n: int) -> str:
-    """A fixed, valid X25519 private key, different for each ``n``."""
-    return base64.b64encode(bytes([n + 1]) * 32).decode()
 
 
 def key_pair(n: int) -> KeyPair:

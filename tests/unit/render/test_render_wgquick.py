@@ -10,10 +10,9 @@ import trio
 from render_fixtures import DUAL, LAB, LAB6, key_pair, member, memory_opener, private_key
 
 from vnetd.errors import IdentityError, RegistryUnavailable, SpecError
-from vnetd.identity import KeyPair
-from vnetd.model import Member
+from vnetd.keys import load_private_key
+from vnetd.model import KeyPair, Member
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.render.keyfile import load_private_key
 from vnetd.render.members import read_members_now
 from vnetd.render.wgquick import registration_problem, render_wg_quick
 from vnetd.spec import MeshSpec

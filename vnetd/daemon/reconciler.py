@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import trio
 
+from vnetd.control.retry import Backoff
 from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
-from vnetd.initiator import FALLBACK_AFTER, RETRIES, HandshakeWatch, PairRule
-from vnetd.mesh import (
+from vnetd.mesh.initiator import FALLBACK_AFTER, RETRIES, HandshakeWatch, PairRule
+from vnetd.mesh.peers import (
     AppliedPeers,
     Skipped,
     desired_peers,
@@ -33,7 +34,6 @@ from vnetd.mesh import (
     written_after,
 )
 from vnetd.model import DevicePeer, Member, Peer, Plan
-from vnetd.retry import Backoff
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.reconcile")

@@ -3,7 +3,7 @@ the mesh form.
 
 Everything runs on this machine inside network namespaces the demo makes
 (pods, a switch, an etcd host) and is torn down on exit or Ctrl-C. The
-command's parser is ``vnetd.demo``.
+command's parser is ``vnetd.commands.demo``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import trio
 from vnetd.dataplane.uapi_protocol import SOCKET_DIR
 from vnetd.errors import VnetdError
 from vnetd.lab.cluster import MeshLab
-from vnetd.lab.lab import open_lab
+from vnetd.lab.open_lab import open_lab
 
 TOOLS = ("ip", "unshare", "nsenter", "etcd", "wireguard-go")
 STATUS_TIMEOUT = 30.0

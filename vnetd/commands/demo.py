@@ -1,6 +1,6 @@
 """``vnetd demo``: build a lab of N pods on this machine and watch the mesh form.
 
-The parser; what the demo does is ``vnetd.lab.demo``, imported when the
+The parser; what the demo does is ``vnetd.lab.demo_mesh``, imported when the
 command runs (it needs root, etcd and wireguard-go).
 """
 
@@ -33,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; 0 once the mesh is full and the lab is gone, 1 otherwise."""
     import trio
 
-    from vnetd.lab.demo import run_demo
+    from vnetd.lab.demo_mesh import run_demo
 
     return trio.run(run_demo, args.ranks, args.max_gap, args.seed, args.timeout)

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vnetd.dataplane.uapi_client import UapiClient
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR, DeviceState, parse_device
+from vnetd.dataplane.uapi_protocol import SOCKET_DIR, DeviceState, parse_device, socket_path
 from vnetd.errors import DataplaneError
-from vnetd.identity import public_key_of
+from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer
 
 if TYPE_CHECKING:  # kernel imports pyroute2: only when there is no socket to read
@@ -70,7 +70,7 @@ async def read_device(
         DataplaneError: neither is there (the message says what to check),
             no answer within ``timeout`` s, or the device refused.
     """
-    path = socket_dir / f"{interface}.sock"
+    path = Path(socket_path(interface, socket_dir))
     state = await _read_uapi(path, timeout)
     if state is None:
         state = await _read_kernel(interface, path, timeout, netns, wg_factory)

@@ -3,12 +3,12 @@
 Start-up order: the device comes up first with the rank's fixed address,
 so the address exists even while the registry is still unreachable; then
 the registry is opened, the stored spec checked, the rank claimed, the
-members watched and the reconciler started (``vnetd.serving``). On SIGTERM
+members watched and the reconciler started (``vnetd.daemon.control_plane``). On SIGTERM
 or SIGINT the lease is revoked (peers drop this rank at once), wireguard-go
 is stopped and the link removed.
 
 A launcher waits for that address, so what comes after it is imported after
-it: ``vnetd.serving`` (the control plane) and the registry's client once the
+it: ``vnetd.daemon.control_plane`` (the control plane) and the registry's client once the
 device is up, the HTTP endpoints and prometheus-client only when ``[http]
 listen`` is set (docs/architecture.md, "Start-up").
 """
@@ -21,53 +21,53 @@ import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
 from vnetd import __version__
-from vnetd.config import Settings, resolve_site
+from vnetd.config import Effective, Settings, effective
+from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.dataplane import DataplaneFactory, DeviceConfig, choose_dataplane, device_id_of
 from vnetd.dataplane.link import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
-from vnetd.identity import (
-    load_or_create_key,
-    load_preshared_key,
-    resolve_endpoint,
-    resolve_instance,
-    resolve_public_endpoint,
-    resolve_rank,
-)
+from vnetd.identity import resolve_endpoint, resolve_instance, resolve_rank
+from vnetd.keys import load_or_create_key
 from vnetd.logs import set_rank
 from vnetd.model import Member
 from vnetd.registry import RegistryOpener
 from vnetd.registry import open_registry as open_settings_registry
-from vnetd.retry import RegistryHealth, retry_registry
-from vnetd.spec import DEFAULT_SITE, MeshSpec, SiteSpec
+from vnetd.spec import DEFAULT_SITE, MeshSpec
 
 if TYPE_CHECKING:  # imported when used: see the module doc
+    from vnetd.daemon.running import Running
     from vnetd.observe.endpoints import DaemonEndpoints
-    from vnetd.running import Running
 
 log = logging.getLogger("vnetd.daemon")
 
 
-def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Member, DeviceConfig]:
-    """Resolve identity and device config; every failure is a ``VnetdError``."""
+def prepare(
+    settings: Settings, env: Mapping[str, str], assigned_rank: int | None = None
+) -> tuple[Effective, Member, DeviceConfig]:
+    """Resolve identity and device config; every failure is a ``VnetdError``.
+
+    Args:
+        assigned_rank: the rank the registry assigned (``--rank auto``); None:
+            ``--rank``, the environment or the hostname.
+    """
     spec = settings.spec
-    rank = resolve_rank(spec, settings.rank, env, socket.gethostname())
+    if assigned_rank is None:
+        rank = resolve_rank(spec, settings.rank, env, socket.gethostname())
+    else:
+        rank = assigned_rank
     set_rank(rank)
     keys = load_or_create_key(settings.state_dir)
     needs_route = not settings.endpoint and not env.get("POD_IP")
     endpoint = resolve_endpoint(
         spec, settings.endpoint, env, default_route_address() if needs_route else None
     )
-    site = resolve_site(spec, settings.site, env)
-    public_endpoint = resolve_public_endpoint(
-        spec, settings.public_endpoint, env, settings.public_endpoint_file
-    )
-    spec = replace(spec, site=SiteSpec(site, public_endpoint))  # the peers' endpoints follow it
+    resolved = effective(settings, env)
+    spec = resolved.spec
     me = Member(
         rank=rank,
         public_key=keys.public_key,
@@ -75,8 +75,8 @@ def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Membe
         instance=resolve_instance(settings.instance, env),
         started=time.time(),
         version=__version__,
-        site=site,
-        public_endpoint=public_endpoint,
+        site=resolved.site,
+        public_endpoint=resolved.public_endpoint,
     )
     config = DeviceConfig(
         interface=spec.interface,
@@ -86,25 +86,11 @@ def prepare(settings: Settings, env: Mapping[str, str]) -> tuple[MeshSpec, Membe
         network=spec.network,
         mtu=resolve_mtu(spec, endpoint),
         persistent_keepalive=spec.persistent_keepalive,
-        preshared_key=_preshared_key(settings, env),
+        preshared_key=resolved.preshared_key,
         address6=spec.interface_address6(rank),
         network6=spec.network6,
     )
-    return spec, me, config
-
-
-def _preshared_key(settings: Settings, env: Mapping[str, str]) -> str | None:
-    """The mesh's pre-shared key: ``--preshared-key-file``, ``VNETD_PRESHARED_KEY_FILE``,
-    then ``[wireguard] preshared_key_file``; None when none is given."""
-    sources = [
-        ("--preshared-key-file", settings.preshared_key_file),
-        ("VNETD_PRESHARED_KEY_FILE", env.get("VNETD_PRESHARED_KEY_FILE")),
-        ("wireguard.preshared_key_file", settings.spec.local.preshared_key_file),
-    ]
-    for source, value in sources:
-        if value:
-            return load_preshared_key(Path(value), source)
-    return None
+    return resolved, me, config
 
 
 def _port_of(endpoint: str, default: int) -> int:
@@ -126,10 +112,11 @@ async def run_daemon(
         VnetdError: bad input, a spec that differs from the registry's, or a
             data plane that cannot be set up.
     """
+    assigned = None  # --rank auto: the registry's rank, handed on as it is
     if wants_auto_rank(settings.rank, env):
-        rank = await _auto_rank(settings, env, open_registry)
-        settings = replace(settings, rank=str(rank))
-    spec, me, config = await trio.to_thread.run_sync(prepare, settings, env)
+        assigned = await _auto_rank(settings, env, open_registry)
+    resolved, me, config = await trio.to_thread.run_sync(prepare, settings, env, assigned)
+    spec = resolved.spec
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
         me.rank,
@@ -151,13 +138,16 @@ async def run_daemon(
             async with open_dataplane(config) as dataplane:
                 if endpoints is not None:
                     endpoints.attach_dataplane(dataplane)
-                from vnetd.serving import Started, serve  # after the address: module doc
+                from vnetd.daemon.control_plane import (  # after the address: module doc
+                    Started,
+                    run_control_plane,
+                )
 
                 me = replace(me, device_id=device_id_of(dataplane))
                 started = Started(task_status, endpoints)
                 on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
                 async with open_registry(spec.registry) as registry:
-                    await serve(spec, me, registry, dataplane, settings, on_pass, started)
+                    await run_control_plane(resolved, me, registry, dataplane, on_pass, started)
             nursery.cancel_scope.cancel()
 
 

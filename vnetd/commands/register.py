@@ -25,6 +25,7 @@ from vnetd.config import (
     add_etcd_arguments,
     add_public_endpoint_file_argument,
     add_site_arguments,
+    resolve_public_endpoint,
     resolve_site,
     spec_from_args,
 )
@@ -67,12 +68,8 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
 
 def member_of(args: argparse.Namespace, spec: MeshSpec, env: Mapping[str, str]) -> Member:
     """The record to claim, every flag checked (errors name the flag)."""
-    from vnetd.control.membership import check_public_key
-    from vnetd.identity import (
-        resolve_endpoint,
-        resolve_public_endpoint,
-        resolve_rank,
-    )
+    from vnetd.identity import resolve_endpoint, resolve_rank
+    from vnetd.model import check_public_key
 
     rank = resolve_rank(spec, str(args.rank), {}, "")
     try:
@@ -130,7 +127,7 @@ async def hold_claim(
 
     from vnetd.control.claim import ClaimHolder, follow_public_endpoint
     from vnetd.control.membership import ensure_spec
-    from vnetd.retry import RegistryHealth, retry_registry
+    from vnetd.control.retry import RegistryHealth, retry_registry
 
     health = RegistryHealth()
     await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)

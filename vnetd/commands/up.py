@@ -1,7 +1,7 @@
 """``vnetd up``: run the daemon for one rank until SIGTERM or SIGINT.
 
 The parser and the one call into ``vnetd.config`` that turns the flags into
-``Settings``; the daemon itself (``vnetd.daemon``) is imported when the
+``Settings``; the daemon itself (``vnetd.daemon.root``) is imported when the
 command runs, so building the CLI imports no trio.
 """
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     """Resolve the settings, then run the daemon until a signal; returns 0."""
     import trio
 
-    from vnetd.daemon import run_until_signal
+    from vnetd.daemon.root import run_until_signal
 
     settings = settings_from_args(Settings, args, os.environ)
     trio.run(run_until_signal, settings, dict(os.environ))

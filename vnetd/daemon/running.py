@@ -1,7 +1,7 @@
 """``Running``: what a started daemon exposes to tests and to its HTTP endpoints.
 
-A module of its own so that ``daemon`` (which builds it) and
-``observe.endpoints`` (which reads it) need not import each other.
+``control_plane`` builds it; ``observe.endpoints`` reads it as its
+``RunningDaemon`` protocol, so observe imports nothing of the daemon runtime.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vnetd.control.claim import ClaimHolder
+from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane import Dataplane
 from vnetd.model import Member
-from vnetd.reconciler import Reconciler
-from vnetd.retry import RegistryHealth
 from vnetd.spec import MeshSpec
 
 

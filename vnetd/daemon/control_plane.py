@@ -1,6 +1,6 @@
 """The daemon once its device is up: spec check, member watch, reconciler, claim.
 
-``vnetd.daemon`` imports this module only after the device has the rank's
+``vnetd.daemon.root`` imports this module only after the device has the rank's
 address, so the control plane's modules are not on the path a launcher
 waits on (docs/architecture.md, "Start-up"). Its lines are logged under
 ``vnetd.daemon``, the logger they have always had.
@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from vnetd.config import Settings
+from vnetd.config import Effective
 from vnetd.control.claim import ClaimHolder, follow_public_endpoint
 from vnetd.control.membership import ensure_spec, spec_key
+from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.control.watcher import MemberView, sync_members
+from vnetd.daemon.reconciler import Reconciler
+from vnetd.daemon.running import Running
 from vnetd.dataplane import Dataplane, RestartingDataplane, device_id_of
 from vnetd.model import Member
-from vnetd.reconciler import Reconciler
 from vnetd.registry import Registry
-from vnetd.retry import RegistryHealth, retry_registry
-from vnetd.running import Running
 from vnetd.spec import MeshSpec
 
 if TYPE_CHECKING:  # the endpoints import prometheus-client: only with [http] listen
@@ -50,12 +50,11 @@ class Started:
         self.task_status.started(running)
 
 
-async def serve(
-    spec: MeshSpec,
+async def run_control_plane(
+    settings: Effective,
     me: Member,
     registry: Registry,
     dataplane: Dataplane,
-    settings: Settings,
     on_pass: Callable[[float, int], None] | None,
     task_status: Started,
 ) -> None:
@@ -63,6 +62,7 @@ async def serve(
 
     ``on_pass`` is the metrics' pass observer (None without metrics).
     """
+    spec = settings.spec
     health = RegistryHealth()
     await _check_spec(registry, spec, health)
     view = MemberView()

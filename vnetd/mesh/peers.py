@@ -12,8 +12,8 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from vnetd.gateways import route_through_gateways
-from vnetd.initiator import PairRule
+from vnetd.mesh.gateways import route_through_gateways
+from vnetd.mesh.initiator import PairRule
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
 from vnetd.spec import MeshSpec
 

@@ -1,0 +1,45 @@
+"""What several unit test files share: made-up keys, a small spec, a flaky data plane.
+
+A plain module, imported by name (``from shared import key``): pytest imports
+every ``conftest.py`` of the tree as a module called ``conftest``, so helpers
+that tests import cannot live there; the fixtures do (``conftest.py`` here).
+"""
+
+from __future__ import annotations
+
+import base64
+
+from vnetd.dataplane.fake import FakeDataplane
+from vnetd.errors import DataplaneError
+from vnetd.model import Plan
+from vnetd.spec import parse_spec
+
+SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
+"""A four-rank mesh with nothing but its required keys."""
+
+
+def byte_key(n: int) -> str:
+    """The key whose 32 bytes are all ``n`` (0-255; 0 is the all-zero key)."""
+    return base64.b64encode(bytes([n]) * 32).decode()
+
+
+def key(rank: int) -> str:
+    """A key for ranks 0-254, never the all-zero one; also a valid X25519 private key."""
+    return byte_key(rank + 1)
+
+
+def wide_key(rank: int) -> str:
+    """A key for ranks 0-65535: the rank's two bytes, repeated to 32."""
+    return base64.b64encode(rank.to_bytes(2, "big") * 16).decode()
+
+
+class FlakyFake(FakeDataplane):
+    """Refuses the next ``failures`` plans, as a device being restarted would."""
+
+    failures = 0
+
+    async def apply(self, plan: Plan) -> None:
+        if plan and self.failures:
+            self.failures -= 1
+            raise DataplaneError("UAPI /run/wireguard/vnet0.sock: Connection refused")
+        await super().apply(plan)

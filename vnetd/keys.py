@@ -1,0 +1,134 @@
+"""WireGuard keys: the daemon's key pair, a key file, the mesh's pre-shared key.
+
+The private key is X25519, generated once into the state dir (0600 in a
+0700 directory) and reused; it is never logged or registered (invariant 7).
+``load_private_key`` reads a key file for ``vnetd render wg-quick`` by the
+same rules: one base64 key (as ``wg genkey`` prints it), in a file no group
+or other user may access, and no error message holds any part of it. With
+``registry.etcd_security`` this is the only module that imports
+cryptography (docs/architecture.md, "Module map").
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from vnetd.errors import IdentityError
+from vnetd.model import KeyPair
+
+KEY_FILE = "private.key"
+
+
+def load_or_create_key(state_dir: Path) -> KeyPair:
+    """The key pair in ``state_dir``, generating it on first use.
+
+    Raises:
+        IdentityError: the directory or key file is unusable.
+    """
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise IdentityError(f"--state-dir {state_dir}: cannot create: {exc.strerror}") from None
+    path = state_dir / KEY_FILE
+    if path.exists():
+        return _read_key(path)
+    key = X25519PrivateKey.generate()
+    encoded = base64.b64encode(key.private_bytes_raw()).decode()
+    tmp = path.with_suffix(".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(encoded + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise IdentityError(f"{path}: cannot write the key: {exc.strerror}") from None
+    return KeyPair(encoded, public_key_of(encoded))
+
+
+def _read_key(path: Path) -> KeyPair:
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise IdentityError(
+            f"{path}: mode {mode:04o} lets others read the private key; run chmod 600 {path}"
+        )
+    text = path.read_text().strip()
+    try:
+        return KeyPair(text, public_key_of(text))
+    except ValueError:
+        raise IdentityError(f"{path}: not a base64 X25519 private key") from None
+
+
+def load_preshared_key(path: Path, source: str = "--preshared-key-file") -> str:
+    """The mesh-wide pre-shared key (base64 of 32 bytes, ``wg genpsk``) from ``path``.
+
+    Raises:
+        IdentityError: unreadable, readable by group or others, or not a key;
+            the key itself is never part of the message.
+    """
+    try:
+        mode = path.stat().st_mode & 0o777
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise IdentityError(f"{source} {path}: cannot read: {exc.strerror}") from None
+    if mode & 0o077:
+        raise IdentityError(
+            f"{source} {path}: mode {mode:04o} lets others read the pre-shared key; "
+            f"run chmod 600 {path}"
+        )
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise IdentityError(f"{source} {path}: not a base64 32-byte key (make one with wg genpsk)")
+    return text
+
+
+def public_key_of(private_key: str) -> str:
+    """The base64 public key of a base64 X25519 private key."""
+    raw = base64.b64decode(private_key, validate=True)
+    if len(raw) != 32:
+        raise ValueError("an X25519 private key is 32 bytes")
+    public = X25519PrivateKey.from_private_bytes(raw).public_key()
+    return base64.b64encode(public.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
+PRIVATE_KEY_FLAG = "--private-key-file"
+
+
+def load_private_key(path: Path) -> KeyPair:
+    """The key pair of the private key in ``path``.
+
+    Raises:
+        IdentityError: the file is missing, unreadable, open to group or
+            others, or does not hold a base64 X25519 private key.
+    """
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise IdentityError(f"{PRIVATE_KEY_FLAG} {path}: not a regular file")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise IdentityError(
+                f"{PRIVATE_KEY_FLAG} {path}: mode {mode:04o} lets others read the private key; "
+                f"run chmod 600 {path}"
+            )
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise IdentityError(f"{PRIVATE_KEY_FLAG} {path}: no such file") from None
+    except OSError as exc:
+        raise IdentityError(f"{PRIVATE_KEY_FLAG} {path}: cannot read: {exc.strerror}") from None
+    try:
+        private_key = raw.decode("ascii").strip()
+        return KeyPair(private_key, public_key_of(private_key))
+    except ValueError:  # UnicodeDecodeError and binascii.Error are ValueErrors
+        raise IdentityError(
+            f"{PRIVATE_KEY_FLAG} {path}: not a base64 X25519 private key "
+            "(one line, as `wg genkey` prints)"
+        ) from None
