@@ -96,6 +96,7 @@ async def test_kernel_and_wireguard_go_ranks_form_one_mesh_and_survive_restarts(
                 await mesh.start_rank(rank, "--dataplane", DATAPLANES[rank])
             for rank in (0, 2):
                 await wait_for_log(mesh, rank, "kernel wireguard link up")
+            await wait_for_log(mesh, 1, "wireguard-go pid")
             assert mesh.wireguard_go_pid(1) > 0, "rank 1 runs wireguard-go"
 
             code, out, err = await vnetd(
