@@ -414,16 +414,18 @@ THOUSAND = 1000
 
 
 async def test_a_thousand_peers_in_one_plan_then_all_removed(real_kind: str, netns: str) -> None:
-    """A join of 1000 members in one plan: on the kernel, 1000 generic netlink sets and
-    1000 routes through the route socket, whose acknowledgements overflowed its receive
-    buffer (ENOBUFS) before the in-flight window; then a mass departure the same way."""
+    """A join of 1000 members in one plan: on the kernel 1000 generic netlink sets, then
+    1000 routes (here through pyroute2 in the test's namespace; the daemon's own route
+    socket and its in-flight window: tests/e2e/test_route_socket_kernel.py); then a mass
+    departure the same way. The bound is a hang guard: in the TCG guest on loaded cores
+    a new kernel peer took 31 ms."""
     config = device_config(next(_names))
     peers = tuple(
         Peer(public_key(), (f"10.250.{2 + i // 250}.{1 + i % 250}/32",),
              f"198.18.{4 + i // 250}.{1 + i % 250}:51820", rank=1 + i)
         for i in range(THOUSAND)
     )  # fmt: skip
-    with trio.fail_after(120):
+    with trio.fail_after(240):
         async with open_device(real_kind, config, netns) as dp:
             await dp.apply(Plan(add=peers))
             held = await dp.peers()
