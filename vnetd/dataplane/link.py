@@ -37,9 +37,7 @@ daemon_log = logging.getLogger("vnetd.daemon")
 """The logger of the host probes' lines, as when the daemon made them (JSON logs name it)."""
 
 NETLINK_TIMEOUT = 5.0  # one batch of netlink calls
-ROUTE_ALLOWANCE = 0.05
-"""Seconds more per route in a batch of route changes through pyroute2: a fixed 5 s
-failed 1000 routes in the TCG guest on loaded cores (the kernel contract case)."""
+ROUTE_ALLOWANCE = 0.05  # s more per route in a pyroute2 batch (1000 missed 5 s in the guest)
 _RT_TABLE_MAIN = 254
 _RTN_UNICAST = 1
 _IFF_UP = 0x1
@@ -401,10 +399,8 @@ class LinkedDevice:
         netns, index = self.netns, self.index
         if netns is not None:
             bound = NETLINK_TIMEOUT + ROUTE_ALLOWANCE * (len(gone) + len(new))
-            await run_netlink(lambda: change_routes(netns, index, gone, new), bound)
-            return
-        if self._route_socket is None:
-            self._route_socket = RouteSocket()
+            return await run_netlink(lambda: change_routes(netns, index, gone, new), bound)
+        self._route_socket = self._route_socket or RouteSocket()  # opened at first use
         await self._route_socket.change(index, gone, new)
 
     def close_routes(self) -> None:
