@@ -7,6 +7,43 @@ from collections import Counter
 from collections.abc import Generator, Iterator
 
 import pytest
+from kernel_guest import (
+    delegate_kernel_items,
+    guest_summary,
+    host_kernel_unavailable,
+    in_guest,
+    record_guest_report,
+    write_guest_results,
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "kernel: needs kernel WireGuard; runs in the QEMU kernel guest where the host "
+        "lacks it (tests/kernel_guest.py)",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """After every suite's own marks: the kernel tests go to the guest if needed."""
+    delegate_kernel_items(items)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    record_guest_report(report)
+
+
+def pytest_sessionfinish() -> None:
+    write_guest_results()
+
+
+def pytest_report_header() -> str:
+    if in_guest():
+        return "kernel: inside the kernel guest"
+    reason = host_kernel_unavailable()
+    return "kernel: host WireGuard" if reason is None else f"kernel: in the guest ({reason})"
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +71,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Genera
     try:
         return (yield)
     finally:
+        guest = guest_summary(terminalreporter.config)
+        if guest:
+            terminalreporter.write_line(guest)
         reasons = Counter(skip_reason(r) for r in terminalreporter.stats.get("skipped", []))
         if reasons:
             why = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())

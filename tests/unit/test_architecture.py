@@ -170,6 +170,8 @@ LAYER_OF: dict[str, str] = {
     "vnetd.lab.etcd": LAB,
     "vnetd.lab.etcd_cluster": LAB,
     "vnetd.lab.etcd_faults": LAB,
+    "vnetd.lab.guest": LAB,
+    "vnetd.lab.guest_image": LAB,
     "vnetd.lab.layout": LAB,
     "vnetd.lab.markers": LAB,
     "vnetd.lab.netns": LAB,

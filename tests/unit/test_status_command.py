@@ -26,7 +26,7 @@ from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, load_spec
 from vnetd.status.command import StatusPlan
-from vnetd.status.show import show_status
+from vnetd.status.show import DEVICE_TIMEOUT, show_status
 from vnetd.status.table import plain_console
 
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -146,6 +146,25 @@ async def test_table_with_device_columns(config):
         "3/4 registered, 1 missing: 3",
         "device: 1/2 registered peers shook hands, never: 2",
     ]
+
+
+async def test_a_device_reader_slower_than_one_request_still_gives_the_columns(
+    config, autojump_clock
+):
+    """The first read of a kernel device imports pyroute2 before its bounded request
+    (3 s in the kernel guest): status must wait for the reader, not cut it off."""
+    plan = StatusPlan(load_spec(config))
+    registry = MemoryRegistry()
+    await register(registry, plan.spec, 0, DEVICE_KEY)
+    answer = fake_device()
+
+    async def slow_first_read(socket: Path) -> LocalDevice:
+        await trio.sleep(DEVICE_TIMEOUT + 2)
+        return await answer(socket)
+
+    screen = Screen()
+    assert await status(plan, registry, screen, read_device=slow_first_read) == 0
+    assert screen.text.splitlines()[1].split()[-3:] == ["handshake", "rx", "tx"], screen.text
 
 
 async def test_plain_output_has_no_escape_codes_and_a_terminal_gets_colours(config):

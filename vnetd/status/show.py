@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # the reader imports pyroute2: only when a device is read
 READ_TIMEOUT = 10.0
 """One read of the members, seconds (every endpoint tried within it)."""
 DEVICE_TIMEOUT = 2.0
-"""One read of the local device, seconds."""
+"""One request to the local device (a UAPI ``get`` or a netlink dump), seconds."""
 
 DeviceReader = Callable[[Path], Awaitable["LocalDevice"]]
 Clock = Callable[[], float]
@@ -143,11 +143,11 @@ class Observer:
 
     async def _read_device(self) -> tuple[LocalDevice | None, str | None]:
         """The device, or why there is none (never an error)."""
+        # No deadline over the whole read: the reader bounds each request to the
+        # device, and the first read of a kernel device imports pyroute2 before its
+        # request (seconds on a slow node, 3 s in the TCG guest), which is no answer late.
         try:
-            with trio.fail_after(DEVICE_TIMEOUT + 1):
-                return await self.read_device(self.plan.device_socket), None
-        except trio.TooSlowError:
-            return None, f"{self.plan.device_socket}: no answer within {DEVICE_TIMEOUT:g} s"
+            return await self.read_device(self.plan.device_socket), None
         except DataplaneError as exc:
             return None, str(exc)
 

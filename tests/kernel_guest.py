@@ -1,0 +1,184 @@
+"""Tests marked ``kernel`` run against kernel WireGuard: on the host if its kernel has
+it, else all together in one QEMU guest (``vnetd.lab.guest``) that does.
+
+On a host without the module, collection replaces every ``kernel`` test with a
+``GuestCase`` of the same node id. The first one to run boots the guest once
+and runs every selected kernel test inside, in one pytest process
+(``VNETD_GUEST=1``) that writes each test's outcome to the guest's results
+share (``record_guest_report``); each ``GuestCase`` then reports the guest's
+outcome for its own id: passed, failed with the guest's report, or skipped
+with the guest's reason.
+
+No guest here (no QEMU, no kernel unpacked, not root): the cases skip with one
+line naming the fix, except under ``CI``, where they fail with it. A guest that
+does not boot, or a run that times out, fails them everywhere. Inside the guest
+a kernel without WireGuard fails the cases (``tests/contract/test_dataplane.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from vnetd.lab.guest import BOOT_TIMEOUT, guest_unavailable, run_in_guest
+from vnetd.lab.guest_image import GuestUnavailable
+
+KERNEL_MARK = "kernel"
+RESULTS_FILE = "results.json"
+GUEST_RUN_TIMEOUT = 900.0
+"""Bound on the guest's whole pytest run: about 3-4 minutes under TCG on a quiet
+machine, 7-9 at a load of 30-40 on 2 cores (each test inside keeps its own timeout)."""
+IN_GUEST = "VNETD_GUEST"
+NOT_COPIED = {"trio", "parametrize", "usefixtures"}
+"""Marks of a test that concern running its function, which a ``GuestCase`` does not."""
+
+_reports: dict[str, dict[str, Any]] = {}
+_host_probe: list[str | None] = []
+
+
+def in_guest() -> bool:
+    return os.environ.get(IN_GUEST) == "1"
+
+
+def host_kernel_unavailable() -> str | None:
+    """Why this host cannot create a wireguard link (probed once, in a fresh netns), or None."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return "needs root and ip"
+    if not _host_probe:
+        from vnetd.dataplane.kernel import kernel_unavailable
+
+        name = f"vnkg-{os.getpid()}"
+        subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+        try:
+            _host_probe.append(trio.run(kernel_unavailable, name))
+        finally:
+            subprocess.run(["ip", "netns", "del", name], check=False, timeout=10)
+    return _host_probe[0]
+
+
+def delegate_kernel_items(items: list[pytest.Item]) -> None:
+    """Swap the ``kernel`` tests for ``GuestCase`` items when this host lacks the module."""
+    if in_guest() or not any(item.get_closest_marker(KERNEL_MARK) for item in items):
+        return
+    if host_kernel_unavailable() is None:
+        return
+    for index, item in enumerate(items):
+        if item.get_closest_marker(KERNEL_MARK) is None or item.parent is None:
+            continue
+        case = GuestCase.from_parent(item.parent, name=item.name)
+        for mark in item.own_markers:
+            if mark.name not in NOT_COPIED:
+                case.own_markers.append(mark)
+                case.keywords[mark.name] = mark
+        case.add_marker(pytest.mark.timeout(BOOT_TIMEOUT + GUEST_RUN_TIMEOUT + 60))
+        items[index] = case
+
+
+@dataclass
+class GuestRun:
+    """The one guest run of a session: each node id's outcome, or why it did not run."""
+
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    error: str | None = None
+    missing: str | None = None
+    output: str = ""
+    summary: str = ""
+
+
+_run_key = pytest.StashKey[GuestRun]()
+
+
+class GuestCase(pytest.Item):
+    """A ``kernel`` test whose outcome comes from the guest run of this session."""
+
+    def runtest(self) -> None:
+        run = self.config.stash.get(_run_key, None)
+        if run is None:
+            run = self.config.stash[_run_key] = run_guest(self.session)
+        if run.missing is not None:
+            message = f"kernel WireGuard: no kernel guest here: {run.missing}"
+            if os.environ.get("CI"):
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        if run.error is not None:
+            pytest.fail(f"the kernel guest failed: {run.error}", pytrace=False)
+        outcome = run.outcomes.get(self.nodeid)
+        if outcome is None:
+            pytest.fail(
+                f"the kernel guest did not report {self.nodeid}; its output ends:\n"
+                + "\n".join(run.output.splitlines()[-40:]),
+                pytrace=False,
+            )
+        if outcome["outcome"] == "skipped":
+            pytest.skip(f"in the kernel guest: {outcome['reason']}")
+        if outcome["outcome"] != "passed":
+            pytest.fail(f"in the kernel guest:\n{outcome['longrepr']}", pytrace=False)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.name} (in the kernel guest)"
+
+
+def run_guest(session: pytest.Session) -> GuestRun:
+    """Boot the guest once and run every selected ``GuestCase``'s test inside it."""
+    missing = guest_unavailable()
+    if missing is not None:
+        return GuestRun(missing=missing)
+    ids = [item.nodeid for item in session.items if isinstance(item, GuestCase)]
+    argv = [
+        sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+        f"--rootdir={session.config.rootpath}", "--timeout=300", *ids,
+    ]  # fmt: skip
+    started = time.monotonic()
+    try:
+        result = run_in_guest(
+            argv, run_timeout=GUEST_RUN_TIMEOUT, cwd=session.config.rootpath,
+            env={"PYTHONDONTWRITEBYTECODE": "1"}, outputs=(RESULTS_FILE,),
+        )  # fmt: skip
+    except GuestUnavailable as error:
+        return GuestRun(error=str(error))
+    summary = (
+        f"kernel guest: {len(ids)} tests in one QEMU guest, boot {result.boot_seconds:.1f} s, "
+        f"{time.monotonic() - started:.1f} s in all, its pytest exited {result.returncode}"
+    )
+    raw = result.files.get(RESULTS_FILE)
+    if raw is None:
+        error = "no results; its output ends:\n" + result.output[-4000:]
+        return GuestRun(error=error, summary=summary)
+    return GuestRun(outcomes=json.loads(raw), output=result.output, summary=summary)
+
+
+def guest_summary(config: pytest.Config) -> str | None:
+    """One line on the session's guest run (what it ran, what it cost), if there was one."""
+    run = config.stash.get(_run_key, None)
+    return run.summary or None if run is not None else None
+
+
+def record_guest_report(report: pytest.TestReport) -> None:
+    """Inside the guest: fold a phase's report into its test's outcome."""
+    if not in_guest():
+        return
+    entry = _reports.setdefault(report.nodeid, {"outcome": "passed", "longrepr": "", "reason": ""})
+    if report.failed:
+        entry["outcome"] = "failed"
+        entry["longrepr"] += f"[{report.when}] {report.longreprtext}\n"
+    elif report.skipped and entry["outcome"] == "passed":
+        entry["outcome"] = "skipped"
+        longrepr = report.longrepr
+        entry["reason"] = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+
+
+def write_guest_results() -> None:
+    """Inside the guest: every test's outcome to the results share, for the host."""
+    share = os.environ.get("VNETD_GUEST_SHARE")
+    if in_guest() and share:
+        (Path(share) / RESULTS_FILE).write_text(json.dumps(_reports))
