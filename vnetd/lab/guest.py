@@ -115,11 +115,14 @@ def guest_unavailable(cache: Path = GUEST_CACHE) -> str | None:
     return None
 
 
-def qemu_argv(kernel: GuestKernel, initrd: Path, share: Path, console: Path) -> list[str]:
-    """The QEMU command line: no network device, the two 9p shares, serial to a file."""
+def qemu_argv(
+    kernel: GuestKernel, initrd: Path, share: Path, console: Path, keep: Path
+) -> list[str]:
+    """The QEMU command line: no network device, the two 9p shares, serial to a file;
+    ``keep``: the command's directory, carried over the guest's fresh ``/tmp``."""
     accel = os.environ.get("VNETD_GUEST_ACCEL", "tcg")
     cpu = "host" if accel == "kvm" else "max"
-    append = f"console=ttyS0 panic=-1 quiet vnetd_share={share}"
+    append = f"console=ttyS0 panic=-1 quiet vnetd_share={share} vnetd_keep={keep}"
     return [
         QEMU, "-accel", accel, "-cpu", cpu,
         "-m", str(GUEST_MEMORY_MB), "-smp", str(GUEST_CPUS),
@@ -178,7 +181,10 @@ def run_in_guest(
         share.mkdir()
         console = workdir / "console.log"
         env = {**(env or {}), "VNETD_GUEST_SHARE": str(share)}
-        (share / "command.sh").write_text(command_script(argv, cwd or Path.cwd(), env))
+        cwd = (cwd or Path.cwd()).resolve()
+        if any(c.isspace() for c in str(cwd)):
+            raise GuestUnavailable(f"{cwd}: the guest cannot run a command in a path with spaces")
+        (share / "command.sh").write_text(command_script(argv, cwd, env))
         stage2 = STAGE2.format(
             share=shlex.quote(str(share)),
             modules=shlex.quote(str(kernel.modules)),
@@ -186,7 +192,7 @@ def run_in_guest(
         )
         (share / "stage2.sh").write_text(stage2)
         return _boot_and_wait(
-            qemu_argv(kernel, initrd, share, console), share, console, outputs,
+            qemu_argv(kernel, initrd, share, console, cwd), share, console, outputs,
             boot_timeout, run_timeout,
         )  # fmt: skip
     finally:

@@ -12,7 +12,9 @@ virtio-9p under an overlayfs whose upper layer is a tmpfs, so the guest has a
 writable root that vanishes with it (``ip netns exec`` bind-mounts
 ``/etc/netns/NAME``, pytest and Python write caches, the lab writes its
 markers) while the host's tree is never written. Fresh tmpfs go on ``/tmp``
-and ``/run`` (the host's namespaces and lab markers must not show through), the
+and ``/run`` (the host's namespaces and lab markers must not show through), except
+that the command's directory (``vnetd_keep``), when it is under ``/tmp`` (a
+checkout there, as a CI clone may be), is carried over them from the overlay; the
 results share is mounted at the same path it has on the host, and the second
 stage (``guest.py``'s ``STAGE2``, a script in that share, which mounts its own
 ``/proc``, ``/sys`` and ``/dev``) runs chrooted with ``switch_root``. The archive
@@ -55,7 +57,15 @@ mount -t tmpfs -o size=1g tmpfs /layers
 mkdir -p /layers/upper /layers/work
 mount -t overlay overlay -o lowerdir=/lower,upperdir=/layers/upper,workdir=/layers/work /newroot \\
   || fail "mounting the overlay root"
+keep=$(sed -n 's/.*vnetd_keep=\\([^ ]*\\).*/\\1/p' /proc/cmdline)
+case "$keep" in
+  /tmp/*) mkdir -p /keep && mount -o bind "/newroot$keep" /keep || fail "keeping $keep" ;;
+  *) keep= ;;
+esac
 for dir in tmp run; do mount -t tmpfs -o mode=1777 tmpfs "/newroot/$dir"; done
+if [ -n "$keep" ]; then
+  mkdir -p "/newroot$keep" && mount -o move /keep "/newroot$keep" || fail "moving $keep"
+fi
 mkdir -p "/newroot$share"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 {share} "/newroot$share" \\
   || fail "mounting the results share"
