@@ -136,6 +136,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.control.retry": CONTROL,
     "vnetd.control.storm": CONTROL,
     "vnetd.control.watcher": CONTROL,
+    "vnetd.control.member_view": CONTROL,
     "vnetd.observe": OBSERVE,
     "vnetd.observe.endpoints": OBSERVE,
     "vnetd.observe.http": OBSERVE,

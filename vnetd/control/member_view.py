@@ -1,0 +1,349 @@
+"""The local view of the members a watcher keeps: who holds each rank, what a reader
+accepts of a rewrite (the claim rules), bad entries counted, and the changes since a
+version for incremental passes (docs/architecture.md, "Watch", "Store resets" and
+"Readers enforce the claim rules"). ``watcher`` fills it from the registry."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Iterable
+
+import trio
+
+from vnetd.control.holders import KeyBindings, may_rewrite
+from vnetd.control.membership import BadEntry, decode_member, rank_of_key
+from vnetd.model import Member
+from vnetd.registry.base import KeyValue, WatchEvent
+from vnetd.spec import MeshSpec
+
+log = logging.getLogger("vnetd.watch")
+
+
+RESET_GRACE_TTLS = 2
+"""How many lease TTLs members missing after a registry reset are kept."""
+
+BAD_ENTRIES_REMEMBERED = 1000
+"""Bad keys kept by name (so each is logged once); beyond, they are only counted."""
+BAD_ENTRIES_NAMED = 20
+"""Bad entries logged by name per ``BAD_LOG_WINDOW``; the rest go into one summary line."""
+BAD_LOG_WINDOW = 60.0
+COPY_ORDER = 1 << 62
+"""Added to the create revision of a copy of a bound public key: it orders after
+every registration (``mesh.desired_peers`` gives a key to its earliest)."""
+CHANGES_KEPT = 4096
+"""Changed ranks remembered for ``MemberView.changed_since``; a reader further behind
+gets "everything"."""
+
+
+class MemberView:
+    """The members as last seen, with a change signal for the reconciler.
+
+    ``members`` includes the held ones (see the module doc); ``held`` maps
+    each of those ranks to the ``trio.current_time()`` it is kept until.
+
+    ``created`` maps each member's rank to the store revision that created its
+    entry, which orders registrations: a public key belongs to its earliest
+    (``mesh.desired_peers``). A takeover rewrites an entry and keeps its create
+    revision; an entry deleted (its lease ended) and claimed again gets a new
+    one. Members held after a reset keep their order among themselves and come
+    before every entry of the new store, whose revisions start again low: they
+    were registered first (their revisions are shifted below zero).
+
+    ``leases`` maps each member's rank to the lease its entry is bound to (0:
+    none). ``bindings`` holds which signing key each public key belongs to; an
+    entry carrying a key bound to another signing key is a copy: its rank is
+    ordered after every registration in ``created`` (so the key's holder keeps
+    its peer) and noted in ``bindings.copies`` (``control.holders``).
+    ``overwritten`` maps a rank to the mod revision of the last rewrite of its
+    entry that was refused: the holder writes its record back.
+    """
+
+    def __init__(self) -> None:
+        self.members: dict[int, Member] = {}
+        self.held: dict[int, float] = {}
+        self.created: dict[int, int] = {}
+        self.leases: dict[int, int] = {}
+        self.bindings = KeyBindings()
+        self.overwritten: dict[int, int] = {}
+        self._grace = 0.0
+        self._proven: dict[str, tuple[int, bytes]] = {}
+        """Rank key -> (lease, digest) of the signed record last verified there."""
+        self.revision = 0
+        """The highest store revision seen: of the last list, or of an event since."""
+        self.bad_entries: dict[str, str] = {}
+        self.bad_total = 0
+        self.refused: dict[int, int] = {}
+        """Rank -> create revision of an entry whose rewrite was refused (logged once)."""
+        self.refused_total = 0
+        self._bad_window_start = -math.inf
+        self._bad_named = 0
+        self._bad_unnamed = 0
+        self.version = 0
+        self.synced = False
+        self.lists = 0
+        """How many times the members were listed (the first list and every re-list)."""
+        self._changed = trio.Event()
+        self._changes: list[tuple[int, int]] = []
+        """(version, rank) of each rank changed by a batch, in version order."""
+        self._changes_floor = 0
+        """``_changes`` holds every change made after this version (a list is "all")."""
+        self._batch: set[int] = set()
+
+    def replace(
+        self,
+        spec: MeshSpec,
+        kvs: list[KeyValue],
+        revision: int = 0,
+        *,
+        now: float = -math.inf,
+        hold_until: float | None = None,
+    ) -> None:
+        """Take a full list of the members (at store ``revision``) as the view.
+
+        A member missing from the list is dropped, unless it is held: since a
+        reset (``hold_until`` is given: it is held until then) or still within
+        the grace of an earlier one (its deadline is after ``now``).
+        """
+        self._grace = RESET_GRACE_TTLS * spec.registry.lease_ttl
+        members: dict[int, Member] = {}
+        created: dict[int, int] = {}
+        leases: dict[int, int] = {}
+        bad: dict[str, str] = {}
+        listed: list[tuple[KeyValue, Member]] = []
+        for kv in kvs:
+            member = self._decode(spec, kv.key, kv.value, bad, kv.lease)
+            member = self._accepted(
+                spec, kv.key, member, kv.create_revision, kv.lease, kv.mod_revision
+            )
+            if member is not None:
+                listed.append((kv, member))
+        # Signed registrations first, each kind in create order: a signed member's key
+        # is bound before an unsigned copy of it is looked at.
+        listed.sort(key=lambda item: (not item[1].signing_key, item[0].create_revision))
+        kept_copies = dict(self.bindings.copies)
+        self.bindings.copies.clear()
+        for kv, member in listed:
+            rank = member.rank
+            if member is self.members.get(rank):  # a refused rewrite: the old one stays
+                created[rank] = self.created.get(rank, kv.create_revision)
+                leases[rank] = self.leases.get(rank, 0)
+                if rank in kept_copies:
+                    self.bindings.copies[rank] = kept_copies[rank]
+            else:
+                created[rank] = self._ordered(member, kv.create_revision)
+                leases[rank] = kv.lease
+            self.bindings.bind(member)
+            members[rank] = member
+        held: dict[int, float] = {}
+        shift = self.revision + 1 if hold_until is not None else 0  # below the new store's
+        for rank, member in self.members.items():
+            until = hold_until if hold_until is not None else self.held.get(rank)
+            if rank not in members and until is not None and until > now:
+                members[rank] = member
+                created[rank] = self.created.get(rank, 0) - shift
+                leases[rank] = self.leases.get(rank, 0)
+                held[rank] = until
+        for rank in sorted(set(self.held) - set(held) - set(members)):
+            log.warning("rank %d did not register again after the registry reset; dropped", rank)
+        self.members = dict(sorted(members.items()))
+        self.created = created
+        self.leases = leases
+        self.bindings.recount(self.members.values(), self._grace)
+        self.held = held
+        self.revision = revision
+        self.bad_entries = bad
+        self.synced = True
+        self.lists += 1
+        self._batch.clear()
+        self._bump()
+        self._changes.clear()
+        self._changes_floor = self.version
+
+    def apply(self, spec: MeshSpec, event: WatchEvent) -> None:
+        """Take one watch event (a batch of one)."""
+        self.apply_batch(spec, (event,))
+
+    def apply_batch(self, spec: MeshSpec, events: Iterable[WatchEvent]) -> None:
+        """Take a batch of watch events as one change: one ``version`` bump at most."""
+        for event in events:
+            self._apply_one(spec, event)
+        if self._batch:
+            self._bump()
+            self._changes += [(self.version, rank) for rank in sorted(self._batch)]
+            self._batch.clear()
+            if len(self._changes) > CHANGES_KEPT:
+                self._forget_changes()
+
+    def changed_since(self, version: int) -> set[int] | None:
+        """The ranks whose member or registration changed after ``version``.
+
+        None means "everything": a list replaced the view since (the first
+        one, a re-list, a reset), or ``version`` is older than the changes kept.
+        """
+        if version < self._changes_floor:
+            return None
+        first = bisect.bisect_right(self._changes, version, key=_version_of)
+        return {rank for _, rank in self._changes[first:]}
+
+    def _forget_changes(self) -> None:
+        """Keep the newer half of the change log (whole versions)."""
+        self._changes_floor = self._changes[len(self._changes) // 2][0]
+        del self._changes[
+            : bisect.bisect_right(self._changes, self._changes_floor, key=_version_of)
+        ]
+
+    def _apply_one(self, spec: MeshSpec, event: WatchEvent) -> None:
+        self.revision = max(self.revision, event.mod_revision)
+        self.bad_entries.pop(event.key, None)
+        rank = rank_of_key(spec, event.key)
+        if rank is not None:
+            self.held.pop(rank, None)
+        if event.kind == "delete":
+            self._proven.pop(event.key, None)
+            if rank is not None:
+                self.bindings.copies.pop(rank, None)
+            self._drop(rank)
+            return
+        self._grace = RESET_GRACE_TTLS * spec.registry.lease_ttl
+        decoded = self._decode(spec, event.key, event.value, self.bad_entries, event.lease)
+        old = self.members.get(rank) if rank is not None else None
+        member = self._accepted(
+            spec, event.key, decoded, event.create_revision, event.lease, event.mod_revision
+        )
+        if member is None:
+            self._drop(rank)
+        elif member is not old:
+            if rank is not None:
+                self.bindings.copies.pop(rank, None)
+            order = self._ordered(member, event.create_revision)
+            changed = old != member or self.created.get(member.rank) != order
+            if old is not None:
+                self.bindings.remove(old, self._grace)
+            self.bindings.add(member)
+            self.members[member.rank] = member
+            self.created[member.rank] = order
+            self.leases[member.rank] = event.lease
+            if changed:
+                self._batch.add(member.rank)
+
+    def _accepted(
+        self,
+        spec: MeshSpec,
+        key: str,
+        member: Member | None,
+        create_revision: int,
+        lease: int,
+        mod_revision: int,
+    ) -> Member | None:
+        """``member`` as written at ``key``, or the member we had there if the write
+        breaks the claim rules (``may_rewrite``) in an entry never deleted."""
+        rank = rank_of_key(spec, key)
+        if rank is None or rank in self.held:
+            return member
+        old = self.members.get(rank)
+        if old is None or self.created.get(rank) != create_revision or create_revision == 0:
+            return member
+        if member is not None and may_rewrite(old, self.leases.get(rank, 0), member, lease):
+            return member
+        self.overwritten[rank] = mod_revision
+        if self.refused.get(rank) != create_revision:
+            self.refused[rank] = create_revision
+            self.refused_total += 1
+            log.warning(
+                "refusing a rewrite of rank %d's entry by %s: it is held by %s%s and was not "
+                "deleted in between (create revision %d); keeping %s's member",
+                rank,
+                member.instance if member is not None else "an unreadable record",
+                old.instance,
+                " (signed; the rewrite is not signed by its key)" if old.signing_key else "",
+                create_revision,
+                old.instance,
+            )
+        return old
+
+    def _ordered(self, member: Member, create_revision: int) -> int:
+        """The registration order of ``member``: its create revision, or, when it carries a
+        public key bound to another signing key (a copy: logged once, counted), after
+        every registration, so the key's signed holder keeps its peer."""
+        copy, first = self.bindings.refuse_copy(member, create_revision, self.members)
+        self.refused_total += first
+        return create_revision + COPY_ORDER if copy else create_revision
+
+    def _drop(self, rank: int | None) -> None:
+        if rank is None:
+            return
+        self.created.pop(rank, None)
+        self.leases.pop(rank, None)
+        old = self.members.pop(rank, None)
+        if old is not None:
+            self.bindings.remove(old, self._grace)
+            self._batch.add(rank)
+
+    def held_until(self) -> float:
+        """When the next held member's grace ends (``inf`` when none is held)."""
+        return min(self.held.values(), default=math.inf)
+
+    def _decode(
+        self, spec: MeshSpec, key: str, value: bytes, bad: dict[str, str], lease: int
+    ) -> Member | None:
+        seen = (lease, hashlib.blake2b(value, digest_size=16).digest())
+        try:
+            member = decode_member(spec, key, value, lease, proven=self._proven.get(key) == seen)
+        except BadEntry as exc:
+            self._proven.pop(key, None)
+            if key not in self.bad_entries:
+                self.bad_total += 1
+                self._log_bad(exc)
+            if key in bad or len(bad) < BAD_ENTRIES_REMEMBERED:
+                bad[key] = str(exc)
+            return None
+        if member.signing_key:  # one entry per rank key: a re-list verifies nothing twice
+            self._proven[key] = seen
+        return member
+
+    def _log_bad(self, exc: BadEntry) -> None:
+        """Name a bad entry, at most ``BAD_ENTRIES_NAMED`` per window; summarise the rest.
+
+        A flood of junk keys (100,000 of them) would otherwise be as many log
+        lines, and remembering every key as many strings.
+        """
+        now = time.monotonic()
+        if now - self._bad_window_start >= BAD_LOG_WINDOW:
+            if self._bad_unnamed:
+                log.warning(
+                    "skipped %d more bad registry entries without naming them "
+                    "(%d bad entries seen in all)",
+                    self._bad_unnamed,
+                    self.bad_total - 1,
+                )
+            self._bad_window_start, self._bad_named, self._bad_unnamed = now, 0, 0
+        if self._bad_named < BAD_ENTRIES_NAMED:
+            self._bad_named += 1
+            log.warning("skipping bad registry entry: %s", exc)
+            if self._bad_named == BAD_ENTRIES_NAMED:
+                log.warning(
+                    "more than %d bad registry entries in %.0f s: counting the rest, "
+                    "naming them again after that",
+                    BAD_ENTRIES_NAMED,
+                    BAD_LOG_WINDOW,
+                )
+        else:
+            self._bad_unnamed += 1
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self, since: int) -> None:
+        """Return once ``version`` is past ``since``."""
+        while self.version <= since:
+            await self._changed.wait()
+
+
+def _version_of(change: tuple[int, int]) -> int:
+    return change[0]
