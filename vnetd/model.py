@@ -180,13 +180,23 @@ def check_public_key(value: str) -> str:
     Raises:
         ValueError: ``is not base64`` or ``is N bytes, not 32``.
     """
+    key_bytes(value)
+    return value
+
+
+def key_bytes(value: str) -> bytes:
+    """The 32 raw bytes of a base64 key (WireGuard's X25519, a record's Ed25519).
+
+    Raises:
+        ValueError: ``is not base64`` or ``is N bytes, not 32``.
+    """
     try:
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("is not base64") from None
     if len(raw) != 32:
         raise ValueError(f"is {len(raw)} bytes, not 32")
-    return value
+    return raw
 
 
 def check_endpoint(value: str) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vnetd.errors import IdentityError
+from vnetd.model import key_bytes
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -68,28 +69,13 @@ def signed_bytes(key: str, lease: int, body: bytes) -> bytes:
                      str(lease).encode(), b"\n", body))  # fmt: skip
 
 
-def check_signing_key(value: str) -> bytes:
-    """The raw 32 bytes of a base64 Ed25519 public key.
-
-    Raises:
-        ValueError: naming what is wrong.
-    """
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError("is not base64") from None
-    if len(raw) != 32:
-        raise ValueError(f"is {len(raw)} bytes, not 32")
-    return raw
-
-
 def verify(signing_key: str, proof: str, key: str, lease: int, body: bytes) -> bool:
     """Whether ``proof`` is ``signing_key``'s signature of ``body`` at ``key`` under ``lease``."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     try:
-        public = Ed25519PublicKey.from_public_bytes(check_signing_key(signing_key))
+        public = Ed25519PublicKey.from_public_bytes(key_bytes(signing_key))
         public.verify(base64.b64decode(proof, validate=True), signed_bytes(key, lease, body))
     except (ValueError, binascii.Error, InvalidSignature):
         return False
