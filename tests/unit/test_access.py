@@ -142,3 +142,12 @@ async def test_a_stored_spec_is_compared_without_a_write() -> None:
     registry = ReadOnlySpec()
     await MemoryRegistry.create(registry, spec_key(SPEC), SPEC.canonical_json())
     assert await ensure_spec(registry, SPEC) is False
+
+
+async def test_apply_keeps_the_roles_of_a_mesh_whose_name_extends_ours() -> None:
+    store = AuthStore()
+    await apply_plan(store, plan(), lambda u: "pw")  # type: ignore[arg-type]
+    store.users["vnetd-m"] |= {"vnetd-m-eu-read", "vnetd-m-eu-mesh", "vnetd-m-rank-9"}
+    changes = await apply_plan(store, plan(), lambda u: "pw")  # type: ignore[arg-type]
+    assert changes == ["user vnetd-m: revoked role vnetd-m-rank-9"]
+    assert {"vnetd-m-eu-read", "vnetd-m-eu-mesh"} <= store.users["vnetd-m"]

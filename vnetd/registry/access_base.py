@@ -8,6 +8,7 @@ it (``EtcdRegistry``, through etcd's auth API) applies it. See docs/security.md,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -39,14 +40,27 @@ class User:
     """What the user may write, for reports (``mesh``, ``site burst``, ``rank 3``)."""
 
 
+_OWN_ROLE = re.compile(r"read|mesh|rank-[0-9]+|site-[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+"""What follows a plan's role prefix in the names of its roles (``control.access``)."""
+
+
 @dataclass(frozen=True)
 class AccessPlan:
-    """The roles and users of one mesh, sorted by name. Roles whose names start with ``role_prefix``
-    are the plan's own: a user's other roles of that name are revoked, others kept."""
+    """The roles and users of one mesh, sorted by name. The roles ``owns`` are the plan's
+    own kind: a user's other roles of that kind are revoked, others kept."""
 
     role_prefix: str
     roles: tuple[Role, ...]
     users: tuple[User, ...]
+
+    def owns(self, role: str) -> bool:
+        """Whether ``role`` is one this mesh's plans make: ``role_prefix`` then ``read``,
+        ``mesh``, ``rank-N`` or ``site-LABEL``. A prefix alone is not enough: mesh names
+        may hold ``-``, and ``vnetd-prod-`` starts the roles of mesh ``prod-eu`` too. (A
+        mesh named ``X-site-Y`` still looks like a site of ``X``: name meshes apart.)"""
+        if not role.startswith(self.role_prefix):
+            return False
+        return _OWN_ROLE.fullmatch(role[len(self.role_prefix) :]) is not None
 
 
 @runtime_checkable

@@ -40,7 +40,7 @@ async def apply_plan(
     for role in plan.roles:
         changes += await _apply_role(api, role)
     for user in plan.users:
-        changes += await _apply_user(api, user, plan.role_prefix, password_for)
+        changes += await _apply_user(api, user, plan, password_for)
     return changes
 
 
@@ -62,7 +62,7 @@ async def _apply_role(api: AuthApi, role: Role) -> list[str]:
 
 
 async def _apply_user(
-    api: AuthApi, user: User, ours: str, password_for: Callable[[User], str]
+    api: AuthApi, user: User, plan: AccessPlan, password_for: Callable[[User], str]
 ) -> list[str]:
     changes: list[str] = []
     roles = await _user_roles(api, user.name)
@@ -73,7 +73,7 @@ async def _apply_user(
     for role in sorted(set(user.roles) - roles):
         await api.call("/v3/auth/user/grant", {"user": user.name, "role": role})
         changes.append(f"user {user.name}: granted role {role}")
-    for role in sorted(r for r in roles - set(user.roles) if r.startswith(ours)):
+    for role in sorted(r for r in roles - set(user.roles) if plan.owns(r)):
         await api.call("/v3/auth/user/revoke", {"name": user.name, "role": role})
         changes.append(f"user {user.name}: revoked role {role}")
     return changes

@@ -131,12 +131,15 @@ async def capped_lines(
         RegistryUnavailable: a line ran over ``cap`` (it is not read further).
     """
     pending = bytearray()
+    scanned = 0  # bytes of ``pending`` known to hold no newline: each byte is searched once
     async for chunk in chunks:
         pending += chunk
-        while (end := pending.find(b"\n")) >= 0:
+        while (end := pending.find(b"\n", scanned)) >= 0:
             line = bytes(pending[:end])
             del pending[: end + 1]
+            scanned = 0
             yield line.decode("utf-8", "replace")
+        scanned = len(pending)
         if len(pending) > cap:
             raise RegistryUnavailable(
                 f"etcd watch: a message over {cap // 2**20} MiB (junk values under the "
