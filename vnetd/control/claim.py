@@ -97,6 +97,7 @@ class ClaimHolder:
         self.record_updates = 0
         self._written: Member | None = None  # the record as last written
         self._record_changed = trio.Event()
+        self._wake: trio.CancelScope | None = None  # ``_wait``'s, while it waits
 
     @property
     def ttl(self) -> int:
@@ -122,12 +123,16 @@ class ClaimHolder:
         if device_id != self.me.device_id:
             self.me = replace(self.me, device_id=device_id)
             self._record_changed.set()
+            if self._wake is not None:
+                self._wake.cancel()
 
     def set_public_endpoint(self, endpoint: str | None) -> None:
         """Where other sites reach us changed: register it (at once if claimed)."""
         if endpoint != self.me.public_endpoint:
             self.me = replace(self.me, public_endpoint=endpoint)
             self._record_changed.set()
+            if self._wake is not None:
+                self._wake.cancel()
 
     async def release(self, timeout: float = 2.0) -> None:  # noqa: ASYNC109 (a bounded cleanup)
         """Revoke the lease so peers drop this rank at once. Bounded; never raises."""
@@ -263,22 +268,21 @@ class ClaimHolder:
                     return reason
 
     async def _wait(self, deadline: float, version: int) -> None:
-        """Until ``deadline``, a record change, or (with a view) a change of the view."""
-        view, record_changed = self.view, self._record_changed
-        with trio.move_on_at(deadline):
-            async with trio.open_nursery() as nursery:
+        """Until ``deadline``, a record change, or (with a view) a change of the view.
 
-                async def record() -> None:
-                    await record_changed.wait()
-                    nursery.cancel_scope.cancel()
-
-                async def member_change() -> None:
-                    if view is not None:
-                        await view.wait_changed(version)
-                        nursery.cancel_scope.cancel()
-
-                nursery.start_soon(record)
-                nursery.start_soon(member_change)
+        One cancel scope, cancelled by ``set_device_id``/``set_public_endpoint``: this
+        runs once per batch of watch events, so it opens no nursery and starts no task.
+        """
+        with trio.move_on_at(deadline) as self._wake:
+            try:
+                if self._record_changed.is_set():
+                    return
+                if self.view is not None:
+                    await self.view.wait_changed(version)
+                else:
+                    await trio.sleep_forever()
+            finally:
+                self._wake = None
 
     def _overwritten(self) -> bool:
         """True when readers refused a rewrite of our entry we have not answered yet."""
