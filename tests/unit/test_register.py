@@ -186,3 +186,41 @@ def test_an_unreadable_public_endpoint_file_is_named(tmp_path):
                   "--public-endpoint-file", str(tmp_path / "absent"))  # fmt: skip
     with pytest.raises(VnetdError, match="--public-endpoint-file .*absent"):
         member_of(parsed, load_spec(tmp_path / "mesh.toml"), {})
+
+
+@pytest.mark.parametrize("keep_key", [True, False], ids=["state-dir", "unsigned"])
+async def test_a_restarted_register_is_read_as_the_same_holder(tmp_path, autojump_clock, keep_key):
+    from vnetd.commands.register import signer_in
+    from vnetd.control.retry import RegistryHealth
+    from vnetd.control.watcher import MemberView, sync_members
+
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        r0 = await cluster.start(0)
+        parsed = args(tmp_path, "--rank", "2", "--public-key", HOST_KEY,
+                      "--endpoint", "198.18.7.7:51820", "--instance", "laptop")  # fmt: skip
+        me = member_of(parsed, r0.spec, {})
+        view = MemberView()
+        await nursery.start(sync_members, cluster.registry, r0.spec, view, RegistryHealth())
+        signing_keys = []
+        for _ in range(2):  # the second run comes back at once, within the key's grace
+            signer = signer_in(tmp_path / "register-state") if keep_key else None
+            scope = trio.CancelScope()
+            nursery.start_soon(_hold_signed, cluster, r0.spec, me, scope, signer)
+            with trio.fail_after(5):
+                while 2 not in view.members:
+                    await trio.sleep(0.05)
+            signing_keys.append(view.members[2].signing_key)
+            scope.cancel()
+            with trio.fail_after(2):
+                while 2 in view.members:
+                    await trio.sleep(0.05)
+        assert view.bindings.copies == {}
+        assert signing_keys[0] == signing_keys[1]
+        assert bool(signing_keys[0]) is keep_key
+        nursery.cancel_scope.cancel()
+
+
+async def _hold_signed(cluster: Cluster, spec, me, scope: trio.CancelScope, signer) -> None:
+    with scope:
+        await hold_claim(cluster.registry, spec, me, None, signer)

@@ -34,6 +34,7 @@ from vnetd.model import Member
 from vnetd.spec import MeshSpec
 
 if TYPE_CHECKING:
+    from vnetd.control.proof import Signer
     from vnetd.registry import Registry
 
 
@@ -61,6 +62,12 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
     parser.add_argument(
         "--instance",
         help="the name that owns the claim (default register-<hostname>-<rank>)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep the record signing key here (made on first use, 0600), so readers know "
+        "a restarted register as the same holder; without it, records are unsigned",
     )
     add_etcd_arguments(parser)
     parser.set_defaults(run=run)
@@ -96,12 +103,35 @@ def run(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args, os.environ)
     me = member_of(args, spec, os.environ)
-    trio.run(hold_until_signal, spec, me, args.public_endpoint_file)
+    signer = signer_in(args.state_dir) if args.state_dir is not None else None
+    trio.run(hold_until_signal, spec, me, args.public_endpoint_file, signer)
     return 0
 
 
+def signer_in(state_dir: Path) -> Signer:
+    """The record signing key kept in ``state_dir`` (the directory made 0700 if new).
+
+    A key of the process alone would not do: readers keep a public key bound to the
+    signing key that registered it for a while after the entry goes, so a restarted
+    register signing with a new key would be read as a copy of its own key.
+
+    Raises:
+        IdentityError: the directory cannot be made, or the key file is unusable.
+    """
+    from vnetd.control.proof import load_or_create_signer
+
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise IdentityError(f"--state-dir {state_dir}: {exc.strerror}") from None
+    return load_or_create_signer(state_dir)
+
+
 async def hold_until_signal(
-    spec: MeshSpec, me: Member, public_endpoint_file: Path | None = None
+    spec: MeshSpec,
+    me: Member,
+    public_endpoint_file: Path | None = None,
+    signer: Signer | None = None,
 ) -> None:
     """Claim ``me`` and hold it until SIGTERM or SIGINT; the lease is revoked on the way out."""
     import trio
@@ -111,29 +141,31 @@ async def hold_until_signal(
 
     with plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_registry(spec.registry) as registry, trio.open_nursery() as nursery:
-            nursery.start_soon(hold_claim, registry, spec, me, public_endpoint_file)
+            nursery.start_soon(hold_claim, registry, spec, me, public_endpoint_file, signer)
             async for _signum in signals:
                 nursery.cancel_scope.cancel()
                 break
 
 
 async def hold_claim(
-    registry: Registry, spec: MeshSpec, me: Member, public_endpoint_file: Path | None = None
+    registry: Registry,
+    spec: MeshSpec,
+    me: Member,
+    public_endpoint_file: Path | None = None,
+    signer: Signer | None = None,
 ) -> None:
     """Check the spec, claim ``me.rank`` and hold it until cancelled, then revoke the lease;
     with ``public_endpoint_file``, register the public endpoint written there whenever
-    it changes (as ``vnetd up`` does)."""
+    it changes (as ``vnetd up`` does); with ``signer``, records are signed."""
     import trio
 
     from vnetd.control.claim import ClaimHolder, follow_public_endpoint
     from vnetd.control.membership import ensure_spec
-    from vnetd.control.proof import Signer
     from vnetd.control.retry import RegistryHealth, retry_registry
 
     health = RegistryHealth()
     await retry_registry("spec check", lambda: ensure_spec(registry, spec), health)
-    # A signing key of this process only: a restarted register waits out its old lease.
-    claim = ClaimHolder(registry, spec, me, health, signer=Signer.generate())
+    claim = ClaimHolder(registry, spec, me, health, signer=signer)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(claim.run)
