@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from vnetd.doctor.evidence import SMALL, PeerSeen, Row
 from vnetd.model import Member
@@ -74,7 +75,17 @@ class Evidence:
     rows: Mapping[int, Row]
 
     def holder_of(self, key: str | None) -> list[int]:
-        return sorted(r for r, m in self.members.items() if m.public_key == key)
+        """The ranks whose entries carry ``key``, lowest first."""
+        return list(self._holders.get(key or "", ()))
+
+    @cached_property
+    def _holders(self) -> dict[str, tuple[int, ...]]:
+        """Public key -> its ranks, built once: ``classify`` asks for every ordered pair,
+        and a scan of the members each time made a run O(N³) (minutes at 1024 ranks)."""
+        holders: dict[str, list[int]] = {}
+        for rank in sorted(self.members):
+            holders.setdefault(self.members[rank].public_key, []).append(rank)
+        return {key: tuple(ranks) for key, ranks in holders.items()}
 
 
 def classify(evidence: Evidence, source: int, target: int) -> Verdict:
