@@ -7,7 +7,7 @@ data plane manages, invariant 9) makes the kernel use N for that
 destination: TCP's MSS follows, datagrams above N fail with EMSGSIZE at the
 sender instead of vanishing. The route keeps its destination, device and
 protocol, so the data plane's own changes (by destination) still match it;
-it goes with the peer. See docs/architecture.md, "Doctor".
+it goes with the peer, and a lock never creates a route. See docs/architecture.md, "Doctor".
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _lock(interface: str, destination: str, mtu: int) -> None:
     with IPRoute() as ipr:
         (index,) = ipr.link_lookup(ifname=interface)
         ipr.route(
-            "replace",
+            "change",  # never "replace": that would add the route of a peer that has left
             dst=destination,
             oif=index,
             proto=RTPROT_STATIC,
@@ -34,7 +34,9 @@ def _lock(interface: str, destination: str, mtu: int) -> None:
 
 
 async def lock_route_mtu(interface: str, destination: str, mtu: int) -> None:
-    """``ip route replace <destination> dev <interface> proto static mtu lock <mtu>``.
+    """``ip route change <destination> dev <interface> proto static mtu lock <mtu>``: the
+    peer's host route only if it is there (a peer that left meanwhile gets no route
+    back: its address must stay "No route to host", invariant 9).
 
     Raises:
         DataplaneError: netlink did not answer in time.
