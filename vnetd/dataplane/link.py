@@ -437,7 +437,8 @@ class LinkedDevice:
     async def _sync_routes(self, peers: Iterable[DevicePeer]) -> None:
         interface, index, netns = self.config.interface, self.index, self.netns
         held = {str(ip_network(ip, strict=False)) for p in peers for ip in p.allowed_ips}
-        gone, new = await run_netlink(lambda: sync_peer_routes(netns, index, held))
+        bound = NETLINK_TIMEOUT + ROUTE_ALLOWANCE * len(held)  # a repair may add them all
+        gone, new = await run_netlink(lambda: sync_peer_routes(netns, index, held), bound)
         if gone or new:
             log.info(
                 "%s: peer routes repaired (-%s +%s)",
