@@ -40,15 +40,22 @@ class Started:
     """Hands the running daemon to both the caller and the HTTP endpoints (if served)."""
 
     def __init__(
-        self, task_status: trio.TaskStatus[Running], endpoints: DaemonEndpoints | None
+        self,
+        task_status: trio.TaskStatus[Running],
+        endpoints: DaemonEndpoints | None,
+        then: Callable[[], None] | None = None,
     ) -> None:
         self.task_status = task_status
         self.endpoints = endpoints
+        self.then = then
+        """Called once the claim runs: what the daemon starts after it, not before."""
 
     def started(self, running: Running) -> None:
         if self.endpoints is not None:
             self.endpoints.attach(running)
         self.task_status.started(running)
+        if self.then is not None:
+            self.then()
 
 
 async def run_control_plane(

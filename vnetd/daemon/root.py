@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -211,11 +212,13 @@ async def _run_daemon(
                 )
 
                 me = replace(me, device_id=device_id_of(dataplane))
-                started = Started(task_status, endpoints)
                 on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
                 async with open_registry(spec.registry) as registry, trio.open_nursery() as inner:
-                    if probes:
-                        await inner.start(_serve_probes, spec, me, config.mtu, dataplane, endpoints)
+                    # The probe service starts once the claim runs: nothing asks it before
+                    # the rank is registered, and its import is no start-up cost.
+                    probe = partial(_serve_probes, spec, me, config.mtu, dataplane, endpoints)
+                    then = partial(inner.start_soon, probe) if probes else None
+                    started = Started(task_status, endpoints, then)
                     await run_control_plane(
                         resolved, me, registry, dataplane, on_pass, started, signer
                     )
