@@ -161,11 +161,21 @@ class ProbeService:
             except (trio.TooSlowError, WireError, trio.BrokenResourceError) as exc:
                 log.info("doctor request from %s refused: %s", peer[0], exc)
                 return
-            async with self._one_at_a_time:
-                deadline = min(request.deadline, MAX_DEADLINE) - REPLY_MARGIN
+            # The request's deadline runs from its arrival: one queued behind another
+            # run's probes waits no longer than its client does (invariant 8).
+            until = trio.current_time() + min(request.deadline, MAX_DEADLINE) - REPLY_MARGIN
+            with trio.move_on_at(until) as queued:
+                await self._one_at_a_time.acquire()
+            if queued.cancelled_caught:
+                log.info("doctor request from %s dropped: its deadline passed queued", peer[0])
+                return
+            try:
                 row = await self.row(
-                    [r for r in request.ranks if r != self.me.rank], max(deadline, ECHO_WAIT)
+                    [r for r in request.ranks if r != self.me.rank],
+                    max(until - trio.current_time(), ECHO_WAIT),
                 )
+            finally:
+                self._one_at_a_time.release()
             try:
                 await stream.send_all(encode_row(row) + b"\n")
             except trio.BrokenResourceError:
