@@ -37,9 +37,13 @@ async def test_lines_are_cut_at_newlines(parts: tuple[bytes, ...], expected: lis
 async def test_a_line_over_the_cap_ends_the_stream() -> None:
     parts = (b"ok\n", *([b"x" * 100] * 20))
     seen: list[str] = []
-    with pytest.raises(RegistryUnavailable, match="over"):
+
+    async def read_all() -> None:
         async for line in capped_lines(chunks_of(*parts), cap=1024):
             seen.append(line)
+
+    with pytest.raises(RegistryUnavailable, match="over"):
+        await read_all()
     assert seen == ["ok"]
 
 
