@@ -13,14 +13,11 @@ docs/architecture.md, "Registry layout".
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
 from vnetd.model import Member
-
-log = logging.getLogger("vnetd.watch")
 
 
 def may_rewrite(old: Member, old_lease: int, new: Member, new_lease: int) -> bool:
@@ -66,29 +63,30 @@ class KeyBindings:
 
     def refuse_copy(
         self, member: Member, create_revision: int, members: Mapping[int, Member]
-    ) -> tuple[bool, bool]:
-        """(a copy, first time for this entry): a copy when ``member`` carries a key
-        bound to another signing key; noted in ``copies`` and logged once per entry."""
+    ) -> tuple[bool, Callable[[], str] | None]:
+        """(a copy, its log line the first time for this entry, else None): a copy when
+        ``member`` carries a key bound to another signing key; noted in ``copies``. The
+        line is a function, so the holder is looked up only for a line that is logged."""
         bound = self.refuses(member)
         if bound is None:
-            return False, False
+            return False, None
         rank = member.rank
         self.copies[rank] = member.public_key
         if self._logged.get(rank) == create_revision:
-            return True, False
+            return True, None
         self._logged[rank] = create_revision
-        holders = [r for r, m in members.items() if m.public_key == member.public_key]
-        log.warning(
-            "rank %d's entry (%s) copies a public key: %s was registered first under "
-            "signing key %s%s, and this entry is %s; it ranks after that holder",
-            rank,
-            member.instance,
-            member.public_key[:12],
-            bound[:12],
-            f" (by rank {holders[0]})" if holders else "",
-            "signed by another key" if member.signing_key else "unsigned",
-        )
-        return True, True
+
+        def line() -> str:
+            holders = [r for r, m in members.items() if m.public_key == member.public_key]
+            return (
+                f"rank {rank}'s entry ({member.instance}) copies a public key: "
+                f"{member.public_key[:12]} was registered first under signing key "
+                f"{bound[:12]}{f' (by rank {holders[0]})' if holders else ''}, and this "
+                f"entry is {'signed by another key' if member.signing_key else 'unsigned'}; "
+                "it ranks after that holder"
+            )
+
+        return True, line
 
     def bind(self, member: Member) -> None:
         """Bind ``member``'s public key to its signing key, unless it is bound already."""

@@ -9,12 +9,12 @@ import bisect
 import hashlib
 import logging
 import math
-import time
 from collections.abc import Iterable
 
 import trio
 
 from vnetd.control.holders import KeyBindings, may_rewrite
+from vnetd.control.log_limit import LogLimit
 from vnetd.control.membership import BadEntry, decode_member, rank_of_key
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, WatchEvent
@@ -28,9 +28,6 @@ RESET_GRACE_TTLS = 2
 
 BAD_ENTRIES_REMEMBERED = 1000
 """Bad keys kept by name (so each is logged once); beyond, they are only counted."""
-BAD_ENTRIES_NAMED = 20
-"""Bad entries logged by name per ``BAD_LOG_WINDOW``; the rest go into one summary line."""
-BAD_LOG_WINDOW = 60.0
 COPY_ORDER = 1 << 62
 """Added to the create revision of a copy of a bound public key: it orders after
 every registration (``mesh.desired_peers`` gives a key to its earliest)."""
@@ -79,9 +76,8 @@ class MemberView:
         self.refused: dict[int, int] = {}
         """Rank -> create revision of an entry whose rewrite was refused (logged once)."""
         self.refused_total = 0
-        self._bad_window_start = -math.inf
-        self._bad_named = 0
-        self._bad_unnamed = 0
+        self._bad_log = LogLimit(log, "bad registry entries", "bad entries")
+        self._refused_log = LogLimit(log, "refused registry writes", "refused writes")
         self.version = 0
         self.synced = False
         self.lists = 0
@@ -253,15 +249,15 @@ class MemberView:
         if self.refused.get(rank) != create_revision:
             self.refused[rank] = create_revision
             self.refused_total += 1
-            log.warning(
-                "refusing a rewrite of rank %d's entry by %s: it is held by %s%s and was not "
-                "deleted in between (create revision %d); keeping %s's member",
-                rank,
-                member.instance if member is not None else "an unreadable record",
-                old.instance,
-                " (signed; the rewrite is not signed by its key)" if old.signing_key else "",
-                create_revision,
-                old.instance,
+            by = member.instance if member is not None else "an unreadable record"
+            signed = " (signed; the rewrite is not signed by its key)" if old.signing_key else ""
+            self._refused_log.warn(
+                lambda: (
+                    f"refusing a rewrite of rank {rank}'s entry by {by}: it is held by "
+                    f"{old.instance}{signed} and was not deleted in between (create revision "
+                    f"{create_revision}); keeping {old.instance}'s member"
+                ),
+                self.refused_total,
             )
         return old
 
@@ -269,8 +265,10 @@ class MemberView:
         """The registration order of ``member``: its create revision, or, when it carries a
         public key bound to another signing key (a copy: logged once, counted), after
         every registration, so the key's signed holder keeps its peer."""
-        copy, first = self.bindings.refuse_copy(member, create_revision, self.members)
-        self.refused_total += first
+        copy, line = self.bindings.refuse_copy(member, create_revision, self.members)
+        if line is not None:
+            self.refused_total += 1
+            self._refused_log.warn(line, self.refused_total)
         return create_revision + COPY_ORDER if copy else create_revision
 
     def _drop(self, rank: int | None) -> None:
@@ -306,33 +304,9 @@ class MemberView:
         return member
 
     def _log_bad(self, exc: BadEntry) -> None:
-        """Name a bad entry, at most ``BAD_ENTRIES_NAMED`` per window; summarise the rest.
-
-        A flood of junk keys (100,000 of them) would otherwise be as many log
-        lines, and remembering every key as many strings.
-        """
-        now = time.monotonic()
-        if now - self._bad_window_start >= BAD_LOG_WINDOW:
-            if self._bad_unnamed:
-                log.warning(
-                    "skipped %d more bad registry entries without naming them "
-                    "(%d bad entries seen in all)",
-                    self._bad_unnamed,
-                    self.bad_total - 1,
-                )
-            self._bad_window_start, self._bad_named, self._bad_unnamed = now, 0, 0
-        if self._bad_named < BAD_ENTRIES_NAMED:
-            self._bad_named += 1
-            log.warning("skipping bad registry entry: %s", exc)
-            if self._bad_named == BAD_ENTRIES_NAMED:
-                log.warning(
-                    "more than %d bad registry entries in %.0f s: counting the rest, "
-                    "naming them again after that",
-                    BAD_ENTRIES_NAMED,
-                    BAD_LOG_WINDOW,
-                )
-        else:
-            self._bad_unnamed += 1
+        """Name a bad entry, at most ``log_limit.NAMED`` a minute; summarise the rest (a
+        flood of junk keys would otherwise be as many lines)."""
+        self._bad_log.warn(lambda: f"skipping bad registry entry: {exc}", self.bad_total)
 
     def _bump(self) -> None:
         self.version += 1
