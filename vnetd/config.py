@@ -269,11 +269,25 @@ def add_exit_on_file_argument(parser: argparse.ArgumentParser) -> None:
 
 def resolve_exit_file(flag: Path | None, env: Mapping[str, str]) -> Path | None:
     """The file whose appearance ends the daemon: ``--exit-on-file``, then
-    ``VNETD_EXIT_ON_FILE``; None: none (run until a signal)."""
+    ``VNETD_EXIT_ON_FILE``; None: none (run until a signal).
+
+    Raises:
+        IdentityError: the flag is empty (argparse makes ``""`` the path ``.``, which
+            exists: the daemon would end before it started) or names a directory.
+    """
     if flag is not None:
-        return flag
-    value = env.get(ENV_EXIT_ON_FILE, "").strip()
-    return Path(value) if value else None
+        path, source = flag, "--exit-on-file"
+    else:
+        value = env.get(ENV_EXIT_ON_FILE, "").strip()
+        if not value:
+            return None
+        path, source = Path(value), ENV_EXIT_ON_FILE
+    if path == Path() or path.is_dir():
+        raise IdentityError(
+            f"{source}: {str(path)!r} is empty or a directory; name the file whose "
+            "appearance ends the daemon (a launcher's job-done marker)"
+        )
+    return path
 
 
 def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str:

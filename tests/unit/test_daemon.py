@@ -366,3 +366,18 @@ async def test_a_daemon_with_network6_refuses_a_mesh_created_without(tmp_path, a
         with pytest.raises(SpecMismatch, match=r"mesh\.network6: registry has None, local 'fd00"):
             await cluster.start(1)
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "source"),
+    [
+        pytest.param(Path(""), {}, "--exit-on-file", id="empty-flag"),
+        pytest.param(None, {"VNETD_EXIT_ON_FILE": "/"}, "VNETD_EXIT_ON_FILE", id="directory"),
+    ],
+)
+def test_an_exit_file_that_is_no_file_is_named(flag, env, source) -> None:
+    from vnetd.config import resolve_exit_file
+    from vnetd.errors import VnetdError
+
+    with pytest.raises(VnetdError, match=f"{source}: .* empty or a directory"):
+        resolve_exit_file(flag, env)
