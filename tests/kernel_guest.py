@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import trio
 
-from vnetd.lab.guest import BOOT_TIMEOUT, guest_unavailable, run_in_guest
+from vnetd.lab.guest import BOOT_TIMEOUT, POWEROFF_TIMEOUT, guest_unavailable, run_in_guest
 from vnetd.lab.guest_image import GuestUnavailable
 
 KERNEL_MARK = "kernel"
@@ -80,7 +80,10 @@ def delegate_kernel_items(items: list[pytest.Item]) -> None:
             if mark.name not in NOT_COPIED:
                 case.own_markers.append(mark)
                 case.keywords[mark.name] = mark
-        case.add_marker(pytest.mark.timeout(BOOT_TIMEOUT + GUEST_RUN_TIMEOUT + 60))
+        # Above the guest run's own bounds (boot, run, power-off, the kill), so the run
+        # ends by its own timeout first and names the reason.
+        bound = BOOT_TIMEOUT + GUEST_RUN_TIMEOUT + POWEROFF_TIMEOUT + 120
+        case.add_marker(pytest.mark.timeout(bound), append=False)
         items[index] = case
 
 
@@ -104,7 +107,12 @@ class GuestCase(pytest.Item):
     def runtest(self) -> None:
         run = self.config.stash.get(_run_key, None)
         if run is None:
-            run = self.config.stash[_run_key] = run_guest(self.session)
+            try:
+                run = run_guest(self.session)
+            except BaseException as exc:  # a timeout or a bug: once, not a boot per case
+                self.config.stash[_run_key] = GuestRun(error=f"{type(exc).__name__}: {exc}")
+                raise
+            self.config.stash[_run_key] = run
         if run.missing is not None:
             message = f"kernel WireGuard: no kernel guest here: {run.missing}"
             if os.environ.get("CI"):
