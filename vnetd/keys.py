@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from vnetd.errors import IdentityError
-from vnetd.model import KeyPair
+from vnetd.model import KeyPair, key_bytes
 
 log = logging.getLogger("vnetd.daemon")
 
@@ -81,12 +81,15 @@ def write_new(path: Path, text: str) -> None:
 
 
 def _read_key(path: Path) -> KeyPair:
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        raise IdentityError(
-            f"{path}: mode {mode:04o} lets others read the private key; run chmod 600 {path}"
-        )
-    text = path.read_text().strip()
+    try:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise IdentityError(
+                f"{path}: mode {mode:04o} lets others read the private key; run chmod 600 {path}"
+            )
+        text = path.read_text().strip()
+    except OSError as exc:  # a directory, no permission: one line, not a traceback
+        raise IdentityError(f"{path}: cannot read the private key: {exc.strerror}") from None
     try:
         return KeyPair(text, public_key_of(text))
     except ValueError:
@@ -111,20 +114,21 @@ def load_preshared_key(path: Path, source: str = "--preshared-key-file") -> str:
             f"run chmod 600 {path}"
         )
     try:
-        raw = base64.b64decode(text, validate=True)
+        key_bytes(text)
     except ValueError:
-        raw = b""
-    if len(raw) != 32:
-        raise IdentityError(f"{source} {path}: not a base64 32-byte key (make one with wg genpsk)")
+        raise IdentityError(
+            f"{source} {path}: not a base64 32-byte key (make one with wg genpsk)"
+        ) from None
     return text
 
 
 def public_key_of(private_key: str) -> str:
-    """The base64 public key of a base64 X25519 private key."""
-    raw = base64.b64decode(private_key, validate=True)
-    if len(raw) != 32:
-        raise ValueError("an X25519 private key is 32 bytes")
-    public = X25519PrivateKey.from_private_bytes(raw).public_key()
+    """The base64 public key of a base64 X25519 private key.
+
+    Raises:
+        ValueError: ``private_key`` is not base64 of 32 bytes.
+    """
+    public = X25519PrivateKey.from_private_bytes(key_bytes(private_key)).public_key()
     return base64.b64encode(public.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
 
 
