@@ -7,11 +7,11 @@ fault must get for one pair: the rules' order is what these cases pin down.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from shared import wide_key as key
 
 from vnetd.doctor import cause
 from vnetd.doctor.cause import Evidence, classify
@@ -23,10 +23,6 @@ MESH = {"name": "unit", "size": 4, "network": "10.250.0.0/16"}
 FLAT = parse_spec({"mesh": MESH})
 SITES = parse_spec({"mesh": MESH, "sites": {"b": {"gateways": [2]}}})
 MTU = 1420
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(rank.to_bytes(2, "big") * 16).decode()
 
 
 def member(rank: int, sites: bool = False) -> Member:

@@ -8,11 +8,11 @@ stays on 127.0.0.0/8.
 
 from __future__ import annotations
 
-import base64
 import random
 from ipaddress import ip_interface, ip_network
 
 import trio
+from shared import wide_key as key
 
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
@@ -26,10 +26,6 @@ PORT = random.randrange(40000, 50000)
 SPEC = parse_spec({"mesh": {"name": "loop", "size": 4, "network": "127.0.0.0/24",
                             "doctor_port": PORT}})  # fmt: skip
 MTU = 1420
-
-
-def key(rank: int) -> str:
-    return base64.b64encode(rank.to_bytes(2, "big") * 16).decode()
 
 
 def service(rank: int) -> ProbeService:

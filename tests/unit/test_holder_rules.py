@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 import trio
 import trio.testing
+from shared import byte_key as key
 
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.holders import KeyBindings, may_rewrite
@@ -43,10 +44,6 @@ KEY1 = member_key(SPEC, 1)
 KEY2 = member_key(SPEC, 2)
 HOLDER_SIGNER = Signer.generate()
 OTHER_SIGNER = Signer.generate()
-
-
-def key(n: int) -> str:
-    return base64.b64encode(bytes([n]) * 32).decode()
 
 
 HOLDER = Member(1, key(1), "198.18.1.1:51820", "pod1", 100.0, "1.0",
@@ -252,11 +249,6 @@ def test_a_fresh_reader_gives_a_key_to_its_signed_registration() -> None:
 
 
 # --- the claim --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 async def test_a_second_daemon_with_the_same_instance_waits() -> None:
