@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import trio
+from test_faults_process import wait_log
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.open_lab import Lab, Pod, open_lab
@@ -101,12 +102,10 @@ async def test_a_route_to_the_overlay_network_made_before_vnetd_carries_no_overl
             assert added.returncode == 0, added.stderr.decode()
             argv = [sys.executable, SNIFFER, "eth0", network, str(SNIFF_SECONDS)]
             sniffer = await lab.start(gateway, argv, private_mount=False)
-            while "ready" not in sniffer.log_text():
-                await trio.sleep(0.1)
+            await wait_log(sniffer, "ready", 60)
 
             await mesh.start_rank(0)
-            while mesh.claimed_at(0) is None:
-                await trio.sleep(0.2)
+            await wait_log(mesh.daemons[0], "claimed rank 0 ", 60)
             for absent in (1, 2):
                 assert await pings_fail(lab, pod, mesh.address(absent))
                 code, route = await route_get(lab, pod, mesh.address(absent))

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import trio
 from test_fail_closed import GATEWAY, ping_until_answered, route_get, run_in, unreachable_routes
+from test_faults_process import wait_log
 
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.open_lab import open_lab
@@ -80,12 +81,6 @@ async def status_with_device(mesh: MeshLab, rank: int) -> dict[str, Any]:
     raise AssertionError(f"no device read in {STATUS_TRIES} runs: {document['notes']}")
 
 
-async def wait_for_log(mesh: MeshLab, rank: int, text: str, after: int = 0) -> None:
-    while text not in mesh.daemons[rank].log_text()[after:]:
-        assert mesh.daemons[rank].returncode is None, mesh.daemons[rank].log_text()
-        await trio.sleep(0.2)
-
-
 @pytest.mark.kernel
 async def test_kernel_and_wireguard_go_ranks_form_one_mesh_and_survive_restarts() -> None:
     with trio.fail_after(HANG):
@@ -95,8 +90,8 @@ async def test_kernel_and_wireguard_go_ranks_form_one_mesh_and_survive_restarts(
             for rank in START_ORDER:
                 await mesh.start_rank(rank, "--dataplane", DATAPLANES[rank])
             for rank in (0, 2):
-                await wait_for_log(mesh, rank, "kernel wireguard link up")
-            await wait_for_log(mesh, 1, "wireguard-go pid")
+                await wait_log(mesh.daemons[rank], "kernel wireguard link up", HANG)
+            await wait_log(mesh.daemons[1], "wireguard-go pid", HANG)
             assert mesh.wireguard_go_pid(1) > 0, "rank 1 runs wireguard-go"
 
             code, out, err = await vnetd(
@@ -132,8 +127,8 @@ async def test_kernel_and_wireguard_go_ranks_form_one_mesh_and_survive_restarts(
 
             # Restarted: the same link, its session kept; then traffic again.
             await mesh.start_rank(2, "--dataplane", "kernel")
-            await wait_for_log(mesh, 2, "link adopted (same key)")
-            await wait_for_log(mesh, 2, "claimed rank 2")
+            await wait_log(mesh.daemons[2], "link adopted (same key)", HANG)
+            await wait_log(mesh.daemons[2], "claimed rank 2", HANG)
             assert await link_index(mesh, 2) == index, "adopted, not created anew"
             after = (await handshakes(mesh, 2))[peer0["public_key"]]
             assert after >= before, (before, after)

@@ -20,11 +20,12 @@ import sys
 
 import trio
 from bounds import form
+from test_faults_process import wait_log
 
 from vnetd.control.membership import member_key
 from vnetd.lab.cluster import MeshLab, http_get
 from vnetd.lab.open_lab import Lab
-from vnetd.lab.pods import LabProcess
+from vnetd.lab.pods import LabProcess, Pod
 from vnetd.lab.underlay import ETCD_IP, ETCD_PORT
 
 PORT = 9090
@@ -97,16 +98,29 @@ class Intruder:
         return int(fields[1]) if len(fields) >= 3 else 0
 
 
+async def two_ranks(lab: Lab, *rank1_flags: str) -> MeshLab:
+    """Every test's opening: ranks 0 and 1 started, the lab's probes, the pair formed."""
+    mesh = MeshLab.create(lab, ttl=TTL)
+    await mesh.start_rank(0)
+    await mesh.start_rank(1, *rank1_flags)
+    await mesh.start_probes()
+    await form(mesh, {0, 1})
+    return mesh
+
+
+async def rank_1_in(lab: Lab, mesh: MeshLab, pod: Pod, pod_name: str) -> LabProcess:
+    """A second daemon for rank 1, in ``pod``, named ``pod_name`` (its instance)."""
+    argv = [sys.executable, "-m", "vnetd", "up", "--config", str(mesh.spec_path),
+            "--rank", "1", "--state-dir", str(pod.state_dir)]  # fmt: skip
+    return await lab.start(pod, argv, {"POD_IP": pod.underlay_ip, "POD_NAME": pod_name})
+
+
 async def test_a_rewrite_from_public_data_never_moves_a_held_rank(lab: Lab) -> None:
     """Item 1: rank 1's record copied with the intruder's key and endpoint, the holder's
     instance kept, rewritten every 0.5 s. The /32 stays on the holder's key, nothing
     reaches the intruder, and rank 0 keeps reaching rank 1."""
     with trio.fail_after(120):
-        mesh = MeshLab.create(lab, ttl=TTL)
-        for rank in (0, 1):
-            await mesh.start_rank(rank)
-        await mesh.start_probes()
-        await form(mesh, {0, 1})
+        mesh = await two_ranks(lab)
         real_key = await key_at(mesh, 0, 1)
         rank0_key = str((await record_of(mesh, 0))["public_key"])
         intruder = Intruder(mesh)
@@ -137,11 +151,7 @@ async def test_a_delete_and_leaseless_create_does_not_keep_the_holder_out(lab: L
     """Item 1, second half: the holder's entry deleted and created again with no lease
     under another instance and key. Within two TTLs the holder holds its rank again."""
     with trio.fail_after(120):
-        mesh = MeshLab.create(lab, ttl=TTL)
-        for rank in (0, 1):
-            await mesh.start_rank(rank)
-        await mesh.start_probes()
-        await form(mesh, {0, 1})
+        mesh = await two_ranks(lab)
         real_key = await key_at(mesh, 0, 1)
         forged = await record_of(mesh, 1)
         forged.update(public_key=base64.b64encode(bytes(range(40, 72))).decode(),
@@ -162,11 +172,7 @@ async def test_a_copy_of_a_key_at_a_free_rank_does_not_knock_its_member_out(lab:
     lease), then rank 1's entry deleted. Rank 0 still reaches rank 1 once rank 1 has
     claimed again, and rank 1 reports the copy of its key."""
     with trio.fail_after(120):
-        mesh = MeshLab.create(lab, ttl=TTL)
-        for rank in (0, 1):
-            await mesh.start_rank(rank)
-        await mesh.start_probes()
-        await form(mesh, {0, 1})
+        mesh = await two_ranks(lab)
         copy = await record_of(mesh, 1)
         copy.update(rank=2, instance="intruder", endpoint=f"{mesh.pod(2).underlay_ip}:51820")
         copy.pop("proof", None)
@@ -192,11 +198,7 @@ async def test_a_rank_cut_off_and_replaced_is_no_longer_ready(lab: Lab) -> None:
     """Item 3: rank 1 cut off from etcd for two TTLs, another pod claims rank 1, the cut
     heals: the old daemon answers /readyz 503 and its /status says it waits."""
     with trio.fail_after(120):
-        mesh = MeshLab.create(lab, ttl=TTL)
-        await mesh.start_rank(0)
-        await mesh.start_rank(1, "--http-listen", f"127.0.0.1:{PORT}")
-        await mesh.start_probes()
-        await form(mesh, {0, 1})
+        mesh = await two_ranks(lab, "--http-listen", f"127.0.0.1:{PORT}")
         ready = f"http://127.0.0.1:{PORT}/readyz"
         assert (await http_get(lab, mesh.pod(1), ready))[0] == 200
         for rule in (
@@ -210,12 +212,8 @@ async def test_a_rank_cut_off_and_replaced_is_no_longer_ready(lab: Lab) -> None:
             assert nft.returncode == 0, nft.stderr.decode()
         await trio.sleep(2 * TTL)
         pod = mesh.pod(2)
-        argv = [sys.executable, "-m", "vnetd", "up", "--config", str(mesh.spec_path),
-                "--rank", "1", "--state-dir", str(pod.state_dir)]  # fmt: skip
-        replacement = await lab.start(pod, argv, {"POD_IP": pod.underlay_ip, "POD_NAME": pod.name})
-        with trio.fail_after(30):
-            while "claimed rank 1 " not in replacement.log_text():
-                await trio.sleep(0.2)
+        replacement = await rank_1_in(lab, mesh, pod, pod.name)
+        await wait_log(replacement, "claimed rank 1 ", 30)
         healed = await lab.run(mesh.pod(1), ["nft", "delete", "table", "inet", "vnetd_cut"], 5)
         assert healed.returncode == 0, healed.stderr.decode()
         with trio.fail_after(2 * TTL):
@@ -233,16 +231,9 @@ async def test_two_daemons_with_one_instance_settle(lab: Lab) -> None:
     force-deleted pod's successor) starts beside the first. Over three TTLs rank 0's
     device changes rank 1's key at most once, and exactly one daemon waits."""
     with trio.fail_after(120):
-        mesh = MeshLab.create(lab, ttl=TTL)
-        for rank in (0, 1):
-            await mesh.start_rank(rank)
-        await mesh.start_probes()
-        await form(mesh, {0, 1})
+        mesh = await two_ranks(lab)
         pod = mesh.pod(2)
-        argv = [sys.executable, "-m", "vnetd", "up", "--config", str(mesh.spec_path),
-                "--rank", "1", "--state-dir", str(pod.state_dir)]  # fmt: skip
-        twin = await lab.start(pod, argv, {"POD_IP": pod.underlay_ip,
-                                           "POD_NAME": mesh.pod(1).name})  # fmt: skip
+        twin = await rank_1_in(lab, mesh, pod, mesh.pod(1).name)
         keys: list[str | None] = [await key_at(mesh, 0, 1)]
         with trio.move_on_after(3 * TTL):
             while True:
