@@ -57,6 +57,7 @@ from vnetd.render.pods import (
     ETCD_CLIENT_SECRET,
     SPEC_KEY,
     STATE_DIR,
+    VNETD_MOUNTS,
     config_name,
     etcd_tls_dir,
     listens_on_ipv6,
@@ -69,7 +70,6 @@ from vnetd.render.secretfiles import (
     copy_commands,
     secret_files,
     staged_volumes,
-    taken_directories,
 )
 from vnetd.spec import MeshSpec
 
@@ -213,9 +213,10 @@ def _vnetd_container(
     listen = f"{'[::]' if listens_on_ipv6(spec) else '0.0.0.0'}:{port}"
     argv = ["vnetd", "up", "--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--state-dir", STATE_DIR,
             "--http-listen", listen, "--exit-on-file", OPERATOR_MARKER]  # fmt: skip
-    tls_dir = etcd_tls_dir(spec)
-    taken = (*taken_directories(CONFIG_DIR, STATE_DIR, tls_dir), OPERATOR_VIEW, STAGING_DIR)
-    files = secret_files(spec, (*taken, "/flux_operator"))
+    # The operator's own mounts are taken too, for the TLS directory as for the files.
+    taken = (*VNETD_MOUNTS, OPERATOR_VIEW, STAGING_DIR, "/flux_operator")
+    tls_dir = etcd_tls_dir(spec, taken)
+    files = secret_files(spec, (*taken, tls_dir) if tls_dir else taken)
     steps = [*copy_commands(files), f"exec {shlex.join(argv)}"]
     volume = config_name(spec)
     return {

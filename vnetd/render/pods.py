@@ -25,7 +25,7 @@ from vnetd.render.podscripts import (
     UNDERLAY_SCRIPT,
     flux_start_script,
 )
-from vnetd.render.secretfiles import secret_files, taken_directories, with_secret_files
+from vnetd.render.secretfiles import secret_files, with_secret_files
 from vnetd.spec import MeshSpec
 
 Obj = dict[str, Any]
@@ -36,6 +36,8 @@ FLUX_IMAGE = "fluxrm/flux-sched:jammy-v0.54.0"
 CONFIG_DIR = "/etc/vnetd"
 FLUX_CONFIG_DIR = "/etc/flux/config"
 STATE_DIR = "/var/lib/vnetd"
+VNETD_MOUNTS = (CONFIG_DIR, STATE_DIR, SOCKET_DIR, "/dev")
+"""What the vnetd container mounts: no Secret file or TLS directory may go under them."""
 TUN_DEVICE = "/dev/net/tun"
 SPEC_KEY = "mesh.toml"
 BOOTSTRAP_KEY = "bootstrap.toml"
@@ -96,7 +98,7 @@ def vnetd_container(spec: MeshSpec, image: str, port: int, identity: list[str]) 
     }
 
 
-def etcd_tls_dir(spec: MeshSpec) -> str | None:
+def etcd_tls_dir(spec: MeshSpec, taken: tuple[str, ...] = VNETD_MOUNTS) -> str | None:
     """Where the manifests mount ``ETCD_CLIENT_SECRET``: the directory of the spec's
     ``registry.ca_file``, ``cert_file`` and ``key_file``; None when it names none.
 
@@ -117,7 +119,6 @@ def etcd_tls_dir(spec: MeshSpec) -> str | None:
             )
     directories = {str(path.parent) for path in paths.values()}
     directory = directories.pop()
-    taken = (CONFIG_DIR, STATE_DIR, SOCKET_DIR, "/dev")
     if directories or any(PurePosixPath(directory).is_relative_to(t) for t in taken):
         key = next(iter(paths))
         raise SpecError(
@@ -135,7 +136,7 @@ def with_etcd_tls(spec: MeshSpec, container: Obj, volumes: list[Obj]) -> None:
         SpecError: a file cannot be mounted where the spec names it (naming the key).
     """
     directory = etcd_tls_dir(spec)
-    files = secret_files(spec, taken_directories(CONFIG_DIR, STATE_DIR, directory))
+    files = secret_files(spec, (*VNETD_MOUNTS, directory) if directory else VNETD_MOUNTS)
     with_secret_files(files, container, volumes)
     if directory is None:
         return

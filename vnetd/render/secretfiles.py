@@ -2,9 +2,9 @@
 
 ``[wireguard] preshared_key_file`` and ``registry.password_file`` are paths
 inside the vnetd container. The renderers mount each from a Secret of a fixed
-name whose key is the file's name (``SECRET_FILES``), or refuse the spec with
-one line naming the key, the Secret and the fix; a spec naming no such file
-mounts nothing. The etcd TLS files are the other Secret (``pods.etcd_tls_dir``).
+name (``PRESHARED_KEY_SECRET``, ``ETCD_PASSWORD_SECRET``) whose key is the file's
+name, or refuse the spec with one line naming the key, the Secret and the fix; a
+spec naming no such file mounts nothing. The etcd TLS files are the other Secret (``pods.etcd_tls_dir``).
 
 ``render manifests`` mounts each file by ``subPath`` at its path, mode 0400.
 The Flux Operator mounts Secrets 0644 and lets a MiniCluster choose neither
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR
 from vnetd.errors import SpecError
 from vnetd.spec import MeshSpec
 
@@ -81,11 +80,6 @@ def secret_files(spec: MeshSpec, taken: tuple[str, ...]) -> list[SecretFile]:
             raise SpecError(f"{key}: {value!r} is under a directory vnetd mounts already: {fix}")
         files.append(SecretFile(key, path, secret))
     return files
-
-
-def taken_directories(config_dir: str, state_dir: str, tls_dir: str | None) -> tuple[str, ...]:
-    """The directories a vnetd container mounts (a Secret file cannot go under them)."""
-    return tuple(d for d in (config_dir, state_dir, SOCKET_DIR, "/dev", tls_dir) if d)
 
 
 def with_secret_files(files: list[SecretFile], container: Obj, volumes: list[Obj]) -> None:
