@@ -25,13 +25,18 @@ def args(tmp_path, *extra: str):
     return build_parser().parse_args(["register", "--config", str(tmp_path / "mesh.toml"), *extra])
 
 
+async def laptop_at_rank_2(cluster: Cluster, tmp_path):
+    """Rank 0 started in ``cluster``; the record ``register`` makes for a laptop at rank 2."""
+    r0 = await cluster.start(0)
+    parsed = args(tmp_path, "--rank", "2", "--public-key", HOST_KEY,
+                  "--endpoint", "198.18.7.7:51820", "--instance", "laptop")  # fmt: skip
+    return r0, member_of(parsed, r0.spec, {})
+
+
 async def test_registered_host_becomes_a_peer_until_stopped(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         cluster = Cluster(tmp_path, nursery)
-        r0 = await cluster.start(0)
-        parsed = args(tmp_path, "--rank", "2", "--public-key", HOST_KEY,
-                      "--endpoint", "198.18.7.7:51820", "--instance", "laptop")  # fmt: skip
-        me = member_of(parsed, r0.spec, {})
+        r0, me = await laptop_at_rank_2(cluster, tmp_path)
         scope = trio.CancelScope()
         nursery.start_soon(_hold, cluster, r0.spec, me, scope)
         await cluster.wait_full(["pod0"], {0, 2})
@@ -196,10 +201,7 @@ async def test_a_restarted_register_is_read_as_the_same_holder(tmp_path, autojum
 
     async with trio.open_nursery() as nursery:
         cluster = Cluster(tmp_path, nursery)
-        r0 = await cluster.start(0)
-        parsed = args(tmp_path, "--rank", "2", "--public-key", HOST_KEY,
-                      "--endpoint", "198.18.7.7:51820", "--instance", "laptop")  # fmt: skip
-        me = member_of(parsed, r0.spec, {})
+        r0, me = await laptop_at_rank_2(cluster, tmp_path)
         view = MemberView()
         await nursery.start(sync_members, cluster.registry, r0.spec, view, RegistryHealth())
         signing_keys = []
