@@ -4,7 +4,8 @@
 inside the vnetd container. The renderers mount each from a Secret of a fixed
 name (``PRESHARED_KEY_SECRET``, ``ETCD_PASSWORD_SECRET``) whose key is the file's
 name, or refuse the spec with one line naming the key, the Secret and the fix; a
-spec naming no such file mounts nothing. The etcd TLS files are the other Secret (``pods.etcd_tls_dir``).
+spec naming no such file mounts nothing. The etcd TLS files are the other Secret
+(``pods.etcd_tls_dir``).
 
 ``render manifests`` mounts each file by ``subPath`` at its path, mode 0400.
 The Flux Operator mounts Secrets 0644 and lets a MiniCluster choose neither
