@@ -146,6 +146,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.daemon": DAEMON,
     "vnetd.daemon.control_plane": DAEMON,
     "vnetd.daemon.reconciler": DAEMON,
+    "vnetd.daemon.plan_log": DAEMON,
     "vnetd.daemon.root": DAEMON,
     "vnetd.daemon.running": DAEMON,
     "vnetd.doctor.service": DAEMON,
