@@ -22,8 +22,8 @@ from vnetd.model import Plan
 
 log = logging.getLogger("vnetd.reconcile")
 
-FLAP_NAMED = 4
-"""Passes that change one rank's peer named per ``FLAP_WINDOW`` (two joins, two leaves)."""
+FLAP_NAMED = 6
+"""Passes that change one rank's peer named per ``FLAP_WINDOW`` (three joins, three leaves)."""
 FLAP_WINDOW = 60.0
 STEADY = 5.0
 """A counted rank's summary is logged once it has not changed for this long."""
