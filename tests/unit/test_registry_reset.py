@@ -127,7 +127,7 @@ async def test_different_spec_stored_after_a_reset_is_logged_not_fatal(
                 await trio.sleep(0.05)
         await trio.sleep(TTL)
         assert "mesh.mtu: registry has 1280, local 1420" in caplog.text
-        assert "this daemon keeps running with its own" in caplog.text
+        assert "this daemon keeps running with the spec it checked at start" in caplog.text
         assert all(r.claim.claimed.is_set() for r in cluster.running.values())
         await cluster.wait_full(["pod0", "pod1"], {0, 1})
         nursery.cancel_scope.cancel()

@@ -37,17 +37,12 @@ from typing import Literal
 
 import trio
 
-from vnetd.control.membership import (
-    Claimed,
-    Held,
-    ensure_spec,
-    spec_key,
-    try_claim,
-)
+from vnetd.control.membership import Claimed, Held, try_claim
 from vnetd.control.proof import Signer
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
+from vnetd.control.spec_check import SpecCheck
 from vnetd.control.watcher import MemberView
-from vnetd.errors import RegistryError, RegistryUnavailable, SpecMismatch
+from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.model import Member, check_endpoint
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
@@ -86,6 +81,7 @@ class ClaimHolder:
         """How many times another holder took the rank while our lease lived."""
         self.restores = 0
         """How many times our entry, overwritten by another writer, was written back."""
+        self.spec_check = SpecCheck(registry, spec)
         self._lost_with_lease = False
         self._restored = 0  # the view's ``overwritten`` revision last answered
         self._copies_logged: set[int] = set()
@@ -205,8 +201,8 @@ class ClaimHolder:
     async def _try_claim(self) -> tuple[Member, Claimed | Held]:
         """One claim attempt with a live lease; the record it wrote and the outcome."""
         await self._fresh_lease()
-        if self.claims:
-            await self._store_spec_again()
+        if self.claims:  # the registry may have lost the spec (a reset store)
+            await self.spec_check.check()
         me = self.me
         return me, await try_claim(self.registry, self.spec, me, self.lease, self.signer)
 
@@ -220,22 +216,6 @@ class ClaimHolder:
         if not self.lease:
             self.lease = await self.registry.grant(self.ttl)
             self._renewed_at = now
-
-    async def _store_spec_again(self) -> None:
-        """Put the spec back if the registry lost it (etcd reset to an empty store).
-
-        A different spec stored meanwhile is logged, never fatal: this daemon
-        already runs with its own, and the data plane is left as it is.
-        """
-        try:
-            stored = await ensure_spec(self.registry, self.spec)
-        except SpecMismatch as exc:
-            log.error("%s; this daemon keeps running with its own", exc)
-            return
-        if stored:
-            log.warning(
-                "the registry had lost the spec; stored it again at %s", spec_key(self.spec)
-            )
 
     async def _keep_alive(self) -> str:
         """Keep the lease alive until the claim is lost; returns why it was.
@@ -256,6 +236,7 @@ class ClaimHolder:
                 reason = await self._renew(lease)
                 if reason is not None:
                     return reason
+                await self.spec_check.check_due()
             elif self.view is not None and self.view.version != version:
                 gone = self._entry_gone()
                 if seen_own and gone:

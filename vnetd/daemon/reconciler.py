@@ -21,6 +21,7 @@ import trio
 
 from vnetd.control.retry import Backoff
 from vnetd.control.watcher import MemberView
+from vnetd.daemon.plan_log import FlapLimit, log_plan, readded, touched_ranks
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
 from vnetd.mesh.initiator import FALLBACK_AFTER, RETRIES, HandshakeWatch, PairRule
@@ -91,6 +92,7 @@ class Reconciler:
         self._full_due = True  # the next pass reads the device and diffs every peer
         self._full_at = -math.inf  # when the last full pass ran
         self.handshakes = HandshakeWatch()
+        self.flaps = FlapLimit()
         self._listed_at: int | None = None  # the view's revision at the first pass
         self._rule: tuple[object, ...] | None = None  # our side at the last pass
         self._synced = trio.Event()
@@ -132,7 +134,7 @@ class Reconciler:
                 # otherwise (a new device has none to lose).
                 await self.view.wait_changed(self.view.version)
                 continue
-            wake = min(next_resync, self.handshakes.next_check())
+            wake = min(next_resync, self.handshakes.next_check(), self.flaps.next_summary())
             if self._resync_reason is None:
                 with trio.move_on_at(wake) as self._waiting:
                     await self.view.wait_changed(seen)
@@ -142,6 +144,7 @@ class Reconciler:
             try:
                 if resync is None and self.view.version == seen:
                     if trio.current_time() < next_resync:
+                        self.flaps.flush(trio.current_time())
                         await self.check_handshakes()
                         continue
                 seen = self.view.version
@@ -224,16 +227,14 @@ class Reconciler:
             await self.dataplane.apply(plan)
             self.stats.applied += 1
             self.stats.changes += len(plan)
-            readded = _readded(plan)
+            again = readded(plan)
             self.stats.device_restarts += sum(
                 device_restarted(peer, self._devices)
                 for peer in plan.add
-                if peer.public_key in readded
+                if peer.public_key in again
             )
-            if resync is None:
-                self._log_plan(plan, ranks, time.perf_counter() - started)
-        if resync is None:
-            self._log_left_restarted(plan)
+        if resync is None and (plan or plan.left_restarted):
+            self._log_plan(plan, ranks, time.perf_counter() - started)
         if resync is not None:
             self.stats.resyncs += 1
             self._log_resync(resync, plan, len(desired), time.perf_counter() - started)
@@ -347,53 +348,19 @@ class Reconciler:
             )
 
     def _log_plan(self, plan: Plan, ranks: dict[str, int], elapsed: float) -> None:
+        """The plan's lines, except those of ranks that flap (``plan_log.FlapLimit``)."""
+        now = trio.current_time()
         old_ranks = self.stats.peer_ranks
-        readded = _readded(plan)
-        for peer in plan.add:
-            if peer.public_key in readded:
-                before = self._written.get(peer.public_key, peer.endpoint)
-                if peer.endpoint is not None and before != peer.endpoint:
-                    log.info(
-                        "peer rank %s endpoint moved from %s to %s",
-                        peer.rank,
-                        before or "none",
-                        peer.endpoint,
-                    )
-                if not device_restarted(peer, self._devices):
-                    log.info(
-                        "peer rank %s: ours to start now that this rank is registered; "
-                        "re-added it with a handshake",
-                        peer.rank,
-                    )
-                    continue
-                log.info(
-                    "peer rank %s restarted its device (device id %s -> %s); re-added it "
-                    "to drop the old session",
-                    peer.rank,
-                    self._devices.get(peer.public_key) or "?",
-                    peer.device_id,
-                )
-            else:
-                log.info(
-                    "peer joined: rank %s at %s%s",
-                    peer.rank,
-                    peer.endpoint or "no endpoint",
-                    " (waiting for its handshake)" if peer.endpoint_held else "",
-                )
-        for peer in plan.remove:
-            if peer.public_key not in readded:
-                log.info("peer left: rank %s", old_ranks.get(peer.public_key, "?"))
-        for upd in plan.update:
-            rank = ranks.get(upd.public_key, "?")
-            if upd.endpoint is not None:
-                before = self._written.get(upd.public_key) or "none"
-                log.info("peer rank %s endpoint moved from %s to %s", rank, before, upd.endpoint)
-            if upd.allowed_ips is not None:
-                log.info("peer rank %s allowed IPs set to %s", rank, ",".join(upd.allowed_ips))
-        log.info("plan applied: %d change(s) in %.1f ms", len(plan), elapsed * 1000)
+        touched = touched_ranks(plan, ranks, old_ranks) | {p.rank for p in plan.left_restarted}
+        quiet = {r for r in touched if r is not None and not self.flaps.named(r, now)}
+        if plan:
+            log_plan(plan, ranks, old_ranks, self._written, self._devices, elapsed, quiet)
+        self._log_left_restarted(plan, quiet)
 
-    def _log_left_restarted(self, plan: Plan) -> None:
+    def _log_left_restarted(self, plan: Plan, quiet: set[int]) -> None:
         for peer in plan.left_restarted:
+            if peer.rank in quiet:
+                continue
             log.info(
                 "peer rank %s restarted its device (device id %s -> %s); its own "
                 "handshake replaces the old session",
@@ -430,9 +397,3 @@ def _reach_of(member: Member | None) -> tuple[str, bool, bool] | None:
     if member is None:
         return None
     return member.site, member.endpoint is not None, member.public_endpoint is not None
-
-
-def _readded(plan: Plan) -> set[str]:
-    """Keys removed and added in one plan: peers whose device restarted, or held peers
-    that are ours to start now (see ``mesh.diff``)."""
-    return {peer.public_key for peer in plan.remove} & {peer.public_key for peer in plan.add}

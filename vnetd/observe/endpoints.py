@@ -148,6 +148,7 @@ class DaemonEndpoints:
             "claimed": r is not None and r.claim.state == "claimed",
             "claim": r.claim.state if r is not None else "claiming",
             "holder": r.claim.holder if r is not None else None,
+            "spec_differs": r.claim.spec_check.differs if r is not None else None,
             "black_holes": {str(rank): mtu for rank, mtu in sorted(self.black_holes.items())},
         }
         return document
@@ -175,6 +176,7 @@ class DaemonEndpoints:
             refused_rewrites=r.view.refused_total,
             displaced=r.claim.displaced,
             restores=r.claim.restores,
+            spec_differs=r.claim.spec_check.differs is not None,
             registry_errors=dict(r.health.errors_by_operation),
             wireguard_restarts=restarts_of(r.dataplane),
             now=time.time(),

@@ -38,6 +38,7 @@ class Snapshot:
     refused_rewrites: int = 0
     displaced: int = 0
     restores: int = 0
+    spec_differs: bool = False
     registry_errors: Mapping[str, int] = field(default_factory=dict)
     wireguard_restarts: int = 0
     now: float = 0.0
@@ -108,6 +109,12 @@ class _SnapshotCollector(Collector):
             "vnetd_claim_restores",
             "Times our entry, overwritten by another writer, was written back.",
             s.restores,
+        )
+        yield _gauge(
+            "vnetd_spec_differs",
+            "1 while the spec stored in the registry differs from the one this daemon "
+            "checked at start (it runs on with its own; a new start exits).",
+            int(s.spec_differs),
         )
         yield _counter(
             "vnetd_wireguard_restarts",

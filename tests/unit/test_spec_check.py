@@ -1,0 +1,49 @@
+"""A running daemon's spec check: a changed stored spec reported once, a lost one put back."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+from vnetd.control.membership import ensure_spec, spec_key
+from vnetd.control.spec_check import SPEC_CHECK_TTLS, SpecCheck
+from vnetd.registry.memory import MemoryRegistry
+from vnetd.spec import parse_spec
+
+SPEC = parse_spec({"mesh": {"name": "m", "size": 8, "network": "10.250.0.0/16"}})
+OTHER = parse_spec({"mesh": {"name": "m", "size": 9, "network": "10.250.0.0/16"}})
+
+
+async def overwrite(registry: MemoryRegistry, value: bytes) -> None:
+    stored = await registry.get(spec_key(SPEC))
+    assert stored is not None
+    assert await registry.replace(spec_key(SPEC), value, stored.mod_revision)
+
+
+async def test_a_changed_spec_is_reported_once_and_cleared(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.abc.Clock
+) -> None:
+    caplog.set_level(logging.INFO, "vnetd.claim")
+    registry = MemoryRegistry()
+    await ensure_spec(registry, SPEC)
+    check = SpecCheck(registry, SPEC)
+    await check.check_due()  # the first only sets the schedule
+    await overwrite(registry, OTHER.canonical_json())
+    await check.check_due()
+    assert check.differs is None, "not due yet"
+    await trio.sleep(SPEC_CHECK_TTLS * SPEC.registry.lease_ttl)
+    await check.check_due()
+    await check.check()
+    assert check.differs is not None and "mesh.size" in check.differs
+    assert caplog.text.count("keeps running with the spec it checked at start") == 1
+    await overwrite(registry, SPEC.canonical_json())
+    await check.check()
+    assert check.differs is None
+    assert "matches ours again" in caplog.text
+    await registry.delete(spec_key(SPEC))
+    await check.check()
+    assert "stored it again" in caplog.text
+    stored = await registry.get(spec_key(SPEC))
+    assert stored is not None and stored.value == SPEC.canonical_json()
