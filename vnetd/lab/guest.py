@@ -16,7 +16,11 @@ its own ``/proc``, ``/sys``, ``/dev``, ``/tmp`` and ``/run`` over them. The
 guest has no network device (``-nic none``): its traffic stays in its own
 loopback and the netns lab it builds. Every step is bounded: the boot (until
 the second stage writes ``booted``), the run, and the power-off; on any failure
-or timeout the QEMU process is killed by its pid, and the temp dir is removed.
+or timeout, or when the caller's ``stop`` event is set (a test session that ends
+while its guest still runs in a background thread), the QEMU process is killed by
+its pid, and the temp dir is removed. ``nice`` lowers the priority of QEMU's
+threads once the guest has booted (the boot keeps its bound at full priority), so a
+guest that runs beside other work takes mostly the CPU that work leaves.
 
 Accelerator: TCG (``-accel tcg -cpu max``), about 20 times slower than the host
 for Python. ``/dev/kvm`` opens on this kind of machine, but a KVM guest failed
@@ -30,12 +34,14 @@ Run by hand with ``scripts/guest [--timeout S] COMMAND...``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -160,16 +166,20 @@ def run_in_guest(
     outputs: Sequence[str] = (),
     boot_timeout: float = BOOT_TIMEOUT,
     cache: Path = GUEST_CACHE,
+    stop: threading.Event | None = None,
+    nice: int = 0,
 ) -> GuestResult:
     """Boot a guest, run ``argv`` in it, power it off; its exit code and output.
 
     The command sees ``VNETD_GUEST=1`` and ``VNETD_GUEST_SHARE`` (a directory the
-    host reads back: the files named in ``outputs`` are returned).
+    host reads back: the files named in ``outputs`` are returned). ``stop``, when
+    set from another thread, ends the run (QEMU killed); ``nice`` > 0 is the
+    niceness of QEMU's threads after the boot.
 
     Raises:
         GuestUnavailable: no QEMU, kernel or initramfs; the guest did not boot
             within ``boot_timeout`` or the command did not end within ``run_timeout``
-            (the message ends with the console's last lines).
+            (the message ends with the console's last lines), or ``stop`` was set.
     """
     if shutil.which(QEMU) is None:
         raise GuestUnavailable(f"no {QEMU}: run scripts/setup")
@@ -193,7 +203,7 @@ def run_in_guest(
         (share / "stage2.sh").write_text(stage2)
         return _boot_and_wait(
             qemu_argv(kernel, initrd, share, console, cwd), share, console, outputs,
-            boot_timeout, run_timeout,
+            boot_timeout, run_timeout, stop or threading.Event(), nice,
         )  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -206,19 +216,24 @@ def _boot_and_wait(
     outputs: Sequence[str],
     boot_timeout: float,
     run_timeout: float,
+    stop: threading.Event,
+    nice: int,
 ) -> GuestResult:
     started = time.monotonic()
     process = subprocess.Popen(
         qemu, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
-        _wait_for(process, share / "booted", started + boot_timeout, console, "boot")
+        _wait_for(process, share / "booted", started + boot_timeout, console, "boot", stop)
         booted = time.monotonic()
-        _wait_for(process, share / "rc", booted + run_timeout, console, "command")
-        try:
-            process.wait(POWEROFF_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pass  # the result is in; the kill below ends the guest
+        if nice > 0:
+            _renice(process.pid, nice)
+        _wait_for(process, share / "rc", booted + run_timeout, console, "command", stop)
+        # The result is in; a guest still up after the power-off bound (or a stop) is
+        # ended by the kill below.
+        poweroff = time.monotonic() + POWEROFF_TIMEOUT
+        while process.poll() is None and time.monotonic() < poweroff and not stop.wait(POLL):
+            pass
         files = {n: (share / n).read_bytes() for n in outputs if (share / n).is_file()}
         output = share / "output"
         return GuestResult(
@@ -238,9 +253,16 @@ def _boot_and_wait(
 
 
 def _wait_for(
-    process: subprocess.Popen[bytes], path: Path, deadline: float, console: Path, what: str
+    process: subprocess.Popen[bytes],
+    path: Path,
+    deadline: float,
+    console: Path,
+    what: str,
+    stop: threading.Event,
 ) -> None:
     while not path.exists():
+        if stop.is_set():
+            raise GuestUnavailable(f"the guest's {what} was stopped by its caller")
         if process.poll() is not None:
             stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
             raise GuestUnavailable(
@@ -249,7 +271,15 @@ def _wait_for(
             )
         if time.monotonic() > deadline:
             raise GuestUnavailable(f"the guest's {what} timed out{_tail(console)}")
-        time.sleep(POLL)
+        stop.wait(POLL)
+
+
+def _renice(pid: int, nice: int) -> None:
+    """Every thread of process ``pid`` (QEMU's vCPUs are threads) to niceness ``nice``;
+    threads it starts later inherit it."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)  # Linux: per thread
 
 
 def _read(path: Path) -> str:
