@@ -7,9 +7,9 @@ test loop starts, a thread of the session boots the guest once and runs every
 selected kernel test inside, in one pytest process (``VNETD_GUEST=1``) that
 writes each test's outcome to the guest's results share
 (``record_guest_report``), while the host tests run beside it (QEMU at a lower
-priority, ``GUEST_NICE``). Each ``GuestCase`` waits for that run and reports the
-guest's outcome for its own id: passed, failed with the guest's report, or
-skipped with the guest's reason. The loop's end (the last test, ``-x``, a
+priority, ``GUEST_NICE``, until the host waits for it). Each ``GuestCase`` waits
+for that run and reports the guest's outcome for its own id: passed, failed with
+the guest's report, or skipped with the guest's reason. The loop's end (the last test, ``-x``, a
 failure, Ctrl-C) stops a guest still running: QEMU is killed by its pid.
 
 No guest here (no QEMU, no kernel unpacked, not root): the cases skip with one
@@ -36,7 +36,13 @@ from typing import Any
 import pytest
 import trio
 
-from vnetd.lab.guest import BOOT_TIMEOUT, POWEROFF_TIMEOUT, guest_unavailable, run_in_guest
+from vnetd.lab.guest import (
+    BOOT_TIMEOUT,
+    POWEROFF_TIMEOUT,
+    GuestControl,
+    guest_unavailable,
+    run_in_guest,
+)
 from vnetd.lab.guest_image import GuestUnavailable
 
 KERNEL_MARK = "kernel"
@@ -44,10 +50,11 @@ RESULTS_FILE = "results.json"
 GUEST_RUN_TIMEOUT = 900.0
 """Bound on the guest's whole pytest run: about 3-4 minutes under TCG on a quiet
 machine, 7-9 at a load of 30-40 on 2 cores (each test inside keeps its own timeout)."""
-GUEST_NICE = 10
-"""QEMU's niceness beside the host tests: they keep their timing (their bounds are
-tight, the guest's waits are hang guards), the guest takes the CPU they leave and
-about a tenth of what they contend for."""
+GUEST_NICE = 5
+"""QEMU's niceness while host tests run beside it: they keep most of their timing
+(their bounds are tight, the guest's waits are hang guards) and the guest takes the
+CPU they leave and about a quarter of a core they contend for (a nice-5 thread
+weighs a third of a nice-0 one). Once the host waits for the guest, it runs at 0."""
 WAIT_STEP = 1.0
 STOP_WAIT = 30.0
 """Bound on ending a guest still running at the session's end (the kill, the reap)."""
@@ -114,8 +121,9 @@ class GuestRun:
 class BackgroundGuest:
     """The session's guest run in a thread of its own, started before the first test.
 
-    ``result`` waits for it; ``stop`` ends it (QEMU killed by its pid, its temp dir
-    removed) and waits for the thread, at most ``STOP_WAIT``.
+    ``result`` waits for it, the guest at full priority by then; ``stop`` ends it
+    (QEMU killed by its pid, its temp dir removed) and waits for the thread, at most
+    ``STOP_WAIT``.
     """
 
     def __init__(self, ids: list[str], rootpath: Path) -> None:
@@ -123,7 +131,7 @@ class BackgroundGuest:
         self.rootpath = rootpath
         self.started = time.monotonic()
         self.waited: float | None = None
-        self._stop = threading.Event()
+        self._control = GuestControl(nice=GUEST_NICE)
         self._run: GuestRun | None = None
         self._thread = threading.Thread(target=self._main, name="kernel-guest", daemon=True)
 
@@ -132,7 +140,7 @@ class BackgroundGuest:
 
     def _main(self) -> None:
         try:
-            run = run_guest(self.ids, self.rootpath, self._stop)
+            run = run_guest(self.ids, self.rootpath, self._control)
         except BaseException as exc:  # a bug: reported by every case, not lost in a thread
             run = GuestRun(error=f"{type(exc).__name__}: {exc}")
         self._run = run
@@ -140,6 +148,8 @@ class BackgroundGuest:
     def result(self) -> GuestRun:
         """The run's outcome, once it has ended (each case's timeout bounds the wait)."""
         waiting = time.monotonic()
+        if self._thread.is_alive():
+            self._control.renice(0)  # nothing else runs now: the guest at full priority
         while self._thread.is_alive():
             self._thread.join(WAIT_STEP)  # in steps: a timeout's signal or Ctrl-C gets in
         if self.waited is None:
@@ -148,7 +158,7 @@ class BackgroundGuest:
         return self._run
 
     def stop(self) -> None:
-        self._stop.set()
+        self._control.stop.set()
         self._thread.join(STOP_WAIT)
 
 
@@ -214,8 +224,8 @@ class GuestCase(pytest.Item):
         return self.path, None, f"{self.name} (in the kernel guest)"
 
 
-def run_guest(ids: list[str], rootpath: Path, stop: threading.Event) -> GuestRun:
-    """Boot the guest once and run the tests ``ids`` inside it (QEMU at ``GUEST_NICE``)."""
+def run_guest(ids: list[str], rootpath: Path, control: GuestControl) -> GuestRun:
+    """Boot the guest once and run the tests ``ids`` inside it."""
     missing = guest_unavailable()
     if missing is not None:
         return GuestRun(missing=missing)
@@ -228,7 +238,7 @@ def run_guest(ids: list[str], rootpath: Path, stop: threading.Event) -> GuestRun
         result = run_in_guest(
             argv, run_timeout=GUEST_RUN_TIMEOUT, cwd=rootpath,
             env={"PYTHONDONTWRITEBYTECODE": "1"}, outputs=(RESULTS_FILE,),
-            stop=stop, nice=GUEST_NICE,
+            control=control,
         )  # fmt: skip
     except GuestUnavailable as error:
         return GuestRun(error=str(error))

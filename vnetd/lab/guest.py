@@ -16,11 +16,13 @@ its own ``/proc``, ``/sys``, ``/dev``, ``/tmp`` and ``/run`` over them. The
 guest has no network device (``-nic none``): its traffic stays in its own
 loopback and the netns lab it builds. Every step is bounded: the boot (until
 the second stage writes ``booted``), the run, and the power-off; on any failure
-or timeout, or when the caller's ``stop`` event is set (a test session that ends
-while its guest still runs in a background thread), the QEMU process is killed by
-its pid, and the temp dir is removed. ``nice`` lowers the priority of QEMU's
-threads once the guest has booted (the boot keeps its bound at full priority), so a
-guest that runs beside other work takes mostly the CPU that work leaves.
+or timeout, or when the caller stops it (``GuestControl.stop``: a test session
+that ends while its guest still runs in a background thread), the QEMU process is
+killed by its pid, and the temp dir is removed. ``GuestControl`` also sets the
+niceness of QEMU's threads once the guest has booted (the boot keeps its bound at
+full priority), and changes it while the guest runs: a guest beside other work
+takes mostly the CPU that work leaves, then full priority once it is all that is
+left to wait for.
 
 Accelerator: TCG (``-accel tcg -cpu max``), about 20 times slower than the host
 for Python. ``/dev/kvm`` opens on this kind of machine, but a KVM guest failed
@@ -95,6 +97,35 @@ sleep 60
 """
 
 
+class GuestControl:
+    """Steers a guest run from another thread: its niceness after the boot, and its end."""
+
+    def __init__(self, nice: int = 0) -> None:
+        self.stop = threading.Event()
+        """Set: the run ends at its next poll (every ``POLL`` s), QEMU killed."""
+        self._nice = nice
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def renice(self, nice: int) -> None:
+        """QEMU's threads to niceness ``nice`` now if booted, else once it has."""
+        with self._lock:
+            self._nice = nice
+            if self._pid is not None:
+                _renice(self._pid, nice)
+
+    def _booted(self, pid: int) -> None:
+        with self._lock:
+            self._pid = pid
+            if self._nice != 0:
+                _renice(pid, self._nice)
+
+    def _ending(self) -> None:
+        """Before QEMU is reaped (after which its pid may be another process's)."""
+        with self._lock:
+            self._pid = None
+
+
 @dataclass(frozen=True)
 class GuestResult:
     """What a guest run left: the command's exit code and output, the files it wrote
@@ -166,20 +197,18 @@ def run_in_guest(
     outputs: Sequence[str] = (),
     boot_timeout: float = BOOT_TIMEOUT,
     cache: Path = GUEST_CACHE,
-    stop: threading.Event | None = None,
-    nice: int = 0,
+    control: GuestControl | None = None,
 ) -> GuestResult:
     """Boot a guest, run ``argv`` in it, power it off; its exit code and output.
 
     The command sees ``VNETD_GUEST=1`` and ``VNETD_GUEST_SHARE`` (a directory the
-    host reads back: the files named in ``outputs`` are returned). ``stop``, when
-    set from another thread, ends the run (QEMU killed); ``nice`` > 0 is the
-    niceness of QEMU's threads after the boot.
+    host reads back: the files named in ``outputs`` are returned). ``control``
+    lets another thread stop the run (QEMU killed) or change its priority.
 
     Raises:
         GuestUnavailable: no QEMU, kernel or initramfs; the guest did not boot
             within ``boot_timeout`` or the command did not end within ``run_timeout``
-            (the message ends with the console's last lines), or ``stop`` was set.
+            (the message ends with the console's last lines), or it was stopped.
     """
     if shutil.which(QEMU) is None:
         raise GuestUnavailable(f"no {QEMU}: run scripts/setup")
@@ -203,7 +232,7 @@ def run_in_guest(
         (share / "stage2.sh").write_text(stage2)
         return _boot_and_wait(
             qemu_argv(kernel, initrd, share, console, cwd), share, console, outputs,
-            boot_timeout, run_timeout, stop or threading.Event(), nice,
+            boot_timeout, run_timeout, control or GuestControl(),
         )  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -216,18 +245,17 @@ def _boot_and_wait(
     outputs: Sequence[str],
     boot_timeout: float,
     run_timeout: float,
-    stop: threading.Event,
-    nice: int,
+    control: GuestControl,
 ) -> GuestResult:
     started = time.monotonic()
     process = subprocess.Popen(
         qemu, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
+        stop = control.stop
         _wait_for(process, share / "booted", started + boot_timeout, console, "boot", stop)
         booted = time.monotonic()
-        if nice > 0:
-            _renice(process.pid, nice)
+        control._booted(process.pid)
         _wait_for(process, share / "rc", booted + run_timeout, console, "command", stop)
         # The result is in; a guest still up after the power-off bound (or a stop) is
         # ended by the kill below.
@@ -245,6 +273,7 @@ def _boot_and_wait(
             files=files,
         )
     finally:
+        control._ending()
         if process.poll() is None:
             process.kill()  # by its pid: this Popen's own child
         process.wait(10)
@@ -277,9 +306,10 @@ def _wait_for(
 def _renice(pid: int, nice: int) -> None:
     """Every thread of process ``pid`` (QEMU's vCPUs are threads) to niceness ``nice``;
     threads it starts later inherit it."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(ProcessLookupError):
-            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)  # Linux: per thread
+    with contextlib.suppress(FileNotFoundError):  # it has just exited
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)  # Linux: per thread
 
 
 def _read(path: Path) -> str:
