@@ -9,8 +9,10 @@ from collections.abc import Generator, Iterator
 import pytest
 from kernel_guest import (
     delegate_kernel_items,
+    guest_in_background,
     guest_summary,
     in_guest,
+    order_guest_cases_last,
     record_guest_report,
     write_guest_results,
 )
@@ -26,8 +28,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """After every suite's own marks: the kernel tests go to the guest if needed."""
+    """After every suite's own marks: the kernel tests go to the guest if needed, and
+    run last (the guest runs them beside the host tests, ``pytest_runtestloop``)."""
     delegate_kernel_items(items)
+    order_guest_cases_last(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, object]:
+    """The kernel guest boots as the tests start and runs beside them; it is ended
+    (QEMU killed by its pid) when the loop ends, however it ends."""
+    with guest_in_background(session):
+        return (yield)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

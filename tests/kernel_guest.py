@@ -2,12 +2,15 @@
 it, else all together in one QEMU guest (``vnetd.lab.guest``) that does.
 
 On a host without the module, collection replaces every ``kernel`` test with a
-``GuestCase`` of the same node id. The first one to run boots the guest once
-and runs every selected kernel test inside, in one pytest process
-(``VNETD_GUEST=1``) that writes each test's outcome to the guest's results
-share (``record_guest_report``); each ``GuestCase`` then reports the guest's
-outcome for its own id: passed, failed with the guest's report, or skipped
-with the guest's reason.
+``GuestCase`` of the same node id and moves them after the host tests. As the
+test loop starts, a thread of the session boots the guest once and runs every
+selected kernel test inside, in one pytest process (``VNETD_GUEST=1``) that
+writes each test's outcome to the guest's results share
+(``record_guest_report``), while the host tests run beside it (QEMU at a lower
+priority, ``GUEST_NICE``, until the host waits for it). Each ``GuestCase`` waits
+for that run and reports the guest's outcome for its own id: passed, failed with
+the guest's report, or skipped with the guest's reason. The loop's end (the last test, ``-x``, a
+failure, Ctrl-C) stops a guest still running: QEMU is killed by its pid.
 
 No guest here (no QEMU, no kernel unpacked, not root): the cases skip with one
 line naming the fix, except under ``CI``, where they fail with it. A guest that
@@ -22,7 +25,10 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +36,13 @@ from typing import Any
 import pytest
 import trio
 
-from vnetd.lab.guest import BOOT_TIMEOUT, POWEROFF_TIMEOUT, guest_unavailable, run_in_guest
+from vnetd.lab.guest import (
+    BOOT_TIMEOUT,
+    POWEROFF_TIMEOUT,
+    GuestControl,
+    guest_unavailable,
+    run_in_guest,
+)
 from vnetd.lab.guest_image import GuestUnavailable
 
 KERNEL_MARK = "kernel"
@@ -38,6 +50,14 @@ RESULTS_FILE = "results.json"
 GUEST_RUN_TIMEOUT = 900.0
 """Bound on the guest's whole pytest run: about 3-4 minutes under TCG on a quiet
 machine, 7-9 at a load of 30-40 on 2 cores (each test inside keeps its own timeout)."""
+GUEST_NICE = 5
+"""QEMU's niceness while host tests run beside it: they keep most of their timing
+(their bounds are tight, the guest's waits are hang guards) and the guest takes the
+CPU they leave and about a quarter of a core they contend for (a nice-5 thread
+weighs a third of a nice-0 one). Once the host waits for the guest, it runs at 0."""
+WAIT_STEP = 1.0
+STOP_WAIT = 30.0
+"""Bound on ending a guest still running at the session's end (the kill, the reap)."""
 IN_GUEST = "VNETD_GUEST"
 NOT_COPIED = {"trio", "parametrize", "usefixtures"}
 """Marks of a test that concern running its function, which a ``GuestCase`` does not."""
@@ -98,21 +118,89 @@ class GuestRun:
     summary: str = ""
 
 
-_run_key = pytest.StashKey[GuestRun]()
+class BackgroundGuest:
+    """The session's guest run in a thread of its own, started before the first test.
+
+    ``result`` waits for it, the guest at full priority by then; ``stop`` ends it
+    (QEMU killed by its pid, its temp dir removed) and waits for the thread, at most
+    ``STOP_WAIT``.
+    """
+
+    def __init__(self, ids: list[str], rootpath: Path) -> None:
+        self.ids = ids
+        self.rootpath = rootpath
+        self.started = time.monotonic()
+        self.waited: float | None = None
+        self._control = GuestControl(nice=GUEST_NICE)
+        self._run: GuestRun | None = None
+        self._thread = threading.Thread(target=self._main, name="kernel-guest", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            run = run_guest(self.ids, self.rootpath, self._control)
+        except BaseException as exc:  # a bug: reported by every case, not lost in a thread
+            run = GuestRun(error=f"{type(exc).__name__}: {exc}")
+        self._run = run
+
+    def result(self) -> GuestRun:
+        """The run's outcome, once it has ended (each case's timeout bounds the wait)."""
+        waiting = time.monotonic()
+        if self._thread.is_alive():
+            self._control.renice(0)  # nothing else runs now: the guest at full priority
+        while self._thread.is_alive():
+            self._thread.join(WAIT_STEP)  # in steps: a timeout's signal or Ctrl-C gets in
+        if self.waited is None:
+            self.waited = time.monotonic() - waiting
+        assert self._run is not None
+        return self._run
+
+    def stop(self) -> None:
+        self._control.stop.set()
+        self._thread.join(STOP_WAIT)
+
+
+_guest_key = pytest.StashKey[BackgroundGuest]()
+
+
+def order_guest_cases_last(items: list[pytest.Item]) -> None:
+    """Run the ``GuestCase`` items after every host test (in their own order): the
+    guest runs them all meanwhile, so the host waits for it only at the end."""
+    items.sort(key=lambda item: isinstance(item, GuestCase))  # a stable sort
+
+
+@contextmanager
+def guest_in_background(session: pytest.Session) -> Iterator[None]:
+    """Around the session's test loop: start the guest run of its ``GuestCase``
+    items, and end it however the loop ends (a failure, ``-x``, Ctrl-C)."""
+    ids = [item.nodeid for item in session.items if isinstance(item, GuestCase)]
+    if not ids or session.config.option.collectonly or session.testsfailed:
+        yield
+        return
+    guest = BackgroundGuest(ids, session.config.rootpath)
+    session.config.stash[_guest_key] = guest
+    guest.start()
+    try:
+        yield
+    finally:
+        guest.stop()
 
 
 class GuestCase(pytest.Item):
     """A ``kernel`` test whose outcome comes from the guest run of this session."""
 
     def runtest(self) -> None:
-        run = self.config.stash.get(_run_key, None)
-        if run is None:
-            try:
-                run = run_guest(self.session)
-            except BaseException as exc:  # a timeout or a bug: once, not a boot per case
-                self.config.stash[_run_key] = GuestRun(error=f"{type(exc).__name__}: {exc}")
-                raise
-            self.config.stash[_run_key] = run
+        guest = self.config.stash.get(_guest_key, None)
+        if guest is None:  # a test loop not wrapped by guest_in_background: run it now
+            guest = BackgroundGuest(
+                [i.nodeid for i in self.session.items if isinstance(i, GuestCase)],
+                self.config.rootpath,
+            )
+            self.config.stash[_guest_key] = guest
+            guest.start()
+        run = guest.result()
         if run.missing is not None:
             message = f"kernel WireGuard: no kernel guest here: {run.missing}"
             if os.environ.get("CI"):
@@ -136,27 +224,28 @@ class GuestCase(pytest.Item):
         return self.path, None, f"{self.name} (in the kernel guest)"
 
 
-def run_guest(session: pytest.Session) -> GuestRun:
-    """Boot the guest once and run every selected ``GuestCase``'s test inside it."""
+def run_guest(ids: list[str], rootpath: Path, control: GuestControl) -> GuestRun:
+    """Boot the guest once and run the tests ``ids`` inside it."""
     missing = guest_unavailable()
     if missing is not None:
         return GuestRun(missing=missing)
-    ids = [item.nodeid for item in session.items if isinstance(item, GuestCase)]
     argv = [
         sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-        f"--rootdir={session.config.rootpath}", "--timeout=300", *ids,
+        f"--rootdir={rootpath}", "--timeout=300", *ids,
     ]  # fmt: skip
     started = time.monotonic()
     try:
         result = run_in_guest(
-            argv, run_timeout=GUEST_RUN_TIMEOUT, cwd=session.config.rootpath,
+            argv, run_timeout=GUEST_RUN_TIMEOUT, cwd=rootpath,
             env={"PYTHONDONTWRITEBYTECODE": "1"}, outputs=(RESULTS_FILE,),
+            control=control,
         )  # fmt: skip
     except GuestUnavailable as error:
         return GuestRun(error=str(error))
     summary = (
-        f"kernel guest: {len(ids)} tests in one QEMU guest, boot {result.boot_seconds:.1f} s, "
-        f"{time.monotonic() - started:.1f} s in all, its pytest exited {result.returncode}"
+        f"kernel guest: {len(ids)} tests in one QEMU guest beside the host tests, "
+        f"boot {result.boot_seconds:.1f} s, {time.monotonic() - started:.1f} s in all, "
+        f"its pytest exited {result.returncode}"
     )
     raw = result.files.get(RESULTS_FILE)
     if raw is None:
@@ -167,8 +256,15 @@ def run_guest(session: pytest.Session) -> GuestRun:
 
 def guest_summary(config: pytest.Config) -> str | None:
     """One line on the session's guest run (what it ran, what it cost), if there was one."""
-    run = config.stash.get(_run_key, None)
-    return run.summary or None if run is not None else None
+    guest = config.stash.get(_guest_key, None)
+    if guest is None:
+        return None
+    run = guest._run
+    if run is None:
+        return f"kernel guest: stopped unfinished after {time.monotonic() - guest.started:.1f} s"
+    if not run.summary or guest.waited is None:
+        return run.summary or None
+    return f"{run.summary}; the host waited {guest.waited:.1f} s for it"
 
 
 def record_guest_report(report: pytest.TestReport) -> None:
