@@ -72,7 +72,7 @@ async def wait_formed(mesh: MeshLab) -> float:
 
 
 async def one(size: int) -> dict[str, Any]:
-    async with open_lab(size) as lab:
+    async with open_lab(size, static_neighbours=True) as lab:
         mesh = MeshLab.create(lab, ttl=10)
         await mesh.start_probes()
         for rank in range(size):

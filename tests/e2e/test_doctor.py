@@ -85,7 +85,7 @@ async def nft(mesh: MeshLab, rank: int, *commands: str) -> None:
 
 async def test_a_healthy_mesh_of_16_is_all_good() -> None:
     with trio.fail_after(FORM + DOCTOR_TIMEOUT + 60):
-        async with open_lab(16) as lab:
+        async with open_lab(16, static_neighbours=True) as lab:
             mesh = MeshLab.create(lab)
             for rank in range(16):
                 await mesh.start_rank(rank)
@@ -116,7 +116,7 @@ def expected_cause(a: int, b: int) -> str:
 
 async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
     with trio.fail_after(FORM + DOCTOR_TIMEOUT + 60):
-        async with open_lab(7) as lab:
+        async with open_lab(7, static_neighbours=True) as lab:
             mesh = MeshLab.create(lab)
             await nft(
                 mesh, 4, "add table inet vdoc",
