@@ -38,8 +38,9 @@ from vnetd.lab.sites import open_sites_lab
 from vnetd.spec import load_spec
 
 DOCTOR_TIMEOUT = 30.0
-"""The doctor's own --timeout: its rows take about 1 s (4 s with bisection), and a rank
-that never answers costs its row's 8 s budget; the run is bounded by this."""
+"""The doctor's own --timeout: its rows take about 1 s when every pair passes, 4.5 s with
+a lost echo and 7.3 s with bisection, and a rank that never answers costs its row's 9 s
+budget; two passes fit, and the run is bounded by this."""
 FORM = 60.0
 """Registrations and peers on every device: seconds each here, WireGuard's retry is 5 s,
 but a loaded machine starting 16 Python daemons needs tens of seconds."""
