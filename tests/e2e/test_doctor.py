@@ -228,6 +228,8 @@ async def test_a_stale_endpoint_after_a_move_is_named_and_nothing_else() -> None
             await nft(
                 mesh, 1, "add table inet vdoc",
                 "add chain inet vdoc input { type filter hook input priority 0 ; }",
+                # Both ways: a watch stream already open still delivers inbound.
+                f"add rule inet vdoc input ip saddr {ETCD_IP} tcp sport {ETCD_PORT} drop",
                 "add rule inet vdoc input ct state established,related accept",
                 f"add rule inet vdoc input udp dport {mesh.spec.port} drop",
                 "add chain inet vdoc output { type filter hook output priority 0 ; }",

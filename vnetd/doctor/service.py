@@ -47,8 +47,8 @@ REQUEST_WAIT = 5.0
 MAX_PARALLEL = 64
 """Peers probed at once (each holds one UDP socket): a healthy peer's probe takes one
 round trip, so this paces a row without lengthening it."""
-START_GAP = 0.002
-"""Between the starts of two probes of a row (s): a row of 1000 peers starts over 2 s
+START_GAP = 0.0005
+"""Between the starts of two probes of a row (s): a row of 1000 peers starts over 0.5 s
 instead of sending 2000 datagrams at once."""
 TICK = 0.1
 """How often the row's lag watch wakes (s) to measure how late the event loop runs."""
