@@ -41,7 +41,7 @@ def doctor_section(r: JSON | None) -> list[str]:
             str(run["size"]), f"{run['wall_s']:.2f}", f"{run['elapsed_s']:.2f}",
             f"{run['working']}/{run['size'] * (run['size'] - 1)}", causes,
             f"{during['range']:.0f} ({idle['range']:.0f})",
-            f"{during['cpu_s']:.2f} ({idle['cpu_s']:.2f})", f"{run.get('load_1m', '?')}",
+            f"{during['cpu_s']:.2f} ({idle['cpu_s']:.2f})", f"{run.get('load_1m', '—')}",
         ])  # fmt: skip
     projection = [[str(n), f"{projected_run_s(n):.1f}"] for n in (64, 256, 1024)]
     return out + [
@@ -69,7 +69,13 @@ def doctor_section(r: JSON | None) -> list[str]:
         "rest the doctor costs nothing (no key, no watch, no traffic).",
         "",
         "The machine (2 cores) was shared with other helpers' labs while these ran; *load*",
-        "is the 1-minute load average when the doctor started. A failing pair here is the",
+        "is the 1-minute load average when the doctor started (— : not recorded; a 15 s",
+        "monitor read 23 at the 8-rank run, about 60 at 32, and 90-150 while the 64-rank",
+        "mesh formed and 57-90 at its run: 64 Python daemons on 2 such cores do not hold",
+        "their leases, and that mesh never formed, none of its 4032 pairs reached by the",
+        "lab's own probes; its row is the lab's state, not a doctor figure). An earlier",
+        "64-rank run at load ~100, before the rows came in waves of 128: 17.8 s wall, 36",
+        "of 64 rows answered, 2268 pairs working, 1764 `no_answer`. A failing pair here is the",
         "mesh's state as the doctor saw it: a rank whose daemon had exited",
         "(`not_registered`) or a probe service too loaded to answer its row within 9 s,",
         "asked twice (`no_answer`). Before the fix of this round a healthy 32-rank mesh",
