@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -72,7 +73,7 @@ async def wait_formed(mesh: MeshLab) -> float:
 
 
 async def one(size: int) -> dict[str, Any]:
-    async with open_lab(size) as lab:
+    async with open_lab(size, static_neighbours=True) as lab:
         mesh = MeshLab.create(lab, ttl=10)
         await mesh.start_probes()
         for rank in range(size):
@@ -83,6 +84,7 @@ async def one(size: int) -> dict[str, Any]:
         argv = [sys.executable, "-m", "vnetd", "doctor", "--config", str(mesh.spec_path),
                 "--json", "--timeout", str(DOCTOR_TIMEOUT)]  # fmt: skip
         idle_before = await scrape(mesh)
+        load = os.getloadavg()[0]
         start = time.monotonic()
         result = await lab.run(mesh.pod(0), argv, DOCTOR_TIMEOUT + 30)
         wall = time.monotonic() - start
@@ -93,6 +95,7 @@ async def one(size: int) -> dict[str, Any]:
         run = {
             "size": size,
             "formed_s": round(formed, 2),
+            "load_1m": load,
             "lab_probe_missing": missing,
             "exit": result.returncode,
             "wall_s": round(wall, 3),

@@ -151,6 +151,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.daemon.root": DAEMON,
     "vnetd.daemon.running": DAEMON,
     "vnetd.doctor.service": DAEMON,
+    "vnetd.doctor.echo": DAEMON,
     "vnetd.__main__": COMMANDS,
     "vnetd.cli": COMMANDS,
     "vnetd.commands": COMMANDS,

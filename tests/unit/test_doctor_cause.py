@@ -32,7 +32,7 @@ def member(rank: int, sites: bool = False) -> Member:
 
 def seen(rank: int, **changes: object) -> PeerSeen:
     good = PeerSeen(rank, key(rank), f"198.18.0.{rank + 1}:51820", 5.0, 1000, 1000,
-                    0.0004, 0.0005, MTU, 200)  # fmt: skip
+                    0.0004, 0.0005, MTU, 200, echoed=2)  # fmt: skip
     return replace(good, **changes)  # type: ignore[arg-type]
 
 
@@ -71,9 +71,13 @@ Fault = Callable[[Evidence], Evidence]
 
 UDP_DROPPED: Fault = lambda ev: with_seen(  # noqa: E731
     with_seen(without_row(ev, 1), 0, 1, small_rtt=None, full_rtt=None, largest=None,
-              handshake_age=None, rx_bytes=0, delivered=0),
+              handshake_age=None, rx_bytes=0, delivered=0, echoed=0),
     0, 1,
 )  # fmt: skip
+
+INNER_DROPPED: Fault = lambda ev: with_seen(  # noqa: E731
+    ev, 0, 1, small_rtt=None, full_rtt=None, largest=None, delivered=640, echoed=0
+)
 
 CASES = [
     pytest.param(FLAT, lambda ev: ev, (0, 1), cause.OK, id="healthy"),
@@ -98,15 +102,24 @@ CASES = [
                  largest=None, delivered=0, endpoint="198.18.0.99:51820", handshake_age=400.0),
                  1, 0, small_rtt=None, delivered=0), (0, 1), cause.STALE_ENDPOINT,
                  id="stale-endpoint"),
-    pytest.param(FLAT, lambda ev: with_seen(ev, 0, 1, small_rtt=None, full_rtt=None,
-                 largest=None, delivered=640), (0, 1), cause.NO_DATA, id="inner-dropped"),
+    pytest.param(FLAT, INNER_DROPPED, (0, 1), cause.NO_DATA, id="inner-dropped"),
     pytest.param(FLAT, lambda ev: with_seen(with_seen(ev, 0, 1, small_rtt=None, full_rtt=None,
-                 largest=None, delivered=0), 1, 0, small_rtt=None, delivered=320), (0, 1),
-                 cause.NO_DATA,
-                 id="inner-dropped-seen-from-the-other-side"),
+                 largest=None, delivered=0), 1, 0, small_rtt=None, delivered=320, echoed=0),
+                 (0, 1), cause.NO_DATA, id="inner-dropped-seen-from-the-other-side"),
+    pytest.param(FLAT, lambda ev: with_seen(with_seen(ev, 0, 1, small_rtt=None, full_rtt=None,
+                 largest=None, delivered=640), 1, 0, small_rtt=None), (0, 1), cause.LOSSY,
+                 id="echoes-that-reach-the-service-are-not-dropped-inner-traffic"),
     pytest.param(FLAT, lambda ev: with_seen(ev, 0, 1, small_rtt=None, full_rtt=None,
-                 largest=None, delivered=32), (0, 1), cause.NO_HANDSHAKE,
+                 largest=None, delivered=32, echoed=0), (0, 1), cause.LOSSY,
                  id="a-keepalive-is-not-data"),
+    pytest.param(FLAT, lambda ev: with_seen(INNER_DROPPED(ev), 0, 1, lag=2.5), (0, 1),
+                 cause.OVERLOADED, id="a-loss-on-an-overloaded-prober-is-no-evidence"),
+    pytest.param(FLAT, lambda ev: with_seen(INNER_DROPPED(ev), 1, 0, lag=2.5), (0, 1),
+                 cause.OVERLOADED, id="a-loss-on-an-overloaded-target-is-no-evidence"),
+    pytest.param(FLAT, lambda ev: with_seen(ev, 0, 1, full_rtt=None, largest=1300, lag=2.5),
+                 (0, 1), cause.OVERLOADED, id="a-large-echo-lost-on-an-overloaded-prober"),
+    pytest.param(FLAT, lambda ev: with_seen(UDP_DROPPED(ev), 0, 1, lag=2.5), (0, 1),
+                 cause.NO_HANDSHAKE, id="never-a-handshake-is-evidence-under-load-too"),
     pytest.param(FLAT, lambda ev: with_seen(without_row(ev, 1), 0, 1, small_rtt=None,
                  full_rtt=None, largest=None, delivered=296, handshake_age=None), (0, 1),
                  cause.NO_HANDSHAKE, id="initiations-received-are-not-a-session"),

@@ -9,6 +9,7 @@ stays on 127.0.0.0/8.
 from __future__ import annotations
 
 import random
+import time
 from ipaddress import ip_interface, ip_network
 
 import trio
@@ -17,6 +18,7 @@ from shared import wide_key as key
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.doctor.command import DoctorPlan
+from vnetd.doctor.evidence import LAG_LIMIT
 from vnetd.doctor.gather import ask
 from vnetd.doctor.service import ProbeService
 from vnetd.model import DevicePeer, Member
@@ -70,4 +72,25 @@ async def test_a_garbage_request_is_dropped_and_the_service_keeps_serving() -> N
             await stream.aclose()
             row = await ask(DoctorPlan(SPEC), 0, (0, 1), 6.0)
             assert row is not None and row.peers[1].small_rtt is not None
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_row_probed_on_a_starved_event_loop_says_how_late_it_ran() -> None:
+    """The daemon's loop is blocked for 1.5 s while it probes (a loaded host): every
+    peer of its row carries that lag, so its losses are not taken as a network fault,
+    and a peer that answered still passes."""
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            prober = service(0)
+            await nursery.start(prober.serve)
+            await nursery.start(service(1).serve)
+
+            async def starve() -> None:
+                await trio.sleep(0.3)
+                time.sleep(1.5)  # noqa: ASYNC251 (the point: the loop does not run)
+
+            nursery.start_soon(starve)
+            row = await prober.row([1, 3], 6.0)  # rank 3 has no service: the row waits
+            assert all(seen.lag > LAG_LIMIT for seen in row.peers.values()), row.peers
+            assert row.peers[1].small_rtt is not None and row.peers[3].small_rtt is None
             nursery.cancel_scope.cancel()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from vnetd.doctor.cause import NO_HANDSHAKE, Verdict
+from vnetd.doctor.cause import NO_HANDSHAKE, OVERLOADED, Verdict
 from vnetd.doctor.evidence import (
     PeerSeen,
     Row,
@@ -18,12 +19,15 @@ from vnetd.doctor.evidence import (
     encode_row,
     merge_rows,
 )
+from vnetd.doctor.gather import failed_pairs
 from vnetd.doctor.report import Run, document, text
+from vnetd.model import Member
 
 
 def test_a_row_survives_the_wire() -> None:
     row = Row(3, "pod3", "k" * 44, 1420, {
-        1: PeerSeen(1, "a" * 44, "198.18.0.2:51820", 4.5, 10, 20, 0.001, None, 1300, 96),
+        1: PeerSeen(1, "a" * 44, "198.18.0.2:51820", 4.5, 10, 20, 0.001, None, 1300, 96,
+                    lag=1.25, echoed=3),
         2: PeerSeen(2),
     })  # fmt: skip
     assert decode_row(encode_row(row)) == row
@@ -58,6 +62,15 @@ def test_the_text_draws_the_matrix_and_lists_each_failing_pair() -> None:
     assert out.endswith("1 of 6 ordered pairs fail\n")
 
 
+def test_a_pair_not_judged_is_drawn_and_counted_apart() -> None:
+    judged = verdicts(3, {(0, 2)})
+    unjudged = tuple(replace(v, cause=OVERLOADED) if (v.source, v.target) == (1, 0) else v
+                     for v in judged)  # fmt: skip
+    out = text(Run("m", 3, (0, 1, 2), (0, 1, 2), unjudged, 1.0))
+    assert "    0  #." in out and "    1 ? #" in out
+    assert out.endswith("2 of 6 ordered pairs fail (1 not judged: overloaded daemons, run again)\n")
+
+
 def test_beyond_64_ranks_the_text_summarises() -> None:
     bad = {(0, b) for b in range(1, 70)}
     out = text(Run("m", 70, tuple(range(70)), tuple(range(70)), verdicts(70, bad), 1.0))
@@ -88,3 +101,11 @@ def test_a_second_pass_keeps_what_passed_further() -> None:
     merged = merge_rows(first, Row(0, "pod0", "key", 1420, {1: lost, 2: full}))
     assert merged.peers == {1: small, 2: full}
     assert merge_rows(first, None) == first
+
+
+def test_the_second_pass_asks_again_for_failed_pairs_and_for_rows_that_did_not_come() -> None:
+    members = {r: Member(r, f"k{r}", f"198.18.0.{r}:51820", f"pod{r}") for r in range(3)}
+    passed = PeerSeen(1, small_rtt=0.001, full_rtt=0.001)
+    rows = {0: Row(0, "pod0", "k0", 1420, {1: passed, 2: PeerSeen(2)})}
+    asks = {rank: (0, 1, 2) for rank in range(3)}
+    assert failed_pairs(rows, members, asks) == {0: (2,), 1: (0, 1, 2), 2: (0, 1, 2)}

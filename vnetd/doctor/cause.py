@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from vnetd.doctor.evidence import SMALL, PeerSeen, Row
+from vnetd.doctor.evidence import LAG_LIMIT, SMALL, PeerSeen, Row
 from vnetd.model import Member
 from vnetd.spec import MeshSpec
 
@@ -27,8 +27,10 @@ GATEWAY_HOP = "gateway_hop"
 STALE_ENDPOINT = "stale_endpoint"
 NO_HANDSHAKE = "no_handshake"
 NO_DATA = "no_data"
+LOSSY = "lossy"
 MTU_BLACK_HOLE = "mtu_black_hole"
 NO_ANSWER = "no_answer"
+OVERLOADED = "overloaded"
 
 SESSION_LIFETIME = 180.0
 """WireGuard's REJECT_AFTER_TIME (s): an older handshake holds no session."""
@@ -42,7 +44,9 @@ CAUSES = (
     STALE_ENDPOINT,
     NO_HANDSHAKE,
     NO_DATA,
+    LOSSY,
     MTU_BLACK_HOLE,
+    OVERLOADED,
     NO_ANSWER,
 )
 """Every cause, in the order the rules try them (the JSON's ``cause`` values)."""
@@ -126,6 +130,10 @@ def classify(evidence: Evidence, source: int, target: int) -> Verdict:
         if target not in holders:
             via = holders[0]
         if seen.small_rtt is not None:
+            if seen.full_rtt is None and (lagged := _lagged(evidence, source, target)):
+                return verdict(
+                    OVERLOADED, f"64-byte echoes pass, full-size ones were lost; {lagged}"
+                )
             return _passed(source, target, seen, row, via)
     if via is not None:
         return _gateway_hop(evidence, source, target, via)
@@ -231,25 +239,18 @@ def _no_echo(evidence: Evidence, source: int, target: int, seen: PeerSeen | None
             NO_ANSWER,
             f"rank {source}'s probe service did not answer; rank {target} reaches it",
         )
-    # Bytes that arrived on a completed session while probing: a tunnel that carries
-    # traffic. Handshake messages count in rx too (an initiation is 148 B), so the
-    # session must have completed (WireGuard marks it at the first data packet). The
-    # other side's count speaks for this pair only when its echo failed too (else it
-    # counts our answers to its echoes).
-    carried = [s for s in (seen, back) if s is not None and _carries(s)]
-    carried = [s for s in carried if s is seen or s.small_rtt is None]
-    if carried:
-        side = carried[0]
-        return Verdict(
-            source,
-            target,
-            NO_DATA,
-            f"the tunnel delivers ({side.delivered} B arrived while probing) "
-            "but no echo passes: inner traffic is dropped",
-        )
+    lagged = _lagged(evidence, source, target)
+    if lagged and not (seen is not None and seen.key and seen.handshake_age is None):
+        return Verdict(source, target, OVERLOADED, f"no echo passed; {lagged}")
+    dropped = _inner_dropped(evidence, source, target) or _inner_dropped(evidence, target, source)
+    if dropped:
+        return Verdict(source, target, NO_DATA, dropped)
     stale = _stale(evidence, source, target, seen) or _stale(evidence, target, source, back)
     if stale:
         return Verdict(source, target, STALE_ENDPOINT, stale)
+    lossy = _lossy(source, target, seen, back)
+    if lossy:
+        return Verdict(source, target, LOSSY, lossy)
     return Verdict(
         source,
         target,
@@ -257,6 +258,57 @@ def _no_echo(evidence: Evidence, source: int, target: int, seen: PeerSeen | None
         f"rank {source}'s device: {_device_text(seen)}; "
         f"rank {target}'s device: {_device_text(back)}",
     )
+
+
+def _lagged(evidence: Evidence, source: int, target: int) -> str:
+    """Why the echoes of ``source`` → ``target`` are no evidence, or "": the event loop
+    of a daemon that sent or answered them ran more than ``LAG_LIMIT`` late meanwhile."""
+    for holder, peer in ((source, target), (target, source)):
+        row = evidence.rows.get(holder)
+        seen = row.peers.get(peer) if row is not None else None
+        if seen is not None and seen.lag > LAG_LIMIT:
+            return (
+                f"rank {holder}'s daemon was overloaded while probing (its event loop ran "
+                f"{seen.lag:.1f} s late): not evidence of a network fault, run again"
+            )
+    return ""
+
+
+def _inner_dropped(evidence: Evidence, sender: int, at: int) -> str:
+    """Why inner packets from ``sender`` are dropped in ``at``'s pod, or "".
+
+    The tunnel carries them: ``at``'s device completed a session with ``sender`` and
+    received at least ``SMALL`` bytes from it while probing. Yet none reached a socket
+    of ``at``'s: its service received no echo from ``sender`` and its own echoes got no
+    answer. Bytes that arrive and are decrypted reach one of the two unless something
+    in the pod drops them; under mere loss, what arrives reaches its socket (and what
+    did not arrive is not in the device's count)."""
+    row = evidence.rows.get(at)
+    seen = row.peers.get(sender) if row is not None else None
+    if seen is None or not _carries(seen) or seen.small_rtt is not None or seen.echoed:
+        return ""
+    return (
+        f"rank {at}'s device received {seen.delivered} B from rank {sender} while probing, "
+        f"but no echo or answer from it reached rank {at}'s sockets: inner traffic from "
+        f"rank {sender} is dropped in rank {at}'s pod"
+    )
+
+
+def _lossy(source: int, target: int, seen: PeerSeen | None, back: PeerSeen | None) -> str:
+    """Why the echoes are lost on a tunnel that works, or "": the target's service
+    received some of them, or a session is up and nothing of the echoes came back."""
+    if back is not None and back.echoed:
+        return (
+            f"rank {target}'s service received {back.echoed} echoes from rank {source} and "
+            f"answered them, but no answer came back: the path loses packets"
+        )
+    age = seen.handshake_age if seen is not None else None
+    if age is not None and age < SESSION_LIFETIME:
+        return (
+            f"a session is up (handshake {age:.0f} s ago) but none of rank {source}'s "
+            f"echoes came back: the path loses packets ({_device_text(seen)})"
+        )
+    return ""
 
 
 def _carries(seen: PeerSeen) -> bool:

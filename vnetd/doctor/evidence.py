@@ -16,6 +16,9 @@ MAGIC = b"vnetd-doctor1"
 """First bytes of every echo datagram; anything else is ignored."""
 SMALL = 64
 """Size of the small echo (inner IP packet, bytes)."""
+LAG_LIMIT = 1.0
+"""Event-loop lag (s) above which a row's losses are not evidence of a network fault:
+an echo sent or answered that late by a starved daemon may be lost to the wait alone."""
 MAX_REQUEST = 1 << 20
 MAX_ROW = 16 << 20
 """Largest request and answer line accepted (bytes)."""
@@ -50,6 +53,12 @@ class PeerSeen:
     delivered: int = 0
     """Bytes the device received from that peer while the probe ran: a tunnel that
     carries something back even when no echo does (a keepalive is 32 bytes)."""
+    lag: float = 0.0
+    """How late the prober's event loop ran at worst while it probed (s): a loss seen
+    with a large lag may be the wait's, not the network's."""
+    echoed: int = 0
+    """Echoes from that rank (its primary overlay address) this daemon's service received
+    while it probed: proof that its inner packets reach this pod's sockets."""
 
 
 @dataclass(frozen=True)
@@ -137,17 +146,20 @@ def _peer(data: Mapping[str, Any]) -> PeerSeen:
         full_rtt=opt_float("full_rtt"),
         largest=None if largest is None else int(largest),
         delivered=int(data.get("delivered", 0)),
+        lag=float(data.get("lag", 0.0)),
+        echoed=int(data.get("echoed", 0)),
     )
 
 
 def merge_rows(first: Row, second: Row | None) -> Row:
-    """``first`` with each peer the ``second`` pass saw pass further (small, then full)."""
+    """``first`` with each peer the ``second`` pass saw pass as far or further (small,
+    then full): when both failed, the second, lighter pass is the evidence kept."""
     if second is None:
         return first
     peers = dict(first.peers)
     for rank, seen in second.peers.items():
         old = peers.get(rank)
-        if old is None or _passes(seen) > _passes(old):
+        if old is None or _passes(seen) >= _passes(old):
             peers[rank] = seen
     return replace(first, peers=peers)
 

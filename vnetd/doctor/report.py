@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vnetd.doctor.cause import CAUSES, Verdict
+from vnetd.doctor.cause import CAUSES, OVERLOADED, Verdict
 
 SCHEMA = "vnetd-doctor/1"
 MATRIX_LIMIT = 64
@@ -44,15 +44,21 @@ class Run:
 
 
 def matrix_lines(size: int, verdicts: Sequence[Verdict]) -> list[str]:
-    """The N×N matrix (row reaches column: ``#`` direct, ``g`` via a gateway, ``.`` no)."""
-    cell = {(v.source, v.target): ("." if not v.ok else "g" if v.via is not None else "#")
-            for v in verdicts}  # fmt: skip
-    lines = ["reach matrix (row reaches column; # direct, g via gateway, . no):"]
+    """The N×N matrix (row reaches column: ``#`` direct, ``g`` via a gateway, ``.`` no,
+    ``?`` not judged: a daemon was overloaded)."""
+    cell = {(v.source, v.target): _cell(v) for v in verdicts}
+    lines = ["reach matrix (row reaches column; # direct, g via gateway, . no, ? overloaded):"]
     lines.append("      " + "".join(f"{b % 10}" for b in range(size)))
     for a in range(size):
         cells = "".join(" " if a == b else cell.get((a, b), "?") for b in range(size))
         lines.append(f"  {a:3d} {cells}")
     return lines
+
+
+def _cell(verdict: Verdict) -> str:
+    if verdict.ok:
+        return "g" if verdict.via is not None else "#"
+    return "?" if verdict.cause == OVERLOADED else "."
 
 
 def per_rank_lines(size: int, verdicts: Sequence[Verdict]) -> list[str]:
@@ -117,10 +123,12 @@ def text(run: Run) -> str:
     lines.append(working_line(run.verdicts))
     lines += [f"note: {note}" for note in run.notes]
     total, failing = len(run.verdicts), len(run.failing)
+    unjudged = sum(v.cause == OVERLOADED for v in run.failing)
     lines.append(
         f"all {total} ordered pairs reach each other"
         if not failing
         else f"{failing} of {total} ordered pairs fail"
+        + (f" ({unjudged} not judged: overloaded daemons, run again)" if unjudged else "")
     )
     return "\n".join(lines) + "\n"
 

@@ -1,30 +1,32 @@
 """Each daemon's probe service: a UDP echo and a TCP row request, on its overlay address.
 
 The doctor (``vnetd doctor``) asks every daemon for its row: the daemon
-echoes to each rank asked about, at 64 bytes and at its device MTU with DF
-set (bisecting when only the small one passes), and reports what its device
-says of each. Bound to the overlay address only, answering only addresses of
-the mesh's networks; one request runs at a time, each bounded by its own
-deadline and ``MAX_DEADLINE``. Hand-written over trio's sockets because the
-protocol is two messages; see docs/architecture.md, "Doctor".
+probes each rank asked about (``vnetd.doctor.echo``: 64 bytes and its device
+MTU with DF set, bisecting when only the small one passes), watches how late
+its own event loop runs meanwhile, and reports what its device says of each.
+Bound to the overlay address only, answering only addresses of the mesh's
+networks; one request runs at a time, each bounded by its own deadline and
+``MAX_DEADLINE``. Hand-written over trio's sockets because the protocol is
+two messages; see docs/architecture.md, "Doctor".
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 import trio
 
 from vnetd.dataplane import Dataplane
+from vnetd.doctor.echo import ECHO_WAIT, ProbeResult, df_socket, probe
 from vnetd.doctor.evidence import (
+    LAG_LIMIT,
     MAGIC,
     MAX_REQUEST,
-    SMALL,
     PeerSeen,
     Row,
     WireError,
@@ -37,20 +39,6 @@ from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.doctor")
 
-IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
-IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
-IPV6_MTU_DISCOVER = getattr(socket, "IPV6_MTU_DISCOVER", 23)
-IPV6_PMTUDISC_DO = getattr(socket, "IPV6_PMTUDISC_DO", 2)
-
-TRIES = 3
-"""Echoes sent per size (one answer is enough)."""
-TRY_GAP = 0.05
-ECHO_WAIT = 3.0
-"""How long the first round waits for its echoes (s): far above a mesh's round trip, and
-room for a first handshake on a loaded host (the echo may be what starts it), but below
-WireGuard's 5 s handshake retry: a lost handshake is not waited for."""
-BISECT_WAIT = 0.4
-BISECT_STEPS = 7
 MAX_DEADLINE = 30.0
 REPLY_MARGIN = 1.0
 """Kept back from a request's deadline for reading the device and sending the row (s)."""
@@ -59,21 +47,11 @@ REQUEST_WAIT = 5.0
 MAX_PARALLEL = 64
 """Peers probed at once (each holds one UDP socket): a healthy peer's probe takes one
 round trip, so this paces a row without lengthening it."""
-
-
-def df_socket(family: int) -> trio.socket.SocketType:
-    """A UDP socket that never fragments (DF set, no local fragmentation)."""
-    sock = trio.socket.socket(family, socket.SOCK_DGRAM)
-    if family == socket.AF_INET:
-        sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
-    else:
-        sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)
-    return sock
-
-
-def header_size(family: int) -> int:
-    """IP + UDP header bytes: an inner packet of size S carries S minus this."""
-    return 28 if family == socket.AF_INET else 48
+START_GAP = 0.0005
+"""Between the starts of two probes of a row (s): a row of 1000 peers starts over 0.5 s
+instead of sending 2000 datagrams at once."""
+TICK = 0.1
+"""How often the row's lag watch wakes (s) to measure how late the event loop runs."""
 
 
 class ProbeService:
@@ -97,6 +75,8 @@ class ProbeService:
         self.address = str(spec.address(me.rank))
         self.family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
         self._one_at_a_time = trio.Lock()
+        self.heard: Counter[str] = Counter()
+        """Echo datagrams received, by source address (since the service started)."""
 
     def in_mesh(self, address: str) -> bool:
         try:
@@ -136,6 +116,7 @@ class ProbeService:
             except OSError:
                 continue  # an ICMP error queued on the socket
             if data.startswith(MAGIC) and self.in_mesh(source[0]):
+                self.heard[source[0]] += 1
                 try:
                     await sock.sendto(data, source)
                 except OSError:
@@ -182,15 +163,26 @@ class ProbeService:
                 return
 
     async def row(self, ranks: list[int], deadline: float) -> Row:
-        """This daemon's row for ``ranks``: echoes first, then the device, within ``deadline``."""
+        """This daemon's row for ``ranks``: echoes first, then the device, within ``deadline``.
+
+        Each peer's ``lag`` is how late this event loop ran at worst while probing: a
+        loss seen with a lag above ``LAG_LIMIT`` is not evidence of a network fault."""
         before = await self.dataplane.peers()
-        results: dict[int, tuple[float | None, float | None, int | None]] = {}
+        heard = self.heard.copy()
+        results: dict[int, ProbeResult] = {}
         limit = trio.Semaphore(MAX_PARALLEL)
+        lag = _Lag()
         with trio.move_on_after(deadline):
             async with trio.open_nursery() as nursery:
-                for rank in ranks:
-                    nursery.start_soon(self._probe_into, rank, results, limit)
+                nursery.start_soon(lag.watch)
+                async with trio.open_nursery() as probes:
+                    for rank in ranks:
+                        await limit.acquire()
+                        probes.start_soon(self._probe_into, rank, results, limit)
+                        await trio.sleep(START_GAP)
+                nursery.cancel_scope.cancel()
         after = await self.dataplane.peers()
+        heard = self.heard - heard
         now = time.time()
         holder = _holders(after)
         peers: dict[int, PeerSeen] = {}
@@ -198,7 +190,7 @@ class ProbeService:
             key = next((holder[r] for r in self.spec.allowed_ips(rank) if r in holder), None)
             device = after.get(key) if key is not None else None
             old = before.get(key) if key is not None else None
-            small, full, largest = results.get(rank, (None, None, None))
+            found = results.get(rank, ProbeResult())
             peers[rank] = PeerSeen(
                 rank=rank,
                 key=key,
@@ -206,14 +198,23 @@ class ProbeService:
                 handshake_age=_age(device, now),
                 rx_bytes=device.rx_bytes if device else 0,
                 tx_bytes=device.tx_bytes if device else 0,
-                small_rtt=small,
-                full_rtt=full,
-                largest=largest,
+                small_rtt=found.small,
+                full_rtt=found.full,
+                largest=found.largest,
                 delivered=(device.rx_bytes - old.rx_bytes) if device and old else 0,
+                lag=round(lag.worst, 3),
+                echoed=heard[str(self.spec.address(rank))],
             )
-        for seen in peers.values():
-            if seen.small_rtt is not None and seen.full_rtt is None and seen.largest:
-                await self._lower(seen.rank, seen.largest)
+        if lag.worst > LAG_LIMIT:
+            log.warning(
+                "doctor probes ran on an overloaded daemon (event loop %.1f s late): "
+                "their losses are reported as such, and no route MTU is changed",
+                lag.worst,
+            )
+        else:
+            for seen in peers.values():
+                if seen.small_rtt is not None and seen.full_rtt is None and seen.largest:
+                    await self._lower(seen.rank, seen.largest)
         return Row(self.me.rank, self.me.instance, self.me.public_key, self.mtu, peers)
 
     async def _lower(self, rank: int, largest: int) -> None:
@@ -242,82 +243,26 @@ class ProbeService:
             self.on_black_hole(rank, mtu)
 
     async def _probe_into(
-        self,
-        rank: int,
-        results: dict[int, tuple[float | None, float | None, int | None]],
-        limit: trio.Semaphore,
+        self, rank: int, results: dict[int, ProbeResult], limit: trio.Semaphore
     ) -> None:
-        async with limit:
-            results[rank] = await self.probe(str(self.spec.address(rank)))
-
-    async def probe(self, target: str) -> tuple[float | None, float | None, int | None]:
-        """(small round trip, full-size round trip, largest size that passed) to ``target``."""
-        sock = df_socket(self.family)
-        with sock:
-            try:
-                await sock.connect((target, self.spec.doctor_port))
-            except OSError:
-                return None, None, None  # no route to it (invariant 9): nothing passes
-            got = await _echo_sizes(sock, [SMALL, self.mtu], self.family, ECHO_WAIT)
-            small, full = got.get(SMALL), got.get(self.mtu)
-            if small is None:
-                return None, None, None
-            if full is not None:
-                return small, full, self.mtu
-            low, high = SMALL, self.mtu  # low passes, high does not
-            for _ in range(BISECT_STEPS):
-                if high - low <= 8:
-                    break
-                middle = (low + high) // 2
-                if middle in await _echo_sizes(sock, [middle], self.family, BISECT_WAIT):
-                    low = middle
-                else:
-                    high = middle
-            return small, None, low
+        try:
+            address = (str(self.spec.address(rank)), self.spec.doctor_port)
+            results[rank] = await probe(self.family, address, self.mtu)
+        finally:
+            limit.release()
 
 
-async def _echo_sizes(
-    sock: trio.socket.SocketType, sizes: list[int], family: int, wait: float
-) -> dict[int, float]:
-    """Send ``TRIES`` echoes of each size; the round trip of the first answer per size."""
-    nonce = os.urandom(8).hex().encode()
-    sent: dict[tuple[int, int], float] = {}
-    got: dict[int, float] = {}
-    done = trio.Event()
+class _Lag:
+    """The worst lateness of this event loop (s) while ``watch`` runs."""
 
-    async def receive() -> None:
-        while len(got) < len(sizes):
-            try:
-                data = await sock.recv(65535)
-            except OSError:
-                continue  # an ICMP error from an earlier send
-            parts = data.split(b" ", 4)
-            if len(parts) < 4 or parts[0] != MAGIC or parts[1] != nonce:
-                continue
-            if parts[2].isdigit() and parts[3].isdigit():
-                size, attempt = int(parts[2]), int(parts[3])
-                if (size, attempt) in sent and size not in got:
-                    got[size] = time.monotonic() - sent[size, attempt]
-        done.set()
+    def __init__(self) -> None:
+        self.worst = 0.0
 
-    with trio.move_on_after(wait):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(receive)
-            for attempt in range(TRIES):
-                for size in sizes:
-                    if size in got:
-                        continue
-                    head = b"%s %s %d %d " % (MAGIC, nonce, size, attempt)
-                    payload = head.ljust(max(len(head), size - header_size(family)), b".")
-                    sent[size, attempt] = time.monotonic()
-                    try:
-                        await sock.send(payload)
-                    except OSError:
-                        pass  # EMSGSIZE, no route: counted as lost
-                await trio.sleep(TRY_GAP)
-            await done.wait()
-            nursery.cancel_scope.cancel()
-    return got
+    async def watch(self) -> None:
+        while True:
+            asleep = trio.current_time()
+            await trio.sleep(TICK)
+            self.worst = max(self.worst, trio.current_time() - asleep - TICK)
 
 
 async def _read_line(stream: trio.SocketStream, limit: int) -> bytes:
