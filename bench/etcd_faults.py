@@ -160,13 +160,20 @@ async def watch_cost(args: argparse.Namespace) -> None:
             cpu = (proc_cpu_seconds(etcd.pid) - cpu0) / (time.monotonic() - t0)
             await trio.sleep(1.5)  # the scrape after the window
             rest = rates(events(scraper), wall0, time.time() - 1.5)
+            moves = sum(load.log_text().count("; resumed on ") for load in loads)
+            why = [line.split(": ", 1)[-1].split("; resumed")[0][:90]
+                   for load in loads for line in load.log_text().splitlines()
+                   if "; resumed on " in line]  # fmt: skip
+            if why:
+                print(f"  moves: {sorted(set(why))[:5]}", flush=True)
             for load in loads:
                 await load.stop()
             rps = rest.get("requests_per_s")
             print(f"  {n} {mode} watches: etcd CPU {cpu:.3f} s/s, {rps} req/s "
-                  f"{rest.get('received_per_s')}", flush=True)  # fmt: skip
+                  f"{rest.get('received_per_s')}, {moves} watch moves", flush=True)  # fmt: skip
             runs.append({"mode": mode, "watchers": n, "etcd_cpu_per_s": cpu,
                          "requests_per_s": rps, "received_per_s": rest.get("received_per_s"),
+                         "watch_moves": moves,
                          "progress_notify": PROGRESS_INTERVAL})  # fmt: skip
             await trio.sleep(3)
         await scraper.stop()
