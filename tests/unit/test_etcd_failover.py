@@ -19,7 +19,13 @@ from vnetd.errors import RegistryUnavailable
 from vnetd.registry.etcd import EtcdRegistry
 from vnetd.registry.etcd_endpoints import ATTEMPT_TIMEOUT, FAILED_ENDPOINT_LAST_FOR
 from vnetd.registry.etcd_gateway import watch_events as _watch_events
-from vnetd.registry.etcd_watch import QUIET_CHECK, REST_READS, quiet_check, resuming_watch
+from vnetd.registry.etcd_watch import (
+    QUIET_CHECK,
+    REST_READS,
+    QuietHints,
+    quiet_check,
+    resuming_watch,
+)
 
 A, B, C = "http://a:2379", "http://b:2379", "http://c:2379"
 OK = {"header": {"revision": "7"}, "kvs": []}
@@ -145,6 +151,7 @@ class Streams:
         self.checks: list[float] = []
         self.keys = 4
         """What a check counts under the watched prefix (the mesh's members)."""
+        self.quiet_hints = QuietHints()
 
     @property
     def endpoint_count(self) -> int:
@@ -292,6 +299,21 @@ async def test_unnotified_checks_of_a_large_mesh_are_spaced_by_its_size(
     assert all(0.75 * spaced - 1e-6 <= gap <= spaced + 1e-6 for gap in gaps), gaps
     assert len(set(gaps)) > 1  # jittered
     assert streams.opened == [(A, 1)]
+
+
+async def test_the_next_stream_starts_from_what_the_last_one_learnt(
+    autojump_clock: object,
+) -> None:
+    streams = Streams([A, B])
+    streams.keys = 1024
+    async with watching(streams, 1) as events:
+        with trio.move_on_after(60):  # the first check counts the mesh
+            await anext(events)
+    assert len(streams.checks) == 2  # at 3 s, then once within 38-51 s
+    async with watching(streams, 1) as events:  # the watcher's restart
+        with trio.move_on_after(30):
+            await anext(events)
+    assert len(streams.checks) == 2  # no 3 s check on the new stream
 
 
 def test_the_quiet_check_follows_the_notifications_and_the_mesh() -> None:

@@ -55,7 +55,7 @@ from vnetd.registry.etcd_security import (
     closed_hint,
     tls_problem,
 )
-from vnetd.registry.etcd_watch import resuming_watch
+from vnetd.registry.etcd_watch import QuietHints, resuming_watch
 
 __all__ = [
     "EtcdRegistry",
@@ -94,6 +94,7 @@ class EtcdRegistry:
             raise RegistryError("etcd endpoints: at least one URL is required")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._order = EndpointOrder(self._endpoints, timeout)
+        self.quiet_hints = QuietHints()
         if lease_ttl:
             self._order.lease_granted(lease_ttl)
         self._timeout = timeout

@@ -27,7 +27,9 @@ default interval is 10 min) the check comes every ``QUIET_CHECK`` s for a
 small mesh and every ``watchers / REST_READS`` s for a large one, jittered,
 so a whole mesh costs etcd at most ``REST_READS`` reads a second: the read
 counts the keys under the watched prefix, one per member, and each member's
-daemon watches it. A notification carries no event and is not handed on.
+daemon watches it (both the count and the notification gap are kept by the
+registry, ``QuietHints``, so a moved or restarted stream starts from them).
+A notification carries no event and is not handed on.
 (etcd 3.4.23 answers no ``progress_request`` sent on the stream through the
 JSON gateway: the gateway answers a watch only once its request body ends,
 so the server's ticker is the only way.)
@@ -81,8 +83,21 @@ def quiet_check(watchers: int, progress_gap: float | None) -> float:
     return min(spaced, max(QUIET_CHECK, PROGRESS_MARGIN * progress_gap))
 
 
+@dataclass
+class QuietHints:
+    """What a watch learnt that spaces its quiet checks, kept by the registry so the
+    next stream (a move, the watcher's periodic restart) starts from it."""
+
+    watchers: int = 1
+    """Keys under the prefix at the last check: the daemons that watch it."""
+    progress_gap: float | None = None
+    """The member's progress notification interval, as last seen."""
+
+
 class WatchOpener(Protocol):
     """What the stream needs from the registry (``EtcdRegistry`` provides it)."""
+
+    quiet_hints: QuietHints
 
     @property
     def endpoint_count(self) -> int: ...
@@ -148,10 +163,7 @@ class _ResumingLines:
         self._reader: trio.CancelScope | None = None
         self._receive: trio.MemoryReceiveChannel[str | _Ended] | None = None
         self._moves_without_message = 0
-        self._watchers = 1
-        """Keys under the prefix at the last check: the daemons that watch it."""
-        self._progress_gap: float | None = None
-        """The member's progress notification interval, as last seen."""
+        self._hints = opener.quiet_hints
         self._progress_since = 0.0
         """When the stream opened or sent its last notification, with no event since."""
         self.endpoint = ""
@@ -188,7 +200,7 @@ class _ResumingLines:
                 item = await self._receive.receive()
             if item is None:
                 why, keys = await self._opener.member_serves(self.endpoint, self._request)
-                self._watchers = keys or self._watchers
+                self._hints.watchers = keys or self._hints.watchers
                 if why is not None:
                     await self._move(f"the stream was quiet and {why}")
                 continue
@@ -202,7 +214,7 @@ class _ResumingLines:
             self._moves_without_message = 0
             now = trio.current_time()
             if _is_progress(item):
-                self._progress_gap = now - self._progress_since
+                self._hints.progress_gap = now - self._progress_since
                 self._progress_since = now
                 continue
             self._progress_since = now
@@ -213,8 +225,9 @@ class _ResumingLines:
         """This wait's quiet check; when it is spaced for a large mesh, jittered (by up
         to a quarter, down) so the checks of daemons that saw the same last event do
         not come at once (etcd's notifications are spread by its own tickers)."""
-        wait = quiet_check(self._watchers, self._progress_gap)
-        if wait <= QUIET_CHECK or wait < quiet_check(self._watchers, None):
+        watchers, gap = self._hints.watchers, self._hints.progress_gap
+        wait = quiet_check(watchers, gap)
+        if wait <= QUIET_CHECK or wait < quiet_check(watchers, None):
             return wait
         return wait * random.uniform(0.75, 1.0)
 
