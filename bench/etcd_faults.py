@@ -18,7 +18,13 @@ healthy costs etcd (bench/watch_load.py, one real etcd): etcd CPU per second
 over ``--window`` s with N plain watches, N leader-required watches
 (``Grpc-Metadata-Hasleader``), and N watches as ``EtcdRegistry`` keeps them
 (leader-required, and a linearizable read on the member of each quiet watch
-every ``QUIET_CHECK`` s), and with a serializable read instead.
+whenever it has been quiet for its quiet check), and with a serializable read
+instead; and etcd's requests per second at rest for each (gRPC messages
+received, ``bench/etcd_metrics.py``). The prefix holds N member keys first
+(the watches' own mesh; ``--members M``: M keys, so N watches stand for N of
+an M-member mesh), put by the first pod's load; ``--modes`` picks the
+modes. The lab's etcd sends progress notifications every 2 s;
+``VNETD_LAB_ETCD_PROGRESS=off`` measures an etcd left at its default.
 
     .venv/bin/python bench/etcd_faults.py --faults frozen --runs 1
     .venv/bin/python bench/etcd_faults.py --watch-cost 1024
@@ -44,7 +50,9 @@ from common import (
     spread,
     write_result,
 )
+from control_plane import events, rates
 
+from vnetd.lab.etcd import PROGRESS_INTERVAL
 from vnetd.lab.etcd_faults import FAULTS, run_etcd_fault
 from vnetd.lab.open_lab import open_lab
 
@@ -70,6 +78,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ttl", type=int, default=5, help="lease TTL, s (default 5)")
     parser.add_argument("--watch-cost", type=int, default=0, metavar="N", help="watchers")
     parser.add_argument("--window", type=float, default=30.0, help="watch-cost window, s")
+    parser.add_argument("--members", type=int, default=0,
+                        help="member keys under the prefix (default: the watchers)")  # fmt: skip
+    parser.add_argument("--modes", default=",".join(WATCH_MODES),
+                        help="watch-cost modes, comma-separated (default all)")  # fmt: skip
     return parser.parse_args()
 
 
@@ -126,27 +138,49 @@ async def watch_cost(args: argparse.Namespace) -> None:
         nursery.start_soon(sampler.run)
         etcd = lab.etcd
         assert etcd is not None
-        for mode in WATCH_MODES:
+        scraper = await lab.start(
+            lab.pods[0],
+            [sys.executable, str(BENCH / "etcd_metrics.py"), "--url", lab.etcd_url,
+             "--interval", "1", "--duration", "3600"],
+            private_mount=False,
+        )  # fmt: skip
+        for mode in args.modes.split(","):
             loads = []
             for i, pod in enumerate(lab.pods):
                 count = min(WATCHERS_PER_POD, n - i * WATCHERS_PER_POD)
+                members = (args.members or n) if i == 0 else 0
                 argv = [sys.executable, str(BENCH / "watch_load.py"), "--url", lab.etcd_url,
                         "--watchers", str(count), "--mode", mode, "--duration",
-                        str(args.window + 60)]  # fmt: skip
+                        str(args.window + 60), "--members", str(members)]  # fmt: skip
                 loads.append(await lab.start(pod, argv, private_mount=False))
-            await _wait_ready(loads, timeout=60)
+            await _wait_ready(loads, timeout=300)
             await trio.sleep(5)  # let the connections settle
-            cpu0, t0 = proc_cpu_seconds(etcd.pid), time.monotonic()
+            cpu0, t0, wall0 = proc_cpu_seconds(etcd.pid), time.monotonic(), time.time()
             await trio.sleep(args.window)
             cpu = (proc_cpu_seconds(etcd.pid) - cpu0) / (time.monotonic() - t0)
+            await trio.sleep(1.5)  # the scrape after the window
+            rest = rates(events(scraper), wall0, time.time() - 1.5)
+            moves = sum(load.log_text().count("; resumed on ") for load in loads)
+            why = [line.split(": ", 1)[-1].split("; resumed")[0][:90]
+                   for load in loads for line in load.log_text().splitlines()
+                   if "; resumed on " in line]  # fmt: skip
+            if why:
+                print(f"  moves: {sorted(set(why))[:5]}", flush=True)
             for load in loads:
                 await load.stop()
-            print(f"  {n} {mode} watches: etcd CPU {cpu:.3f} s/s", flush=True)
-            runs.append({"mode": mode, "watchers": n, "etcd_cpu_per_s": cpu})
+            rps = rest.get("requests_per_s")
+            print(f"  {n} {mode} watches: etcd CPU {cpu:.3f} s/s, {rps} req/s "
+                  f"{rest.get('received_per_s')}, {moves} watch moves", flush=True)  # fmt: skip
+            runs.append({"mode": mode, "watchers": n, "etcd_cpu_per_s": cpu,
+                         "requests_per_s": rps, "received_per_s": rest.get("received_per_s"),
+                         "watch_moves": moves,
+                         "progress_notify": PROGRESS_INTERVAL})  # fmt: skip
             await trio.sleep(3)
+        await scraper.stop()
         nursery.cancel_scope.cancel()
     summary = {r["mode"]: r["etcd_cpu_per_s"] for r in runs}
-    params = {"watchers": n, "window_s": args.window, "pods": pods}
+    params = {"watchers": n, "members": args.members or n, "window_s": args.window,
+              "pods": pods, "progress_notify": PROGRESS_INTERVAL}  # fmt: skip
     write_result(WATCH_NAME, WATCH_TITLE, params, runs, summary, sampler.summary(), args.out)
 
 

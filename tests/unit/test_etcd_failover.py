@@ -19,7 +19,13 @@ from vnetd.errors import RegistryUnavailable
 from vnetd.registry.etcd import EtcdRegistry
 from vnetd.registry.etcd_endpoints import ATTEMPT_TIMEOUT, FAILED_ENDPOINT_LAST_FOR
 from vnetd.registry.etcd_gateway import watch_events as _watch_events
-from vnetd.registry.etcd_watch import QUIET_CHECK, resuming_watch
+from vnetd.registry.etcd_watch import (
+    QUIET_CHECK,
+    REST_READS,
+    QuietHints,
+    quiet_check,
+    resuming_watch,
+)
 
 A, B, C = "http://a:2379", "http://b:2379", "http://c:2379"
 OK = {"header": {"revision": "7"}, "kvs": []}
@@ -141,6 +147,11 @@ class Streams:
         self.unhealthy: set[str] = set()
         self.failed: list[str] = []
         self.end_at_once = False
+        self.requests: list[dict[str, object]] = []
+        self.checks: list[float] = []
+        self.keys = 4
+        """What a check counts under the watched prefix (the mesh's members)."""
+        self.quiet_hints = QuietHints()
 
     @property
     def endpoint_count(self) -> int:
@@ -151,6 +162,7 @@ class Streams:
     ) -> tuple[str, AsyncIterator[str]]:
         request = body["create_request"]
         assert isinstance(request, dict)
+        self.requests.append(request)
         healthy = [e for e in self.endpoints if e not in self.failed[-1:]]
         endpoint = healthy[0]
         self.opened.append((endpoint, int(request["start_revision"])))
@@ -168,8 +180,12 @@ class Streams:
 
         return endpoint, lines()
 
-    async def member_serves(self, endpoint: str, key: str) -> str | None:
-        return "it is frozen" if endpoint in self.unhealthy else None
+    async def member_serves(
+        self, endpoint: str, request: dict[str, object]
+    ) -> tuple[str | None, int]:
+        self.checks.append(trio.current_time())
+        assert request["range_end"] == "L20w"  # the count covers the whole prefix
+        return ("it is frozen", 0) if endpoint in self.unhealthy else (None, self.keys)
 
     def endpoint_failed(self, endpoint: str) -> None:
         self.failed.append(endpoint)
@@ -208,6 +224,105 @@ async def test_a_quiet_watch_on_a_healthy_member_stays(autojump_clock: object) -
         with trio.move_on_after(10 * QUIET_CHECK):
             await anext(events)
     assert streams.opened == [(A, 1)]
+
+
+PROGRESS = json.dumps({"result": {"header": {"revision": "9", "raft_term": "2"}}})
+"""A progress notification as etcd 3.4.23's JSON gateway sends it: a header only."""
+
+
+async def notify_every(streams: Streams, index: int, gap: float, count: int) -> None:
+    for _ in range(count):
+        await trio.sleep(gap)
+        await streams.channels[index].send(PROGRESS)
+
+
+async def test_progress_notifications_keep_a_live_watch_from_costing_reads(
+    autojump_clock: object,
+) -> None:
+    streams = Streams([A, B])
+    delivered: list[str] = []
+    request = {"key": "L20v", "range_end": "L20w"}
+    async with resuming_watch(streams, request, 1) as lines:
+        async with trio.open_nursery() as nursery:
+
+            async def consume() -> None:
+                async for line in lines:
+                    delivered.append(line)
+
+            nursery.start_soon(consume)
+            await notify_every(streams, 0, 2.0, 30)  # a live member's, 2 s apart: 60 s
+            await streams.channels[0].send(event_line(10))
+            await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    assert streams.requests[0]["progress_notify"] is True
+    assert streams.checks == []
+    assert delivered == [event_line(10)]  # the notifications are not handed on
+    assert streams.opened == [(A, 1)]
+
+
+async def test_a_frozen_member_stops_its_notifications_and_is_left(
+    autojump_clock: object,
+) -> None:
+    streams = Streams([A, B])
+    streams.keys = 1024  # unnotified, the checks would be 38-51 s apart
+    async with watching(streams, 1) as events:
+        async with trio.open_nursery() as nursery:
+
+            async def live_then_frozen() -> None:
+                await notify_every(streams, 0, 5.0, 12)  # an operator's 5 s interval
+                streams.unhealthy.add(A)
+                frozen_at.append(trio.current_time())
+                nursery.cancel_scope.deadline = trio.current_time() + 60
+                await send_when_moved(streams, event_line(2))
+
+            frozen_at: list[float] = []
+            nursery.start_soon(live_then_frozen)
+            assert (await anext(events))[0].mod_revision == 2  # type: ignore[index]
+            nursery.cancel_scope.cancel()
+    assert streams.opened == [(A, 1), (B, 1)]
+    assert streams.opened_at[1] - frozen_at[0] == pytest.approx(7.5)  # 1.5 notification gaps
+    assert streams.requests[1]["progress_notify"] is True
+
+
+async def test_unnotified_checks_of_a_large_mesh_are_spaced_by_its_size(
+    autojump_clock: object,
+) -> None:
+    streams = Streams([A, B])
+    streams.keys = 1024
+    async with watching(streams, 1) as events:
+        with trio.move_on_after(600):
+            await anext(events)
+    spaced = 1024 / REST_READS
+    gaps = [b - a for a, b in zip(streams.checks, streams.checks[1:], strict=False)]
+    assert streams.checks[0] == pytest.approx(QUIET_CHECK)  # the count is not known before
+    assert len(gaps) >= 600 / spaced - 2
+    assert all(0.75 * spaced - 1e-6 <= gap <= spaced + 1e-6 for gap in gaps), gaps
+    assert len(set(gaps)) > 1  # jittered
+    assert streams.opened == [(A, 1)]
+
+
+async def test_the_next_stream_starts_from_what_the_last_one_learnt(
+    autojump_clock: object,
+) -> None:
+    streams = Streams([A, B])
+    streams.keys = 1024
+    async with watching(streams, 1) as events:
+        with trio.move_on_after(60):  # the first check counts the mesh
+            await anext(events)
+    assert len(streams.checks) == 2  # at 3 s, then once within 38-51 s
+    async with watching(streams, 1) as events:  # the watcher's restart
+        with trio.move_on_after(30):
+            await anext(events)
+    assert len(streams.checks) == 2  # no 3 s check on the new stream
+
+
+def test_the_quiet_check_follows_the_notifications_and_the_mesh() -> None:
+    assert quiet_check(4, None) == QUIET_CHECK
+    assert quiet_check(1024, None) == 1024 / REST_READS
+    assert quiet_check(1024, 2.0) == QUIET_CHECK
+    assert quiet_check(1024, 5.0) == 7.5
+    assert quiet_check(4, 600.0) == QUIET_CHECK  # etcd's default: the plain check
+    assert quiet_check(1024, 600.0) == 1024 / REST_READS
 
 
 async def test_a_watch_whose_member_lost_its_leader_resumes_elsewhere(

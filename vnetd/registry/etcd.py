@@ -55,7 +55,7 @@ from vnetd.registry.etcd_security import (
     closed_hint,
     tls_problem,
 )
-from vnetd.registry.etcd_watch import resuming_watch
+from vnetd.registry.etcd_watch import QuietHints, resuming_watch
 
 __all__ = [
     "EtcdRegistry",
@@ -94,6 +94,7 @@ class EtcdRegistry:
             raise RegistryError("etcd endpoints: at least one URL is required")
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._order = EndpointOrder(self._endpoints, timeout)
+        self.quiet_hints = QuietHints()
         if lease_ttl:
             self._order.lease_granted(lease_ttl)
         self._timeout = timeout
@@ -247,19 +248,22 @@ class EtcdRegistry:
     def endpoint_failed(self, endpoint: str) -> None:
         self._order.failed(endpoint)
 
-    async def member_serves(self, endpoint: str, key: str) -> str | None:
-        """None when ``endpoint`` answers a linearizable read of ``key`` (base64) within
-        the per-endpoint bound, else why not (``etcd_watch`` asks this of a quiet watch)."""
+    async def member_serves(self, endpoint: str, request: JSON) -> tuple[str | None, int]:
+        """(None, keys counted) when ``endpoint`` answers a linearizable count of the
+        keys ``request`` watches within the per-endpoint bound (0 keys when it refused
+        us: a credential problem is not a health one), else (why not, 0); ``etcd_watch``
+        asks this of a quiet watch, and spaces its checks by the count."""
         bound = self._order.attempt_timeout
+        query = {"key": request.get("key", ""), "range_end": request.get("range_end", "")}
         with trio.move_on_after(bound):
             try:
-                await self._call(endpoint, "/v3/kv/range", {"key": key, "count_only": True})
+                data = await self._call(endpoint, "/v3/kv/range", {**query, "count_only": True})
             except (Refused, RegistryAccessError):
-                return None  # it answered: a credential problem is not a health one
+                return None, 0
             except (httpx.TransportError, RegistryUnavailable) as exc:
-                return f"a read on it failed: {exc}"
-            return None
-        return f"a read on it had no answer within {bound:g} s"
+                return f"a read on it failed: {exc}", 0
+            return None, int(data.get("count", 0))
+        return f"a read on it had no answer within {bound:g} s", 0
 
     async def get(self, key: str) -> KeyValue | None:
         data = await self._post("/v3/kv/range", {"key": b64(key)})

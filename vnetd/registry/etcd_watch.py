@@ -10,11 +10,29 @@ after the last event it delivered (so nothing is missed or repeated), when:
   metadata; etcd 3.4.23 then ends the stream with "etcdserver: no leader"
   within three election timeouts of losing it), or it is shutting down
   ("transport is closing");
-* the stream has been quiet for ``QUIET_CHECK`` s and a linearizable read on
-  the same member does not answer within the registry's per-endpoint bound
-  (a frozen member: it accepts connections and never answers, and a
+* the stream has been quiet for its quiet check (below) and a linearizable
+  read on the same member does not answer within the registry's per-endpoint
+  bound (a frozen member: it accepts connections and never answers, and a
   leader-required watch on it never ends);
 * the stream ends or breaks.
+
+The quiet check costs etcd a request per watch, so it is spaced by what the
+stream tells: every watch asks for progress notifications
+(``progress_notify``), and a member that sends them (its
+``--experimental-watch-progress-notify-interval``, which the operator sets)
+shows it is alive with each one: the check then waits 1.5 notification gaps
+(at least ``QUIET_CHECK`` s), so a live watch costs no request at rest and a
+frozen one is found as soon as its notifications stop. Without them (etcd's
+default interval is 10 min) the check comes every ``QUIET_CHECK`` s for a
+small mesh and every ``watchers / REST_READS`` s for a large one, jittered,
+so a whole mesh costs etcd at most ``REST_READS`` reads a second: the read
+counts the keys under the watched prefix, one per member, and each member's
+daemon watches it (both the count and the notification gap are kept by the
+registry, ``QuietHints``, so a moved or restarted stream starts from them).
+A notification carries no event and is not handed on.
+(etcd 3.4.23 answers no ``progress_request`` sent on the stream through the
+JSON gateway: the gateway answers a watch only once its request body ends,
+so the server's ticker is the only way.)
 
 A move that finds no member raises ``RegistryUnavailable`` (and a resume
 from a compacted revision ``WatchCompacted``) to the consumer, which lists
@@ -25,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -45,11 +64,40 @@ MEMBER_GONE_CODES = frozenset({1, 4, 14})
 _MOD_REVISION = re.compile(r'"mod_revision"\s*:\s*"(\d+)"')
 """An event's revision in a watch message (int64 fields are strings in the gateway)."""
 QUIET_CHECK = 3.0
-"""A watch stream quiet this long gets its member checked (one linearizable read)."""
+"""A watch stream quiet this long gets its member checked (one linearizable read),
+at the least."""
+REST_READS = 20.0
+"""The quiet checks per second a whole mesh may cost etcd when its members send no
+progress notifications (a watcher's share spaces its checks)."""
+PROGRESS_MARGIN = 1.5
+"""A member that notifies is checked once its stream is quiet this many gaps."""
+
+
+def quiet_check(watchers: int, progress_gap: float | None) -> float:
+    """How long a stream may be quiet before its member is checked: ``watchers``
+    daemons watch the prefix; ``progress_gap`` is the member's notification
+    interval as seen, None before one was seen."""
+    spaced = max(QUIET_CHECK, watchers / REST_READS)
+    if progress_gap is None:
+        return spaced
+    return min(spaced, max(QUIET_CHECK, PROGRESS_MARGIN * progress_gap))
+
+
+@dataclass
+class QuietHints:
+    """What a watch learnt that spaces its quiet checks, kept by the registry so the
+    next stream (a move, the watcher's periodic restart) starts from it."""
+
+    watchers: int = 1
+    """Keys under the prefix at the last check: the daemons that watch it."""
+    progress_gap: float | None = None
+    """The member's progress notification interval, as last seen."""
 
 
 class WatchOpener(Protocol):
     """What the stream needs from the registry (``EtcdRegistry`` provides it)."""
+
+    quiet_hints: QuietHints
 
     @property
     def endpoint_count(self) -> int: ...
@@ -60,9 +108,10 @@ class WatchOpener(Protocol):
         """Open a confirmed watch on the first endpoint that gives one: (endpoint, lines)."""
         ...
 
-    async def member_serves(self, endpoint: str, key: str) -> str | None:
-        """None when ``endpoint`` answers a linearizable read of ``key`` (base64) in
-        time, else why not."""
+    async def member_serves(self, endpoint: str, request: JSON) -> tuple[str | None, int]:
+        """Whether ``endpoint`` answers a linearizable count of the keys ``request``
+        (``key`` and ``range_end``, base64) watches in time: (None, the count; 0 when
+        it answered without one), or (why not, 0)."""
         ...
 
     def endpoint_failed(self, endpoint: str) -> None:
@@ -114,11 +163,15 @@ class _ResumingLines:
         self._reader: trio.CancelScope | None = None
         self._receive: trio.MemoryReceiveChannel[str | _Ended] | None = None
         self._moves_without_message = 0
+        self._hints = opener.quiet_hints
+        self._progress_since = 0.0
+        """When the stream opened or sent its last notification, with no event since."""
         self.endpoint = ""
 
     async def open(self) -> None:
         """Open the stream from ``_next_revision`` and start its reader."""
-        body = {"create_request": {**self._request, "start_revision": str(self._next_revision)}}
+        create = {**self._request, "progress_notify": True}
+        body = {"create_request": {**create, "start_revision": str(self._next_revision)}}
         stack = AsyncExitStack()
         try:
             endpoint, lines = await self._opener.open_watch_stream(stack, body)
@@ -128,6 +181,7 @@ class _ResumingLines:
         send, receive = trio.open_memory_channel[str | _Ended](0)
         self._stack, self._receive, self.endpoint = stack, receive, endpoint
         self._reader = await self._nursery.start(_read, lines, send)
+        self._progress_since = trio.current_time()
 
     async def aclose(self) -> None:
         if self._reader is not None:
@@ -142,11 +196,11 @@ class _ResumingLines:
         while True:
             assert self._receive is not None
             item: str | _Ended | None = None
-            with trio.move_on_after(QUIET_CHECK):
+            with trio.move_on_after(self._quiet_for()):
                 item = await self._receive.receive()
             if item is None:
-                key = str(self._request.get("key", ""))
-                why = await self._opener.member_serves(self.endpoint, key)
+                why, keys = await self._opener.member_serves(self.endpoint, self._request)
+                self._hints.watchers = keys or self._hints.watchers
                 if why is not None:
                     await self._move(f"the stream was quiet and {why}")
                 continue
@@ -158,8 +212,24 @@ class _ResumingLines:
                 await self._move(why)
                 continue
             self._moves_without_message = 0
+            now = trio.current_time()
+            if _is_progress(item):
+                self._hints.progress_gap = now - self._progress_since
+                self._progress_since = now
+                continue
+            self._progress_since = now
             self._note_revision(item)
             return item
+
+    def _quiet_for(self) -> float:
+        """This wait's quiet check; when it is spaced for a large mesh, jittered (by up
+        to a quarter, down) so the checks of daemons that saw the same last event do
+        not come at once (etcd's notifications are spread by its own tickers)."""
+        watchers, gap = self._hints.watchers, self._hints.progress_gap
+        wait = quiet_check(watchers, gap)
+        if wait <= QUIET_CHECK or wait < quiet_check(watchers, None):
+            return wait
+        return wait * random.uniform(0.75, 1.0)
 
     async def _move(self, why: str) -> None:
         """Resume on another member from the revision after the last event delivered."""
@@ -202,6 +272,14 @@ async def _read(
             await send.send(_Ended("the stream ended"))
         except (httpx.TransportError, httpx.StreamError) as exc:
             await send.send(_Ended(f"the stream broke: {exc!r}"))
+
+
+def _is_progress(line: str) -> bool:
+    """A progress notification: a message with a header and nothing else (found by
+    a scan: there is one per quiet watch per interval, and none is worth a decode)."""
+    return not any(
+        field in line for field in ('"events"', '"created"', '"canceled"', '"compact_revision"')
+    )
 
 
 def _member_gone(line: str) -> str | None:
