@@ -380,6 +380,36 @@ def test_the_first_dump_of_an_adopted_link_is_bounded_by_the_mesh_size() -> None
     assert big._dump_bound() == kernel.NETLINK_TIMEOUT + 1023 * kernel.DUMP_ALLOWANCE
 
 
+class TakesDeviceSets(FakeWireGuard):
+    """Also takes the device-level ``set`` (private key and port) that ``open`` sends."""
+
+    def set(self, interface: str, **fields: Any) -> object:  # noqa: ANN401
+        return None if fields.get("peer") is None else super().set(interface, **fields)
+
+
+async def test_an_adopted_link_is_configured_within_a_bound_that_grows_with_the_mesh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Configuring a link reads the namespace's routes: an adopted link brings one per
+    peer, 1000 decoded in 5.5 s here (the fixed 5 s bound failed the restart)."""
+
+    def slow_configure(netns: str | None, config: DeviceConfig) -> tuple[int, bool]:
+        time.sleep(0.0055 * config.max_peers)
+        return 7, True
+
+    async def repaired(self: object, peers: object) -> None:
+        pass
+
+    monkeypatch.setattr(kernel, "link_kind", lambda netns, name: "wireguard")
+    monkeypatch.setattr(kernel, "configure_link", slow_configure)
+    monkeypatch.setattr("vnetd.dataplane.link.LinkedDevice._repair_adopted", repaired)
+    sent: list[tuple[str, dict[str, Any]]] = []
+    dp = KernelDataplane(replace(config(), max_peers=1000), None, lambda n: TakesDeviceSets(sent))
+    with trio.fail_after(60):
+        assert await dp.open() is True
+    assert dp.index == 7
+
+
 class RefusingWireGuard(FakeWireGuard):
     """Takes the first peer of a batch, then refuses (as a set failing part-way does)."""
 

@@ -33,6 +33,7 @@ import trio
 from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, keepalive_of, key_to_hex
 from vnetd.dataplane.link import (
     NETLINK_TIMEOUT,
+    ROUTE_ALLOWANCE,
     LinkedDevice,
     configure_link,
     create_wireguard_link,
@@ -345,7 +346,12 @@ class KernelDataplane(LinkedDevice):
             )
         attrs = device_attrs(config)
         await run_netlink(lambda: self._call(lambda wg: wg.set(config.interface, **attrs)))
-        self.index, self.noprefixroute = await run_netlink(lambda: configure_link(netns, config))
+        # configure_link reads the namespace's routes (fail_closed.route_unreachable): an
+        # adopted link's come with it, one per peer (1000 missed the fixed 5 s in the guest).
+        bound = NETLINK_TIMEOUT + ROUTE_ALLOWANCE * config.max_peers
+        self.index, self.noprefixroute = await run_netlink(
+            lambda: configure_link(netns, config), bound
+        )
         if adopted is not None:
             await self._repair_adopted(adopted.values())
         return adopted is not None
