@@ -20,6 +20,7 @@ from report_faults import bursting_section, etcd_faults_section
 from report_format import PLOTS, table, verdict
 from report_formation import full_mesh_section, launcher_section, propagation_section
 from report_host import dataplane_section, footprint_section, startup_section
+from report_kernel import kernel_guest_section
 from report_scale import control_plane_section
 from report_targets import target_rows
 from report_transport import etcd_transport_section
@@ -70,7 +71,7 @@ def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
         "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting", "etcd_transport",
-        "startup", "doctor",
+        "startup", "doctor", "kernel_guest",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -129,6 +130,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *bursting_section(results.get("bursting")),
         *etcd_transport_section(results.get("etcd_transport")),
         *doctor_section(results.get("doctor")),
+        *kernel_guest_section(results.get("kernel_guest")),
     ]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(numbered(lines)).rstrip() + "\n")
