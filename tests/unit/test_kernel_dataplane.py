@@ -15,6 +15,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from ipaddress import ip_interface, ip_network
 from typing import Any
 
@@ -324,6 +325,59 @@ async def test_a_big_plan_gets_a_netlink_bound_that_grows_with_its_messages(
     with trio.fail_after(60):
         await dp.apply(Plan(add=peers))
     assert len(sent) == 1000
+
+
+class SlowDump(FakeWireGuard):
+    """A kernel whose dump takes ``per_peer`` s for each peer it holds (pyroute2 decodes
+    peer by peer: a loaded TCG guest took more than 5 s for 1000)."""
+
+    per_peer = 0.0055
+
+    def info(self, interface: str) -> Iterable[Any]:
+        held: dict[str, list[Any]] = {}
+        for _, peer in self.log:
+            if peer.get("remove"):
+                held.pop(peer["public_key"], None)
+            elif "allowed_ips" in peer:
+                held[peer["public_key"]] = [
+                    ["WGPEER_A_PUBLIC_KEY", peer["public_key"]],
+                    allowed(*peer["allowed_ips"]),
+                ]
+        time.sleep(self.per_peer * len(held))
+        peers = list(held.values())  # over several messages, as the kernel splits a dump
+        return [dump(peers[start : start + 100]) for start in range(0, len(peers), 100)]
+
+
+async def test_a_dump_gets_a_netlink_bound_that_grows_with_the_peers_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """1000 peers dumped in 5.5 s, after the join and inside a departure's plan (which
+    reads the device back): a fixed 5 s bound failed both, and every retry alike."""
+
+    async def record(self: object, gone: set[str], new: set[str]) -> None:
+        pass
+
+    monkeypatch.setattr("vnetd.dataplane.link.LinkedDevice._change_routes", record)
+    sent: list[tuple[str, dict[str, Any]]] = []
+    dp = KernelDataplane(config(), None, lambda netns: SlowDump(sent))
+    peers = tuple(
+        Peer(key_of(i), (f"10.250.{2 + i // 250}.{1 + i % 250}/32",), rank=1 + i)
+        for i in range(1000)
+    )
+    with trio.fail_after(60):
+        await dp.apply(Plan(add=peers))
+        assert len(await dp.peers()) == 1000
+        await dp.apply(Plan(remove=peers[:1]))
+    assert dp.known_peers == 999
+
+
+def test_the_first_dump_of_an_adopted_link_is_bounded_by_the_mesh_size() -> None:
+    """A restarted daemon cannot know the peers of the link it adopts: the mesh's size
+    bounds them (``DeviceConfig.max_peers``, the size less one)."""
+    small = KernelDataplane(config(), None, FakeWireGuard)
+    big = KernelDataplane(replace(config(), max_peers=1023), None, FakeWireGuard)
+    assert small._dump_bound() == kernel.NETLINK_TIMEOUT
+    assert big._dump_bound() == kernel.NETLINK_TIMEOUT + 1023 * kernel.DUMP_ALLOWANCE
 
 
 class RefusingWireGuard(FakeWireGuard):

@@ -107,6 +107,7 @@ def prepare(
         preshared_key=resolved.preshared_key,
         address6=spec.interface_address6(rank),
         network6=spec.network6,
+        max_peers=spec.size - 1,
     )
     return resolved, me, config, signer
 

@@ -46,6 +46,9 @@ class DeviceConfig:
     preshared_key: str | None = None  # base64, mesh-wide; never logged
     address6: IPv6Interface | None = None  # dual stack: the rank's address in network6
     network6: IPv6Network | None = None  # dual stack: the spec's network6
+    max_peers: int = 0
+    """The most peers the device may hold (the mesh's size less one): scales the bound of
+    a kernel data plane's first read of a link it adopts, whose peers it cannot know."""
 
     @property
     def addresses(self) -> tuple[IPv4Interface | IPv6Interface, ...]:

@@ -56,11 +56,15 @@ async def read_device(
     timeout: float = READ_TIMEOUT,  # noqa: ASYNC109 (a per-request bound, as UapiClient's)
     netns: str | None = None,
     wg_factory: WgFactory | None = None,
+    max_peers: int = 0,
 ) -> LocalDevice:
     """The WireGuard device ``interface``: wireguard-go's when its socket in
     ``socket_dir`` answers, else the kernel's.
 
     Args:
+        max_peers: the most peers the device may hold (the mesh's size less one): a
+            kernel dump gets ``kernel.DUMP_ALLOWANCE`` s more per peer (pyroute2
+            decodes it peer by peer; 1000 took 18 s in the TCG guest).
         netns: read a kernel device in this network namespace (tests; the
             commands run in the pod's own).
         wg_factory: opens pyroute2's ``WireGuard`` socket (default
@@ -73,7 +77,10 @@ async def read_device(
     path = Path(socket_path(interface, socket_dir))
     state = await _read_uapi(path, timeout)
     if state is None:
-        state = await _read_kernel(interface, path, timeout, netns, wg_factory)
+        from vnetd.dataplane.kernel import DUMP_ALLOWANCE
+
+        bound = timeout + DUMP_ALLOWANCE * max_peers
+        state = await _read_kernel(interface, path, bound, netns, wg_factory)
     private_key, listen_port, peers = state
     return LocalDevice(_public_key(private_key), listen_port, peers)
 
@@ -81,10 +88,12 @@ async def read_device(
 async def read_local_device(
     path: Path,
     timeout: float = READ_TIMEOUT,  # noqa: ASYNC109 (as read_device's)
+    max_peers: int = 0,
 ) -> LocalDevice:
     """``read_device`` for the interface whose socket would be ``path``
     (``<wireguard-dir>/<interface>.sock``, as ``status`` and ``wait`` name it)."""
-    return await read_device(path.name.removesuffix(".sock"), path.parent, timeout=timeout)
+    interface = path.name.removesuffix(".sock")
+    return await read_device(interface, path.parent, timeout=timeout, max_peers=max_peers)
 
 
 def _no_device(path: Path) -> DataplaneError:

@@ -22,7 +22,7 @@ import base64
 import hmac
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from ipaddress import ip_address, ip_network
@@ -63,11 +63,17 @@ __all__ = [
 log = logging.getLogger("vnetd.dataplane")
 
 CLEANUP_DEADLINE = 10.0
-SET_ALLOWANCE = 0.05
+SET_ALLOWANCE = 0.15
 """Seconds of the plan's netlink bound per message beyond ``NETLINK_TIMEOUT``: a
-``set`` of a new peer takes about 0.1 ms on a node and 31 ms in the TCG guest on
-loaded cores (its static Diffie-Hellman is computed then), so 1000 of them get
-55 s in all. One fixed 5 s bound failed a 1000-peer plan there, every retry alike."""
+``set`` takes about 0.1 ms on a node; in the TCG guest at a load of 90 on 2 cores
+an add took 37 ms (its static Diffie-Hellman is computed then) and a removal 58 ms
+(the kernel waits out an RCU grace period per removed peer), so 1000 of them get
+155 s in all. One fixed 5 s bound failed a 1000-peer plan there, every retry alike."""
+DUMP_ALLOWANCE = 0.1
+"""Seconds of a dump's netlink bound per peer beyond ``NETLINK_TIMEOUT``, for the peers
+the device holds as far as this data plane knows (``KernelDataplane.known_peers``):
+pyroute2 decodes a dump peer by peer, 27-44 ms each in that guest (25-44 s for 1000;
+the fixed 5 s bound failed them), far less on a node."""
 
 T = TypeVar("T")
 
@@ -246,6 +252,10 @@ class KernelDataplane(LinkedDevice):
         self.device_id = secrets.token_hex(8)
         self.owns_link = False
         """Set once the link is ours (created or adopted): removed on exit."""
+        self.known_peers = config.max_peers
+        """The peers the device may hold, for the bound of a dump: at first the most the
+        mesh has (a link adopted from a killed daemon holds them all), then as last
+        dumped, moved by each plan."""
         self._lock = trio.Lock()
 
     def _call(self, fn: Callable[[WgClient], T]) -> T:
@@ -258,11 +268,17 @@ class KernelDataplane(LinkedDevice):
 
     def _info(self) -> tuple[str | None, int | None, dict[str, DevicePeer]]:
         interface = self.config.interface
-        return parse_info(self._call(lambda wg: list(wg.info(interface))))
+        info = parse_info(self._call(lambda wg: list(wg.info(interface))))
+        self.known_peers = len(info[2])
+        return info
+
+    def _dump_bound(self) -> float:
+        """The netlink bound of one dump of the device: it scales with its peers."""
+        return NETLINK_TIMEOUT + DUMP_ALLOWANCE * self.known_peers
 
     async def peers(self) -> dict[str, DevicePeer]:
         async with self._lock:
-            peers = (await run_netlink(self._info))[2]
+            peers = (await run_netlink(self._info, self._dump_bound()))[2]
             await self._settle_routes(peers.values())
             return peers
 
@@ -296,10 +312,14 @@ class KernelDataplane(LinkedDevice):
         messages += handshake_messages(
             plan.handshake, keepalive, handshake_keepalives(plan, keepalive)
         )
+        self.known_peers += len(plan.add)  # an upper bound until the next dump
         bound = NETLINK_TIMEOUT + SET_ALLOWANCE * len(messages)
-        await self._apply_then_route(
-            plan, lambda reread: run_netlink(lambda: self._send(messages, reread), bound)
-        )
+
+        def write(reread: bool) -> Awaitable[set[str]]:
+            within = bound + (self._dump_bound() if reread else 0.0)
+            return run_netlink(lambda: self._send(messages, reread), within)
+
+        await self._apply_then_route(plan, write)
 
     async def open(self) -> bool:
         """Create (or adopt) the link, set key and port, configure the link.
@@ -332,7 +352,7 @@ class KernelDataplane(LinkedDevice):
 
     async def _check_ours(self) -> dict[str, DevicePeer]:
         interface = self.config.interface
-        key, _, peers = await run_netlink(self._info)
+        key, _, peers = await run_netlink(self._info, self._dump_bound())
         if not key or not hmac.compare_digest(
             base64.b64decode(key), base64.b64decode(self.config.private_key)
         ):

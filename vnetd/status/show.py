@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -185,7 +186,7 @@ async def show_status(
 
         open_registry = open_settings_registry
     if read_device is None:
-        read_device = _read_uapi_device
+        read_device = partial(_read_uapi_device, max_peers=plan.spec.size - 1)
     console = console or _stdout_console()
     async with open_registry(plan.spec.registry) as registry:
         observer = Observer(plan, registry, read_device, clock)
@@ -258,7 +259,7 @@ def _stdout_console() -> Console:
     return plain_console(sys.stdout)
 
 
-async def _read_uapi_device(path: Path) -> LocalDevice:
+async def _read_uapi_device(path: Path, max_peers: int = 0) -> LocalDevice:
     from vnetd.dataplane.device_reader import read_local_device
 
-    return await read_local_device(path, DEVICE_TIMEOUT)
+    return await read_local_device(path, DEVICE_TIMEOUT, max_peers)

@@ -187,7 +187,7 @@ async def run_wait(
     opener = open_registry or open_settings_registry
     if plan.gate.reachable and read_handshakes is None:
         assert plan.device_socket is not None
-        read_handshakes = uapi_handshakes(plan.device_socket)
+        read_handshakes = uapi_handshakes(plan.device_socket, plan.spec.size - 1)
     with plain_errors():
         async with opener(plan.spec.registry) as registry:
             outcome = await wait_for_gate(
@@ -205,13 +205,14 @@ async def run_wait(
     return EXIT_TIMED_OUT
 
 
-def uapi_handshakes(path: Path) -> HandshakeReader:
+def uapi_handshakes(path: Path, max_peers: int = 0) -> HandshakeReader:
     """Read the keys with a handshake from the local device: wireguard-go's UAPI
-    socket at ``path``, else the kernel's WireGuard device (``read_device``)."""
+    socket at ``path``, else the kernel's WireGuard device (``read_device``; its
+    bound grows with ``max_peers``, the most peers it may hold)."""
     from vnetd.dataplane.device_reader import read_local_device
 
     async def read() -> Collection[str]:
-        device = await read_local_device(path, UAPI_TIMEOUT)
+        device = await read_local_device(path, UAPI_TIMEOUT, max_peers)
         return frozenset(key for key, peer in device.peers.items() if peer.last_handshake > 0)
 
     return read
