@@ -112,6 +112,17 @@ async def stop_rank(mesh: JsonMesh, rank: int) -> bool:
     return left
 
 
+def print_troubles(mesh: JsonMesh, ranks: list[int], lines: int = 6) -> None:
+    """Print the last warnings and errors of these ranks' daemons (the guest's lab is
+    gone when the run ends: this is what a failed run leaves to read)."""
+    for rank in ranks:
+        if rank not in mesh.daemons:
+            continue
+        bad = [line for line in mesh.log(rank) if line.level not in ("INFO", "DEBUG")]
+        for line in bad[-lines:]:
+            print(f"  rank {rank} {line.level}: {line.message[:300]}", flush=True)
+
+
 # --- 1: one change at 1023 peers ---------------------------------------------------------
 
 
@@ -144,6 +155,9 @@ async def change_run(lab: Lab, mesh: JsonMesh, dataplane: str, first: int, chang
         await start_full(mesh, "--dataplane", dataplane, timeout=FULL_TIMEOUT)
         full_s = time.monotonic() - started
         passes = await move_passes(lab, mesh, changes, first, timeout=MOVE_TIMEOUT)
+    except Exception:
+        print_troubles(mesh, [0])
+        raise
     finally:
         link_left = await stop_rank(mesh, 0)
     print(f"  {dataplane}: 1023 peers {full_s:.1f} s after the start; one change: passes "
@@ -184,6 +198,9 @@ async def join_run(mesh: JsonMesh, dataplane: str, joins: int, key: str) -> JSON
         await trio.sleep(SETTLE)
         idle = await idle_cpu(mesh, JOIN_RANKS, HOLD)
         steady = [await steady_join(mesh, JOIN_RANKS, key, idle) for _ in range(joins)]
+    except Exception:
+        print_troubles(mesh, ranks, 3)
+        raise
     finally:
         links_left = [rank for rank in mesh.daemons if await stop_rank(mesh, rank)]
     samples = [s for j in steady for s in j["samples_ms"]]
