@@ -7,10 +7,6 @@ from common import JSON
 from report_format import failures_note, load_note, mmm, num, table
 
 
-def _ratio(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}"
-
-
 def kernel_guest_section(r: JSON | None) -> list[str]:
     out = ["## Kernel WireGuard against wireguard-go (kernel guest)", ""]
     if r is None:
@@ -22,13 +18,13 @@ def kernel_guest_section(r: JSON | None) -> list[str]:
     rows = [
         [f"one change at {change['peers']} peers: the daemon's whole pass, ms",
          mmm(change["pass_ms"]["kernel"]), mmm(change["pass_ms"]["userspace"]),
-         _ratio(change["ratio"])],
+         num(change["ratio"], 2)],
         [f"join propagation at {join['ranks']} ranks, p50 ms", num(lat["kernel"]["p50"]),
-         num(lat["userspace"]["p50"]), _ratio(join["ratio_p50"])],
+         num(lat["userspace"]["p50"]), num(join["ratio_p50"], 2)],
         [f"join propagation at {join['ranks']} ranks, p90 ms", num(lat["kernel"]["p90"]),
-         num(lat["userspace"]["p90"]), _ratio(join["ratio_p90"])],
+         num(lat["userspace"]["p90"]), num(join["ratio_p90"], 2)],
         ["the join's reconcile pass, p50 ms", num(jpass["kernel"]["p50"]),
-         num(jpass["userspace"]["p50"]), _ratio(join["pass_ratio_p50"])],
+         num(jpass["userspace"]["p50"]), num(join["pass_ratio_p50"], 2)],
         [f"rank 0 started → {change['peers']} peers on its device, s",
          mmm(change["full_s"]["kernel"]), mmm(change["full_s"]["userspace"]), ""],
     ]  # fmt: skip
