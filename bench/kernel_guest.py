@@ -50,6 +50,7 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -117,15 +118,22 @@ async def stop_rank(mesh: JsonMesh, rank: int) -> bool:
     return left
 
 
-def print_troubles(mesh: JsonMesh, ranks: list[int], lines: int = 6) -> None:
+def print_troubles(mesh: JsonMesh, ranks: list[int], lines: int = 6) -> str:
     """Print the last warnings and errors of these ranks' daemons (the guest's lab is
-    gone when the run ends: this is what a failed run leaves to read)."""
+    gone when the run ends: this is what a failed run leaves to read); the most
+    frequent of them, counted, for the failure's record."""
+    most = []
     for rank in ranks:
         if rank not in mesh.daemons:
             continue
         bad = [line for line in mesh.log(rank) if line.level not in ("INFO", "DEBUG")]
+        kinds = Counter(line.message[:120] for line in bad)
         for line in bad[-lines:]:
             print(f"  rank {rank} {line.level}: {line.message[:300]}", flush=True)
+        for kind, count in kinds.most_common(4):
+            print(f"  rank {rank}: {count} line(s) {kind}...", flush=True)
+        most += [f"rank {rank}: {n} x '{kind}...'" for kind, n in kinds.most_common(1)]
+    return "; ".join(most) or "no warnings"
 
 
 # --- 1: one change at 1023 peers ---------------------------------------------------------
@@ -160,9 +168,9 @@ async def change_run(lab: Lab, mesh: JsonMesh, dataplane: str, first: int, chang
         await start_full(mesh, "--dataplane", dataplane, timeout=FULL_TIMEOUT)
         full_s = time.monotonic() - started
         passes = await move_passes(lab, mesh, changes, first, timeout=MOVE_TIMEOUT)
-    except Exception:
-        print_troubles(mesh, [0])
-        raise
+    except Exception as error:
+        logged = print_troubles(mesh, [0])
+        raise RuntimeError(f"{type(error).__name__}: {error}; logged {logged}") from error
     finally:
         link_left = await stop_rank(mesh, 0)
     print(f"  {dataplane}: 1023 peers {full_s:.1f} s after the start; one change: passes "
@@ -203,9 +211,9 @@ async def join_run(mesh: JsonMesh, dataplane: str, joins: int, key: str) -> JSON
         await trio.sleep(SETTLE)
         idle = await idle_cpu(mesh, JOIN_RANKS, HOLD)
         steady = [await steady_join(mesh, JOIN_RANKS, key, idle) for _ in range(joins)]
-    except Exception:
-        print_troubles(mesh, ranks, 3)
-        raise
+    except Exception as error:
+        logged = print_troubles(mesh, ranks, 3)
+        raise RuntimeError(f"{type(error).__name__}: {error}; logged {logged}") from error
     finally:
         links_left = [rank for rank in mesh.daemons if await stop_rank(mesh, rank)]
     samples = [s for j in steady for s in j["samples_ms"]]
@@ -369,10 +377,10 @@ async def on_host(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds, each measuring both data planes (2)")  # fmt: skip
-    parser.add_argument("--changes", type=int, default=5, help="moves timed per device (5)")
-    parser.add_argument("--joins", type=int, default=3, help="joins timed per mesh (3)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds, each measuring both data planes (1)")  # fmt: skip
+    parser.add_argument("--changes", type=int, default=4, help="moves timed per device (4)")
+    parser.add_argument("--joins", type=int, default=2, help="joins timed per mesh (2)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--guest-timeout", type=float, default=GUEST_TIMEOUT,
                         help=f"bound on the run in the guest, s ({GUEST_TIMEOUT:g})")  # fmt: skip

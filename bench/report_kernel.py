@@ -42,7 +42,7 @@ def kernel_guest_section(r: JSON | None) -> list[str]:
                rows),  # fmt: skip
         "One change: rank 0 of a 1024-rank mesh (as in the data plane section), its",
         f"{change['peers']} peers registered before it started, {p['changes']} endpoint moves",
-        f"timed per device in each of {p['rounds']} rounds, by the daemon's `plan applied`",
+        f"timed per device per round ({p['rounds']} round(s)), by the daemon's `plan applied`",
         "line; median (min–max). Per round, kernel / wireguard-go of the medians: "
         f"{mmm(change['round_ratios'], 2)}. Join propagation: {p['joins']} joins per mesh of",
         f"{join['ranks']} ranks on one data plane (as the propagation section's steady joins:",
