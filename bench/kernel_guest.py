@@ -63,6 +63,7 @@ from common import (
     JsonMesh,
     LoadSampler,
     attempt,
+    fmt_s,
     latency,
     spread,
     wait_for,
@@ -365,11 +366,11 @@ async def on_host(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
     change, join = summary["change"], summary["join"]
     print(
         f"kernel guest ({guest['kernel']}, boot {guest['boot_s']} s, wall {guest['wall_s']} s): "
-        f"one change at 1023 peers kernel {change['pass_ms']['kernel']['median'] or 0:.1f} ms vs "
-        f"wireguard-go {change['pass_ms']['userspace']['median'] or 0:.1f} ms "
-        f"(ratio {change['ratio'] or 0:.2f}); join propagation at {JOIN_RANKS} ranks p50 kernel "
-        f"{join['latency_ms']['kernel']['p50']:.1f} ms vs wireguard-go "
-        f"{join['latency_ms']['userspace']['p50']:.1f} ms (ratio {join['ratio_p50'] or 0:.2f})",
+        f"one change at 1023 peers kernel {fmt_s(change['pass_ms']['kernel']['median'], 1)} ms vs "
+        f"wireguard-go {fmt_s(change['pass_ms']['userspace']['median'], 1)} ms "
+        f"(ratio {fmt_s(change['ratio'])}); join propagation at {JOIN_RANKS} ranks p50 kernel "
+        f"{fmt_s(join['latency_ms']['kernel']['p50'], 1)} ms vs wireguard-go "
+        f"{fmt_s(join['latency_ms']['userspace']['p50'], 1)} ms (ratio {fmt_s(join['ratio_p50'])})",
         flush=True,
     )
     return 1 if inner["failures"] or result.returncode else 0

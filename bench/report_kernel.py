@@ -56,4 +56,10 @@ def kernel_guest_section(r: JSON | None) -> list[str]:
         f"{num(r['load'].get('loadavg_max'))} (the guest's two vCPUs are host threads).",
         "",
         *failures_note(r),
+        *(["A failed run is a daemon in the guest that missed a bound (its most frequent",
+           "warning, where recorded, is in the error): the guest's two vCPUs are threads on",
+           "the host's cores, so a busy host stretches every time in the guest, and the",
+           "daemons' fixed 2 s bounds (the etcd watch's liveness read, a keepalive) and",
+           "netlink bounds are then missed. Such figures need a quiet host.", ""]
+          if r.get("failures") else []),
     ]  # fmt: skip
