@@ -55,7 +55,7 @@ def kernel_guest_section(r: JSON | None) -> list[str]:
         + f"Host load: {load_note(r)}, load average up to "
         f"{num(r['load'].get('loadavg_max'))} (the guest's two vCPUs are host threads).",
         "",
-        *failures_note(r),
+        *failures_note(_one_line_errors(r)),
         *(["A failed run is a daemon in the guest that missed a bound (its most frequent",
            "warning, where recorded, is in the error): the guest's two vCPUs are threads on",
            "the host's cores, so a busy host stretches every time in the guest, and the",
@@ -63,3 +63,9 @@ def kernel_guest_section(r: JSON | None) -> list[str]:
            "netlink bounds are then missed. Such figures need a quiet host.", ""]
           if r.get("failures") else []),
     ]  # fmt: skip
+
+
+def _one_line_errors(r: JSON) -> JSON:
+    """The result with each failure's error on one line (a helper's traceback, shortened)."""
+    failures = [{**f, "error": " ".join(str(f["error"]).split())[:300]} for f in r["failures"]]
+    return {**r, "failures": failures}
