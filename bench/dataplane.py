@@ -153,32 +153,58 @@ async def throughput(lab: Lab, mesh: JsonMesh, rounds: int, seconds: float) -> J
     return results
 
 
-async def change_cost(lab: Lab, mesh: JsonMesh, hand: LabProcess, keep: str, changes: int) -> JSON:
+async def seed_members(lab: Lab, mesh: JsonMesh) -> None:
+    """Register ranks 2..1023 (valid records, endpoints nobody answers), from pod 1."""
     argv = [sys.executable, str(BENCH / "register.py"), "seed", "--etcd", lab.etcd_url,
             "--spec", str(mesh.spec_path), "--ranks", f"2-{SIZE - 1}",
             "--endpoint-base", "198.18.200.0"]  # fmt: skip
-    # Rank 0 starts again after the others registered, as a rank joining a formed mesh
-    # does: it is the later registration of every pair, so it starts no handshake with
+    await run_ok(lab, lab.pods[1], argv, timeout=120)
+
+
+async def start_full(mesh: JsonMesh, *extra: str, timeout: float = 120) -> None:  # noqa: ASYNC109
+    """Start rank 0 (with ``extra`` options) after every other rank registered, and wait
+    until its device holds 1023 peers (``timeout`` s) and a quiet 5 s."""
+    # Rank 0 starts after the others registered, as a rank joining a formed mesh does:
+    # it is the later registration of every pair, so it starts no handshake with
     # members that never answer (invariant 10); its fallback writes their endpoints 2 s
     # after its claim, before the first move.
-    await mesh.daemons[0].stop()  # its entry goes: the next start is the latest
-    await run_ok(lab, lab.pods[1], argv, timeout=120)
-    await mesh.start_rank(0)
+    await mesh.start_rank(0, *extra)
     await wait_for(lambda: len(peers_held(mesh.log(0))) >= SIZE - 1, "1023 peers on rank 0",
-                   120, 0.5)  # fmt: skip
+                   timeout, 0.5)  # fmt: skip
     await trio.sleep(5)
+
+
+async def move_passes(
+    lab: Lab,
+    mesh: JsonMesh,
+    changes: int,
+    first: int = 0,
+    timeout: float = 30,  # noqa: ASYNC109
+) -> list[float]:
+    """Move ``changes`` registered endpoints one at a time; rank 0's pass for each (ms).
+
+    Move ``first + n`` picks its rank and new endpoint, so later calls on the same
+    mesh move other ranks (a move to the endpoint a rank has already is no change)."""
     passes: list[float] = []
-    for n in range(changes):
+    for n in range(first, first + changes):
         rank = 2 + (n * 97) % (SIZE - 2)
         started = time.time()
         argv = [sys.executable, str(BENCH / "register.py"), "move", "--etcd", lab.etcd_url,
                 "--spec", str(mesh.spec_path), "--rank", str(rank),
                 "--endpoint", f"198.18.204.{n % 250}:51820"]  # fmt: skip
-        await run_ok(lab, lab.pods[1], argv)
+        await run_ok(lab, lab.pods[1], argv, timeout=timeout)
         await wait_for(lambda r=rank, t=started: _moved(mesh, r, t) is not None,
-                       f"rank {rank}'s move on rank 0", 30, 0.2)  # fmt: skip
+                       f"rank {rank}'s move on rank 0", timeout, 0.2)  # fmt: skip
         passes.append(_moved(mesh, rank, started) or 0.0)
         await trio.sleep(0.5)
+    return passes
+
+
+async def change_cost(lab: Lab, mesh: JsonMesh, hand: LabProcess, keep: str, changes: int) -> JSON:
+    await mesh.daemons[0].stop()  # its entry goes: the next start is the latest
+    await seed_members(lab, mesh)
+    await start_full(mesh)
+    passes = await move_passes(lab, mesh, changes)
     argv = [sys.executable, str(BENCH / "uapi_cost.py"), "--interface", HAND_IF,
             "--peers", str(SIZE - 1), "--repeats", str(changes), "--keep", keep]  # fmt: skip
     raw = json.loads(await run_ok(lab, lab.pods[0], argv, beside=hand, timeout=300))

@@ -21,6 +21,7 @@ from report_format import PLOTS, table, verdict
 from report_formation import full_mesh_section, launcher_section, propagation_section
 from report_host import dataplane_section, footprint_section, startup_section
 from report_proof import record_proof_section
+from report_kernel import kernel_guest_section
 from report_scale import control_plane_section
 from report_targets import target_rows
 from report_transport import etcd_transport_section
@@ -71,7 +72,7 @@ def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
         "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting", "etcd_transport",
-        "startup", "doctor", "record_proof",
+        "startup", "doctor", "record_proof", "kernel_guest",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -131,6 +132,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *etcd_transport_section(results.get("etcd_transport")),
         *doctor_section(results.get("doctor")),
         *record_proof_section(results.get("record_proof")),
+        *kernel_guest_section(results.get("kernel_guest")),
     ]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(numbered(lines)).rstrip() + "\n")
