@@ -86,6 +86,11 @@ from vnetd.spec import load_spec
 SETTLE = 2.0
 """Quiet time after the mesh is full, and after a member left, before the next step."""
 HOLD = 3.0
+JOIN_WAIT = 30.0
+"""Bound on every daemon adding (and then dropping) the joining member."""
+JOIN_TTL = 10
+"""The joining member's lease (register.py's default): above ``HOLD`` plus a join's
+propagation on the host."""
 """How long a steady join stays before its lease is revoked (its CPU window)."""
 JOINER_ENDPOINT = "198.18.3.250:51820"
 """Inside the lab's underlay, on no pod: nobody answers, and as nothing sends to
@@ -253,23 +258,30 @@ async def idle_cpu(mesh: JsonMesh, size: int, seconds: float) -> tuple[float, fl
 
 
 async def steady_join(
-    mesh: JsonMesh, size: int, public_key: str, idle: tuple[float, float]
+    mesh: JsonMesh,
+    size: int,
+    public_key: str,
+    idle: tuple[float, float],
+    join_ttl: int = JOIN_TTL,
+    wait: float = JOIN_WAIT,
 ) -> JSON:
-    """Register member ``size`` (one past the daemons), wait for every daemon to add it,
-    hold it ``HOLD`` s, revoke its lease and wait for every daemon to drop it."""
+    """Register member ``size`` (one past the daemons) under a lease of ``join_ttl`` s,
+    wait (at most ``wait`` s) for every daemon to add it, hold it ``HOLD`` s, revoke its
+    lease and wait for every daemon to drop it. The lease must outlive the wait and the
+    hold, or it expires first and the revoke finds no lease (a slow guest)."""
     ranks = list(range(size))
     lab = mesh.lab
     cpu_before = cpu_of(mesh, ranks)
     joined = await register(lab, "join", "--etcd", lab.etcd_url, "--spec", str(mesh.spec_path),
                             "--rank", str(size), "--public-key", public_key,
-                            "--endpoint", JOINER_ENDPOINT)  # fmt: skip
+                            "--endpoint", JOINER_ENDPOINT, "--ttl", str(join_ttl))  # fmt: skip
     if not joined["succeeded"]:
         raise RuntimeError(f"members/{size} was still registered")
     t_send, t_ack = joined["t_send"], joined["t_ack"]
     await wait_for(
         lambda: all(first_join_after(mesh, r, size, t_send) for r in ranks),
         f"every daemon adding member {size}",
-        30,
+        wait,
         0.2,
     )
     cpu_joined = cpu_of(mesh, ranks)
@@ -281,7 +293,7 @@ async def steady_join(
     await wait_for(
         lambda: all(left_after(mesh, r, size, left["t_send"]) for r in ranks),
         f"every daemon dropping member {size}",
-        30,
+        wait,
         0.2,
     )
     passes = [pass_ms_after(mesh, r, joins[r]) for r in ranks]

@@ -89,6 +89,12 @@ JOIN_RANKS = 8
 LEASE_TTL = 30
 """The daemons' lease in the guest: a pass over 1023 peers under TCG can hold a
 daemon's event loop for seconds, and an expired claim would restart the run."""
+JOIN_WAIT = 120.0
+"""Hang guard: every daemon in the guest adding (then dropping) the joining member."""
+JOIN_TTL = 180
+"""The joining member's lease, above ``JOIN_WAIT`` and the hold: under register.py's
+10 s it expired while the guest's daemons were still adding it, and the revoke
+found no lease (both join parts of the second run failed so)."""
 FULL_TIMEOUT = 900.0
 """Hang guard: rank 0 reaching 1023 peers (about 2 minutes in the guest here)."""
 MOVE_TIMEOUT = 180.0
@@ -211,7 +217,10 @@ async def join_run(mesh: JsonMesh, dataplane: str, joins: int, key: str) -> JSON
         full_s = time.monotonic() - started
         await trio.sleep(SETTLE)
         idle = await idle_cpu(mesh, JOIN_RANKS, HOLD)
-        steady = [await steady_join(mesh, JOIN_RANKS, key, idle) for _ in range(joins)]
+        steady = [
+            await steady_join(mesh, JOIN_RANKS, key, idle, JOIN_TTL, JOIN_WAIT)
+            for _ in range(joins)
+        ]
     except Exception as error:
         logged = print_troubles(mesh, ranks, 3)
         raise RuntimeError(f"{type(error).__name__}: {error}; logged {logged}") from error
