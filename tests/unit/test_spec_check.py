@@ -29,14 +29,16 @@ async def test_a_changed_spec_is_reported_once_and_cleared(
     registry = MemoryRegistry()
     await ensure_spec(registry, SPEC)
     check = SpecCheck(registry, SPEC)
-    await check.check_due()  # the first only sets the schedule
-    await overwrite(registry, OTHER.canonical_json())
-    await check.check_due()
-    assert check.differs is None, "not due yet"
-    await trio.sleep(SPEC_CHECK_TTLS * SPEC.registry.lease_ttl)
-    await check.check_due()
-    await check.check()
-    assert check.differs is not None and "mesh.size" in check.differs
+    interval = SPEC_CHECK_TTLS * SPEC.registry.lease_ttl
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(check.run)
+        await overwrite(registry, OTHER.canonical_json())
+        await trio.sleep(interval - 1)
+        assert check.differs is None, "not due yet"
+        await trio.sleep(2)
+        assert check.differs is not None and "mesh.size" in check.differs
+        await trio.sleep(interval)  # checked again: the same difference, no new line
+        nursery.cancel_scope.cancel()
     assert caplog.text.count("keeps running with the spec it checked at start") == 1
     await overwrite(registry, SPEC.canonical_json())
     await check.check()

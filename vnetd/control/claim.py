@@ -105,14 +105,18 @@ class ClaimHolder:
         Cancellation: the lease is left as it is; call ``release`` to revoke it.
         """
         task_status.started()
-        while True:
-            await self._claim()
-            reason = await self._keep_alive()
-            self.claimed = trio.Event()
-            self.claimed_at = None
-            self.state = "claiming"
-            self._lost_with_lease = self.lease != 0
-            log.warning("%s; claiming rank %d again", reason, self.me.rank)
+        async with trio.open_nursery() as nursery:
+            # Its own task: a read of the spec that waits on a slow etcd member must
+            # never delay a keepalive (in ``_keep_alive``'s loop it could cost the lease).
+            nursery.start_soon(self.spec_check.run)
+            while True:
+                await self._claim()
+                reason = await self._keep_alive()
+                self.claimed = trio.Event()
+                self.claimed_at = None
+                self.state = "claiming"
+                self._lost_with_lease = self.lease != 0
+                log.warning("%s; claiming rank %d again", reason, self.me.rank)
 
     def set_device_id(self, device_id: str) -> None:
         """Our device was started again: register its new id (at once if claimed)."""
@@ -236,7 +240,6 @@ class ClaimHolder:
                 reason = await self._renew(lease)
                 if reason is not None:
                     return reason
-                await self.spec_check.check_due()
             elif self.view is not None and self.view.version != version:
                 gone = self._entry_gone()
                 if seen_own and gone:

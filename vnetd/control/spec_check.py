@@ -2,8 +2,10 @@
 
 The daemon compares the spec at start (``membership.ensure_spec``) and runs on that
 one for its life; a writer of the mesh's prefix may overwrite the stored spec
-later, after which every new start exits 2. ``SpecCheck`` reads it again every
-``SPEC_CHECK_TTLS`` lease TTLs from the claim's keepalive, so the running daemons
+later, after which every new start exits 2. ``SpecCheck.run`` reads it again every
+``SPEC_CHECK_TTLS`` lease TTLs, in a task of its own beside the claim's keepalive
+(never in its loop: a read waiting on a slow member must not delay a renewal), so
+the running daemons
 say so (a log line when it changes, ``vnetd_spec_differs``, ``/status``) before a
 restart finds out (docs/security.md, "Threat model").
 """
@@ -32,13 +34,11 @@ class SpecCheck:
         self.registry, self.spec, self.key = registry, spec, spec_key(spec)
         self.differs: str | None = None
         self.interval = SPEC_CHECK_TTLS * spec.registry.lease_ttl
-        self._due: float | None = None  # the first ``check_due`` sets it
 
-    async def check_due(self) -> None:
-        """``check`` if ``interval`` has passed since the last one."""
-        if self._due is None:
-            self._due = trio.current_time() + self.interval
-        elif trio.current_time() >= self._due:
+    async def run(self) -> None:
+        """``check`` every ``interval`` s, the first an ``interval`` after the start."""
+        while True:
+            await trio.sleep(self.interval)
             await self.check()
 
     async def check(self) -> None:
@@ -46,7 +46,6 @@ class SpecCheck:
 
         Never raises for the registry: a failed read is tried at the next check.
         """
-        self._due = trio.current_time() + self.interval
         try:
             stored = await ensure_spec(self.registry, self.spec)
         except SpecMismatch as exc:
@@ -62,9 +61,7 @@ class SpecCheck:
             log.debug("spec check at %s: %s", self.key, exc)
             return
         if stored:
-            log.warning(
-                "the registry had lost the spec; stored it again at %s", spec_key(self.spec)
-            )
+            log.warning("the registry had lost the spec; stored it again at %s", self.key)
         elif self.differs is not None:
             log.warning("the spec stored at %s matches ours again", self.key)
         self.differs = None
