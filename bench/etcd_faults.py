@@ -160,10 +160,10 @@ async def watch_cost(args: argparse.Namespace) -> None:
             cpu = (proc_cpu_seconds(etcd.pid) - cpu0) / (time.monotonic() - t0)
             await trio.sleep(1.5)  # the scrape after the window
             rest = rates(events(scraper), wall0, time.time() - 1.5)
-            moves = sum(load.log_text().count("; resumed on ") for load in loads)
             why = [line.split(": ", 1)[-1].split("; resumed")[0][:90]
                    for load in loads for line in load.log_text().splitlines()
                    if "; resumed on " in line]  # fmt: skip
+            moves = len(why)
             if why:
                 print(f"  moves: {sorted(set(why))[:5]}", flush=True)
             for load in loads:

@@ -86,12 +86,12 @@ from vnetd.spec import load_spec
 SETTLE = 2.0
 """Quiet time after the mesh is full, and after a member left, before the next step."""
 HOLD = 3.0
+"""How long a steady join stays before its lease is revoked (its CPU window)."""
 JOIN_WAIT = 30.0
 """Bound on every daemon adding (and then dropping) the joining member."""
 JOIN_TTL = 10
 """The joining member's lease (register.py's default): above ``HOLD`` plus a join's
 propagation on the host."""
-"""How long a steady join stays before its lease is revoked (its CPU window)."""
 JOINER_ENDPOINT = "198.18.3.250:51820"
 """Inside the lab's underlay, on no pod: nobody answers, and as nothing sends to
 the joiner's overlay address, WireGuard sends nothing there either."""
@@ -267,8 +267,9 @@ async def steady_join(
 ) -> JSON:
     """Register member ``size`` (one past the daemons) under a lease of ``join_ttl`` s,
     wait (at most ``wait`` s) for every daemon to add it, hold it ``HOLD`` s, revoke its
-    lease and wait for every daemon to drop it. The lease must outlive the wait and the
-    hold, or it expires first and the revoke finds no lease (a slow guest)."""
+    lease and wait for every daemon to drop it. The lease must outlive the join's
+    propagation and the hold (the wait is only their bound), or it expires first and
+    the revoke finds no lease (a slow guest)."""
     ranks = list(range(size))
     lab = mesh.lab
     cpu_before = cpu_of(mesh, ranks)

@@ -20,8 +20,8 @@ from report_faults import bursting_section, etcd_faults_section
 from report_format import PLOTS, table, verdict
 from report_formation import full_mesh_section, launcher_section, propagation_section
 from report_host import dataplane_section, footprint_section, startup_section
-from report_proof import record_proof_section
 from report_kernel import kernel_guest_section
+from report_proof import record_proof_section
 from report_scale import control_plane_section
 from report_targets import target_rows
 from report_transport import etcd_transport_section

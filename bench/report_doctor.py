@@ -7,10 +7,9 @@ import math
 from common import JSON
 from report_format import table
 
-CONNECTIONS = 128
-"""vnetd.doctor.gather.CONNECTIONS: rows asked at once."""
-START_GAP = 0.0005
-"""vnetd.doctor.service.START_GAP: between two probes' starts in a row (s)."""
+from vnetd.doctor.gather import CONNECTIONS, ROW_DEADLINE
+from vnetd.doctor.service import START_GAP
+
 PROBE_CPU = 0.0003
 """A probe's own CPU on its daemon (s): a socket, two datagrams, a task (an estimate)."""
 UAPI_GET_1000 = 0.0034
@@ -77,7 +76,8 @@ def doctor_section(r: JSON | None) -> list[str]:
         "64-rank run at load ~100, before the rows came in waves of 128: 17.8 s wall, 36",
         "of 64 rows answered, 2268 pairs working, 1764 `no_answer`. A failing pair here is the",
         "mesh's state as the doctor saw it: a rank whose daemon had exited",
-        "(`not_registered`) or a probe service too loaded to answer its row within 9 s,",
+        "(`not_registered`) or a probe service too loaded to answer its row within "
+        f"{ROW_DEADLINE:g} s,",
         "asked twice (`no_answer`). Before the fix of this round a healthy 32-rank mesh",
         "came out with 895 of 992 pairs failing, named",
         "`no_data`: the lab's pods share the kernel's one neighbour table (1024 entries),",

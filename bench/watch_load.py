@@ -62,17 +62,21 @@ async def serializable_reads(client: httpx.AsyncClient, url: str) -> None:
 
 async def registry_watch(url: str, ready: trio.MemorySendChannel[None]) -> None:
     """One daemon's watch; an open that a loaded machine let time out is tried again
-    (up to ``OPEN_ATTEMPTS`` times in all)."""
+    (up to ``OPEN_ATTEMPTS`` times in all); ``ready`` is told once, and a watch that
+    fails once open is not opened again (the window would count fewer watches)."""
     registry = EtcdRegistry([url], lease_ttl=10)
     try:
         for attempt in range(OPEN_ATTEMPTS):
+            opened = False
             try:
                 async with registry.watch(PREFIX, 1) as events:
+                    opened = True
                     await ready.send(None)
                     async for _ in events:
                         pass
+                return
             except RegistryUnavailable:
-                if attempt == OPEN_ATTEMPTS - 1:
+                if opened or attempt == OPEN_ATTEMPTS - 1:
                     raise
                 await trio.sleep(1.0)
     finally:
