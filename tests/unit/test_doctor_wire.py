@@ -19,7 +19,7 @@ from vnetd.doctor.evidence import (
     encode_row,
     merge_rows,
 )
-from vnetd.doctor.gather import failed_pairs
+from vnetd.doctor.gather import failed_pairs, merge_passes
 from vnetd.doctor.report import Run, document, text
 from vnetd.model import Member
 
@@ -101,6 +101,16 @@ def test_a_second_pass_keeps_what_passed_further() -> None:
     merged = merge_rows(first, Row(0, "pod0", "key", 1420, {1: lost, 2: full}))
     assert merged.peers == {1: small, 2: full}
     assert merge_rows(first, None) == first
+
+
+def test_a_row_that_came_only_in_the_second_pass_is_kept() -> None:
+    """A rank asked again because its first row did not come: its late row counts (it
+    was dropped, and its pairs named no_answer, however well they passed)."""
+    passed = PeerSeen(0, "k0", None, 3.0, 0, 0, 0.001, 0.002, 1420, 200)
+    first = {0: Row(0, "pod0", "k0", 1420, {1: PeerSeen(1)})}
+    late = Row(1, "pod1", "k1", 1420, {0: passed})
+    merged = merge_passes(first, {1: late})
+    assert merged == {0: first[0], 1: late}
 
 
 def test_the_second_pass_asks_again_for_failed_pairs_and_for_rows_that_did_not_come() -> None:

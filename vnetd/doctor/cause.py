@@ -41,15 +41,16 @@ CAUSES = (
     KEY_MISMATCH,
     NOT_ON_DEVICE,
     GATEWAY_HOP,
-    STALE_ENDPOINT,
-    NO_HANDSHAKE,
-    NO_DATA,
-    LOSSY,
     MTU_BLACK_HOLE,
     OVERLOADED,
+    NO_DATA,
+    STALE_ENDPOINT,
+    LOSSY,
+    NO_HANDSHAKE,
     NO_ANSWER,
 )
-"""Every cause, in the order the rules try them (the JSON's ``cause`` values)."""
+"""Every cause (the JSON's ``cause`` values), in about the order the rules try them, as
+docs/operations.md's table lists them (the summary lines group by it)."""
 
 
 @dataclass(frozen=True)

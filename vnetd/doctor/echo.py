@@ -38,6 +38,8 @@ ECHO_WAIT = 4.5
 """How long a probe waits for its small and full echoes (s): far above a mesh's round
 trip, room for a late answer from a loaded host or a first handshake, and inside the
 row's deadline with room for bisection after it."""
+LAST_SEND = ECHO_WAIT - 0.5
+"""The latest an attempt is sent, jitter included, so that its answer has time to come."""
 BISECT_AT = (0.0, 0.15)
 BISECT_WAIT = 0.4
 BISECT_STEPS = 7
@@ -103,7 +105,8 @@ class _Echoes:
         start = trio.current_time()
         with trio.move_on_after(wait):
             for at in schedule:
-                await self._answers(sizes, start + at * (1 + random.uniform(0, JITTER)))
+                jittered = min(at * (1 + random.uniform(0, JITTER)), LAST_SEND)
+                await self._answers(sizes, start + jittered)
                 missing = [size for size in sizes if size not in self.got]
                 if not missing:
                     return

@@ -18,6 +18,7 @@ import trio
 from vnetd.control.membership import read_members
 from vnetd.doctor.cause import Evidence, classify
 from vnetd.doctor.command import DoctorPlan
+from vnetd.doctor.echo import ECHO_WAIT
 from vnetd.doctor.evidence import (
     MAX_ROW,
     Row,
@@ -41,8 +42,9 @@ bisection (``vnetd.doctor.echo``), and it keeps 1 s for its device and its answe
 SLACK = 2.0
 """Kept back from ``--timeout`` for the verdicts and the output (s)."""
 PROGRESS_AFTER = 2.0
-SECOND_PASS_MIN = 4.0
-"""Time left (s) below which the failing pairs are not probed a second time."""
+SECOND_PASS_MIN = ECHO_WAIT + 1.5
+"""Time left (s) below which the failing pairs are not probed a second time: a row with
+a failing pair takes ``ECHO_WAIT``, and its answer must come back in what is left."""
 
 
 async def doctor(
@@ -82,7 +84,7 @@ async def doctor(
         # this pass is light. A pair that passes in either is good (a reply is proof);
         # one that fails in both is judged on the second's evidence.
         second = await ask_all(plan, again, deadline, _progress(err, started, len(again)))
-        rows = {rank: merge_rows(row, second.get(rank)) for rank, row in rows.items()}
+        rows = merge_passes(rows, second)
     notes = []
     if members and not rows:
         notes.append(
@@ -107,6 +109,13 @@ async def doctor(
     else:
         out.write(text(result))
     return 0 if result.ok else 1
+
+
+def merge_passes(first: Mapping[int, Row], second: Mapping[int, Row]) -> dict[int, Row]:
+    """The rows of both passes: a rank in both gets ``merge_rows``; one whose row came
+    only in the second (it was asked again because its first did not come) keeps it."""
+    merged = {rank: merge_rows(row, second.get(rank)) for rank, row in first.items()}
+    return merged | {rank: row for rank, row in second.items() if rank not in first}
 
 
 def failed_pairs(
