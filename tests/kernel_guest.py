@@ -178,7 +178,10 @@ def guest_in_background(session: pytest.Session) -> Iterator[None]:
     """Around the session's test loop: start the guest run of its ``GuestCase``
     items, and end it however the loop ends (a failure, ``-x``, Ctrl-C)."""
     ids = [item.nodeid for item in session.items if isinstance(item, GuestCase)]
-    if not ids or session.config.option.collectonly or session.testsfailed:
+    options = session.config.option
+    # pytest runs no test after a collection error unless told to go on.
+    stopped = session.testsfailed and not options.continue_on_collection_errors
+    if not ids or options.collectonly or stopped:
         yield
         return
     guest = BackgroundGuest(ids, session.config.rootpath)
@@ -194,15 +197,7 @@ class GuestCase(pytest.Item):
     """A ``kernel`` test whose outcome comes from the guest run of this session."""
 
     def runtest(self) -> None:
-        guest = self.config.stash.get(_guest_key, None)
-        if guest is None:  # a test loop not wrapped by guest_in_background: run it now
-            guest = BackgroundGuest(
-                [i.nodeid for i in self.session.items if isinstance(i, GuestCase)],
-                self.config.rootpath,
-            )
-            self.config.stash[_guest_key] = guest
-            guest.start()
-        run = guest.result()
+        run = self.config.stash[_guest_key].result()  # guest_in_background started it
         if run.missing is not None:
             message = f"kernel WireGuard: no kernel guest here: {run.missing}"
             if os.environ.get("CI"):

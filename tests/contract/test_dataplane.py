@@ -413,8 +413,8 @@ async def test_read_device_reports_what_the_data_plane_holds(real_kind: str, net
 THOUSAND = 1000
 
 
-# The kernel's thousand: tests/e2e/test_kernel_thousand.py (this join and departure and
-# more, through the daemon's own route socket; one 1000-peer kernel device per guest run
+# The kernel's thousand: tests/e2e/test_kernel_thousand.py (this join, one change and an
+# adoption, through the daemon's own route socket; one 1000-peer kernel device per guest run
 # is what the guest's budget holds: about 3 minutes of it at a load of 90 under TCG).
 @pytest.mark.parametrize("real_kind", [pytest.param("uapi", marks=needs_lab)])
 async def test_a_thousand_peers_in_one_plan_then_all_removed(real_kind: str, netns: str) -> None:

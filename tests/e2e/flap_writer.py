@@ -24,9 +24,10 @@ def main() -> None:
     started = time.monotonic()
     with httpx.Client(timeout=10) as client:
         for _ in range(int(cycles)):
-            client.post(f"{url}/v3/kv/put", json={"key": b64(key), "value": b64(record)})
+            put = {"key": b64(key), "value": b64(record)}
+            client.post(f"{url}/v3/kv/put", json=put).raise_for_status()
             time.sleep(float(gap))
-            client.post(f"{url}/v3/kv/deleterange", json={"key": b64(key)})
+            client.post(f"{url}/v3/kv/deleterange", json={"key": b64(key)}).raise_for_status()
             time.sleep(float(gap))
     print(json.dumps({"cycles": int(cycles), "seconds": round(time.monotonic() - started, 2)}))
 

@@ -33,7 +33,7 @@ load of 90 on 2 cores, with a mass departure it no longer makes)."""
 
 
 @pytest.mark.kernel
-def test_a_thousand_kernel_peers_join_change_are_adopted_and_leave() -> None:
+def test_a_thousand_kernel_peers_join_change_and_are_adopted() -> None:
     result = subprocess.run(
         ["unshare", "--net", sys.executable, str(CHILD), str(COUNT)],
         cwd=ROOT, capture_output=True, text=True, timeout=HANG,
