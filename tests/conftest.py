@@ -5,15 +5,19 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 from kernel_guest import (
+    configure_worker,
     delegate_kernel_items,
     guest_in_background,
     guest_summary,
     in_guest,
+    note_test_start,
     order_guest_cases_last,
     record_guest_report,
+    start_for_workers,
     write_guest_results,
 )
 
@@ -44,6 +48,21 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     record_guest_report(report)
+
+
+# Under pytest-xdist (scripts/test) the controller runs the kernel guest for its workers.
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    configure_worker(node.config, node.workerinput)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any) -> None:
+    start_for_workers(node.config)
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    note_test_start(nodeid)
 
 
 def pytest_sessionfinish() -> None:

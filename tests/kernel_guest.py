@@ -12,6 +12,14 @@ for that run and reports the guest's outcome for its own id: passed, failed with
 the guest's report, or skipped with the guest's reason. The loop's end (the last test, ``-x``, a
 failure, Ctrl-C) stops a guest still running: QEMU is killed by its pid.
 
+Under pytest-xdist (``scripts/test`` runs the suite on several workers) the
+controller runs the guest, once: every worker collects the same items, and the
+first to report its collection has written the ``GuestCase`` ids to a run
+directory the controller handed out (``pytest_configure_node``); the controller
+boots the guest then, renices it when a worker starts a ``GuestCase``, writes
+the run's outcome to that directory, and stops the guest when its own loop
+ends. A ``GuestCase`` on a worker waits for that file.
+
 No guest here (no QEMU, no kernel unpacked, not root): the cases skip with one
 line naming the fix, except under ``CI``, where they fail with it. A guest that
 does not boot, or a run that times out, fails them everywhere. Inside the guest
@@ -20,11 +28,13 @@ a kernel without WireGuard fails the cases (``tests/contract/test_dataplane.py``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -56,16 +66,24 @@ GUEST_NICE = 5
 """QEMU's niceness while host tests run beside it: they keep most of their timing
 (their bounds are tight, the guest's waits are hang guards) and the guest takes the
 CPU they leave and about a quarter of a core they contend for (a nice-5 thread
-weighs a third of a nice-0 one). Once the host waits for the guest, it runs at 0."""
+weighs a third of a nice-0 one). Once the host waits for the guest, it runs at 0.
+Under xdist the guest runs at 0 throughout: two workers fill both cores, and at 5 the
+guest's boot missed its bound beside them."""
 WAIT_STEP = 1.0
 STOP_WAIT = 30.0
 """Bound on ending a guest still running at the session's end (the kill, the reap)."""
 IN_GUEST = "VNETD_GUEST"
 NOT_COPIED = {"trio", "parametrize", "usefixtures"}
 """Marks of a test that concern running its function, which a ``GuestCase`` does not."""
+RUN_DIR_INPUT = "vnetd_guest_run_dir"
+"""Key of the run directory in an xdist worker's ``workerinput``."""
+IDS_FILE = "ids.json"
+RUN_FILE = "run.json"
 
 _reports: dict[str, dict[str, Any]] = {}
 _host_probe: list[str | None] = []
+_controller_guest: list[BackgroundGuest] = []
+"""The guest an xdist controller runs (its hooks that see workers' tests get no config)."""
 
 
 def in_guest() -> bool:
@@ -88,12 +106,32 @@ def host_kernel_unavailable() -> str | None:
     return _host_probe[0]
 
 
+def xdist_controller(config: pytest.Config) -> bool:
+    """This process hands the tests to xdist workers and runs none itself."""
+    return config.pluginmanager.has_plugin("dsession")
+
+
+def xdist_run_dir(config: pytest.Config) -> Path | None:
+    """On an xdist worker, the run directory its controller shares with it."""
+    workerinput = getattr(config, "workerinput", None)
+    return None if workerinput is None else Path(workerinput[RUN_DIR_INPUT])
+
+
 def delegate_kernel_items(items: list[pytest.Item]) -> None:
-    """Swap the ``kernel`` tests for ``GuestCase`` items when this host lacks the module."""
+    """Swap the ``kernel`` tests for ``GuestCase`` items when this host lacks the module;
+    on an xdist worker, tell the controller their ids."""
     if in_guest() or not any(item.get_closest_marker(KERNEL_MARK) for item in items):
         return
     if host_kernel_unavailable() is None:
         return
+    _swap_kernel_items(items)
+    run_dir = xdist_run_dir(items[0].config)
+    if run_dir is not None:
+        ids = [item.nodeid for item in items if isinstance(item, GuestCase)]
+        _write_atomically(run_dir / IDS_FILE, json.dumps(ids))
+
+
+def _swap_kernel_items(items: list[pytest.Item]) -> None:
     for index, item in enumerate(items):
         if item.get_closest_marker(KERNEL_MARK) is None or item.parent is None:
             continue
@@ -123,17 +161,22 @@ class GuestRun:
 class BackgroundGuest:
     """The session's guest run in a thread of its own, started before the first test.
 
-    ``result`` waits for it, the guest at full priority by then; ``stop`` ends it
-    (QEMU killed by its pid, its temp dir removed) and waits for the thread, at most
-    ``STOP_WAIT``.
+    ``waiting`` puts the guest at full priority (a test now waits for it);
+    ``result`` waits for the outcome; ``stop`` ends the run (QEMU killed by its pid,
+    its temp dir removed) and waits for the thread, at most ``STOP_WAIT``. With
+    ``publish``, the outcome is also written there, for xdist workers.
     """
 
-    def __init__(self, ids: list[str], rootpath: Path) -> None:
+    def __init__(
+        self, ids: list[str], rootpath: Path, publish: Path | None = None, nice: int = GUEST_NICE
+    ) -> None:
         self.ids = ids
         self.rootpath = rootpath
+        self.publish = publish
         self.started = time.monotonic()
-        self.waited: float | None = None
-        self._control = GuestControl(nice=GUEST_NICE)
+        self.waiting_since: float | None = None
+        self.finished: float | None = None
+        self._control = GuestControl(nice=nice)
         self._run: GuestRun | None = None
         self._thread = threading.Thread(target=self._main, name="kernel-guest", daemon=True)
 
@@ -146,16 +189,29 @@ class BackgroundGuest:
         except BaseException as exc:  # a bug: reported by every case, not lost in a thread
             run = GuestRun(error=f"{type(exc).__name__}: {exc}")
         self._run = run
+        self.finished = time.monotonic()
+        if self.publish is not None:
+            _write_atomically(self.publish, json.dumps(dataclasses.asdict(run)))
+
+    def waiting(self) -> None:
+        """A test waits for the guest now: from here on, it runs at full priority."""
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+        if self._thread.is_alive():
+            self._control.renice(0)
+
+    @property
+    def waited(self) -> float | None:
+        """How long the first test that waited for the guest waited, once it has ended."""
+        if self.waiting_since is None or self.finished is None:
+            return None
+        return max(0.0, self.finished - self.waiting_since)
 
     def result(self) -> GuestRun:
         """The run's outcome, once it has ended (each case's timeout bounds the wait)."""
-        waiting = time.monotonic()
-        if self._thread.is_alive():
-            self._control.renice(0)  # nothing else runs now: the guest at full priority
+        self.waiting()
         while self._thread.is_alive():
             self._thread.join(WAIT_STEP)  # in steps: a timeout's signal or Ctrl-C gets in
-        if self.waited is None:
-            self.waited = time.monotonic() - waiting
         assert self._run is not None
         return self._run
 
@@ -176,7 +232,18 @@ def order_guest_cases_last(items: list[pytest.Item]) -> None:
 @contextmanager
 def guest_in_background(session: pytest.Session) -> Iterator[None]:
     """Around the session's test loop: start the guest run of its ``GuestCase``
-    items, and end it however the loop ends (a failure, ``-x``, Ctrl-C)."""
+    items, and end it however the loop ends (a failure, ``-x``, Ctrl-C). An xdist
+    controller starts its guest once a worker has collected (``start_for_workers``)."""
+    if xdist_controller(session.config):
+        try:
+            yield
+        finally:
+            for guest in _controller_guest:
+                guest.stop()
+            run_dir = session.config.stash.get(_run_dir_key, None)
+            if run_dir is not None:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        return
     ids = [item.nodeid for item in session.items if isinstance(item, GuestCase)]
     options = session.config.option
     # pytest runs no test after a collection error unless told to go on.
@@ -193,11 +260,62 @@ def guest_in_background(session: pytest.Session) -> Iterator[None]:
         guest.stop()
 
 
+_run_dir_key = pytest.StashKey[Path]()
+
+
+def configure_worker(config: pytest.Config, workerinput: dict[str, Any]) -> None:
+    """On the xdist controller, for each worker it starts: the shared run directory."""
+    run_dir = config.stash.get(_run_dir_key, None)
+    if run_dir is None:
+        run_dir = config.stash[_run_dir_key] = Path(tempfile.mkdtemp(prefix="vnetd-guest-run-"))
+    workerinput[RUN_DIR_INPUT] = str(run_dir)
+
+
+def start_for_workers(config: pytest.Config) -> None:
+    """On the xdist controller, once a worker has collected: start the guest run of
+    the ``GuestCase`` ids it wrote, if it wrote any (once a session)."""
+    run_dir = config.stash.get(_run_dir_key, None)
+    if _controller_guest or run_dir is None or not (run_dir / IDS_FILE).exists():
+        return
+    ids = json.loads((run_dir / IDS_FILE).read_text())
+    guest = BackgroundGuest(ids, config.rootpath, publish=run_dir / RUN_FILE, nice=0)
+    config.stash[_guest_key] = guest
+    _controller_guest.append(guest)
+    guest.start()
+
+
+def note_test_start(nodeid: str) -> None:
+    """On the xdist controller, a worker starts ``nodeid``: if it waits for the guest,
+    the guest now runs at full priority."""
+    for guest in _controller_guest:
+        if nodeid in guest.ids:
+            guest.waiting()
+
+
+def published_run(run_dir: Path) -> GuestRun:
+    """On an xdist worker: the run's outcome, once the controller has written it (each
+    case's timeout bounds the wait)."""
+    path = run_dir / RUN_FILE
+    while not path.exists():
+        time.sleep(WAIT_STEP)
+    return GuestRun(**json.loads(path.read_text()))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 class GuestCase(pytest.Item):
     """A ``kernel`` test whose outcome comes from the guest run of this session."""
 
     def runtest(self) -> None:
-        run = self.config.stash[_guest_key].result()  # guest_in_background started it
+        run_dir = xdist_run_dir(self.config)
+        if run_dir is not None:
+            run = published_run(run_dir)  # the xdist controller runs the guest
+        else:
+            run = self.config.stash[_guest_key].result()  # guest_in_background started it
         if run.missing is not None:
             message = f"kernel WireGuard: no kernel guest here: {run.missing}"
             if os.environ.get("CI"):
