@@ -47,7 +47,7 @@ from vnetd.registry.etcd_gateway import (
     raise_for_watch,
     watch_events,
 )
-from vnetd.registry.etcd_pages import PageTooLarge, list_pages
+from vnetd.registry.etcd_pages import ListResumes, PageTooLarge, list_pages
 from vnetd.registry.etcd_security import (
     EtcdSecurity,
     RegistryAccessError,
@@ -110,11 +110,18 @@ class EtcdRegistry:
             verify = self._security.ssl_context()
         self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
         self._tokens: dict[str, str] = {}
+        self._resumes = ListResumes()
+        """Lists that stopped for want of an answer, resumed by the next (``etcd_pages``)."""
         """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
 
-    async def _post(self, path: str, body: JSON, cap: int | None = None) -> JSON:
+    async def _post(
+        self, path: str, body: JSON, cap: int | None = None, extra: float = 0.0
+    ) -> JSON:
+        """One call, each attempt bounded (``etcd_endpoints``) plus ``extra`` s (a page
+        of big values: ``etcd_pages``); an answer over ``cap`` bytes is refused."""
         failures: list[str] = []
-        for endpoint, bound in self._order.attempts():
+        for endpoint, usual in self._order.attempts():
+            bound = usual + extra
             where = f"{endpoint}{path}"
             with trio.move_on_after(bound):
                 try:
@@ -271,7 +278,7 @@ class EtcdRegistry:
         return key_value(kvs[0]) if kvs else None
 
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        return await list_pages(partial(self._post, "/v3/kv/range"), prefix)
+        return await list_pages(partial(self._post, "/v3/kv/range"), prefix, self._resumes)
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
         compare = {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
