@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import base64
 import logging
+from functools import partial
 
 import pytest
 import trio
 import trio.testing
 
 from vnetd.errors import RegistryUnavailable
+from vnetd.registry.etcd import EtcdRegistry
 from vnetd.registry.etcd_gateway import JSON, Refused
 from vnetd.registry.etcd_pages import (
     MISS_TIME,
     OUT_OF_RANGE,
+    PAGE_BYTES,
     PAGE_TIME_CAP,
     RESUME_WITHIN,
     SLOW_RATE,
@@ -171,6 +174,45 @@ async def test_a_first_page_with_no_answer_gives_the_next_list_more_time() -> No
     assert len(kvs) == len(VALUES)
 
 
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
+async def slow_gateway(stream: trio.SocketStream, delay: float, answers: list[float]) -> None:
+    """One HTTP request on ``stream``, answered with an empty page after ``delay`` s
+    (as etcd's gateway sends a big page only once it has encoded all of it)."""
+    request = b""
+    while b"\r\n\r\n" not in request:
+        request += await stream.receive_some(65536)
+    head, _, body = request.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )  # fmt: skip
+    while len(body) < length:
+        body += await stream.receive_some(65536)
+    await trio.sleep(delay)
+    page = b'{"header":{"revision":"7"},"kvs":[]}'
+    await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(page), page))  # fmt: skip
+    answers.append(delay)
+
+
+async def test_a_page_given_more_time_gets_it_from_httpx_too() -> None:
+    """httpx's own read timeout (the client's 0.5 s here) must not cut a page whose call
+    was given more: before it was raised with the call's bound, every attempt at a big
+    page ended at httpx's timeout whatever time the page was given. Real sockets on the
+    loopback (httpx's timeouts live in its transport)."""
+    answers: list[float] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                trio.serve_tcp, partial(slow_gateway, delay=1.0, answers=answers), 0
+            )
+            port = listeners[0].socket.getsockname()[1]
+            registry = EtcdRegistry([f"http://127.0.0.1:{port}"], timeout=0.5)
+            body = {"key": b64(b"m/"), "range_end": b64(b"m0"), "limit": "2"}
+            try:
+                with pytest.raises(RegistryUnavailable):
+                    await registry._post("/v3/kv/range", body, PAGE_BYTES)
+                data = await registry._post("/v3/kv/range", body, PAGE_BYTES, 2.0)
+            finally:
+                await registry.aclose()
+            nursery.cancel_scope.cancel()
+    assert data["header"]["revision"] == "7"
