@@ -14,14 +14,15 @@ bounded as every read's are (``bounds``).
 
 A page of big values takes etcd's gateway long to encode on a loaded machine, so
 its call gets more time than the call's usual bound: the bytes it is expected to
-carry (its keys at the last page's bytes per key) at ``SLOW_RATE``, and more after
-each page with no answer (``MISS_TIME``, doubled), at most ``PAGE_TIME_CAP``. A page
-no endpoint answered is asked again (``PAGE_RETRIES``); when it still has none the
-list fails, but what it read is kept (``ListResumes``): the next list of that
-prefix resumes at the page after, at the same revision, so the result is still one
-snapshot. If that revision was compacted meanwhile, the list starts over from its
-first page (logged). Written by hand: etcd's JSON gateway has no client library
-that pages (docs/architecture.md, "etcd transport").
+carry (its keys at the last page's bytes per key) at ``SLOW_RATE`` when they are
+over ``PAGE_TARGET``, and more after each page with no answer (``MISS_TIME``,
+doubled), at most ``PAGE_TIME_CAP``. A page no endpoint answered is asked again
+(``PAGE_RETRIES``); when it still has none the list fails, but what it read is kept
+(``ListResumes``): the next list of that prefix resumes at the page after, at the
+same revision, so the result is still one snapshot. If that revision was compacted
+meanwhile, the list starts over from its first page (logged). Written by hand:
+etcd's JSON gateway has no client library that pages (docs/architecture.md, "etcd
+transport").
 """
 
 from __future__ import annotations
@@ -96,10 +97,14 @@ class ListProgress:
     """``trio.current_time()`` of the last page read (or of the start)."""
 
     def extra_time(self) -> float:
-        """What the next page's call gets beyond its usual bound (s)."""
-        expected = self.limit * self.per_key / SLOW_RATE
+        """What the next page's call gets beyond its usual bound (s): time for its bytes
+        when they are over ``PAGE_TARGET`` (a page of one big value: pages of smaller
+        ones are sized to it, and keep the usual bounds, which fail over fast), and
+        more after a miss."""
+        expected = self.limit * self.per_key
+        for_bytes = expected / SLOW_RATE if expected > PAGE_TARGET else 0.0
         missed = MISS_TIME * 2 ** (self.misses - 1) if self.misses else 0.0
-        return min(PAGE_TIME_CAP, max(expected, missed))
+        return min(PAGE_TIME_CAP, max(for_bytes, missed))
 
 
 class ListResumes:
