@@ -37,7 +37,7 @@ EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 def commands() -> tuple[ModuleType, ...]:
     """Every command's module, in the order ``vnetd --help`` lists them (render adds
     ``render`` and ``hosts``)."""
-    from vnetd.commands import address_plan, demo, provision, register
+    from vnetd.commands import address_plan, demo, provision, register, signing_key
     from vnetd.doctor import command as doctor_command
     from vnetd.render import command as render_command
     from vnetd.status import command as status_command
@@ -51,6 +51,7 @@ def commands() -> tuple[ModuleType, ...]:
         status_command,
         wait_command,
         provision,
+        signing_key,
         doctor_command,
         demo,
     )

@@ -6,10 +6,12 @@ on a real etcd at 127.0.0.1 (real time); every wait is bounded.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -19,7 +21,9 @@ from vnetd.lab.etcd import run_etcd
 from vnetd.registry.base import Registry, WatchEvent
 from vnetd.registry.bounds import MAX_KEY_KEPT, MAX_VALUE_KEPT, dropped_size, kept_key, kept_value
 from vnetd.registry.etcd import EtcdRegistry
+from vnetd.registry.etcd_gateway import JSON
 from vnetd.registry.etcd_pages import PAGE_KEYS
+from vnetd.registry.memory import MemoryRegistry
 
 if TYPE_CHECKING:
     from tests.contract.conftest import Backend
@@ -369,3 +373,89 @@ async def test_a_list_larger_than_a_page_is_complete_and_consistent(registry: Re
         f"m/v/{i}" for i in range(8)
     ]
     assert all(kv.mod_revision <= revision for kv in kvs)
+
+
+def stop_lists_part_way(registry: Registry) -> Callable[[bool], None]:
+    """A switch that makes lists stop with no answer: etcd's after their first page (each
+    later page has no answer, as under heavy load), the fake's whole (it reads at once)."""
+    if isinstance(registry, EtcdRegistry):
+        post = registry._post
+        stopped = [False]
+
+        async def no_answer_after_the_first_page(path: str, body: JSON, *rest: Any) -> JSON:  # noqa: ANN401
+            if stopped[0] and path == "/v3/kv/range" and "revision" in body:
+                raise RegistryUnavailable("etcd /v3/kv/range: no answer (the test's)")
+            return await post(path, body, *rest)
+
+        registry._post = no_answer_after_the_first_page  # type: ignore[method-assign]
+        return lambda on: stopped.__setitem__(0, on)
+    assert isinstance(registry, MemoryRegistry)
+    return registry.fail
+
+
+async def test_a_list_asked_again_after_it_stopped_is_one_snapshot_a_watch_completes(
+    backend: Backend,
+) -> None:
+    """A list that stopped for want of an answer and is asked again returns one snapshot
+    (every key of one revision), and a watch from that revision brings it up to date. On
+    etcd the list resumes at its last page: the snapshot is the stopped list's revision,
+    with none of the writes made since (``etcd_pages``)."""
+    registry = backend.registry
+    stop = stop_lists_part_way(registry)
+    with trio.fail_after(60):
+        for i in range(6):  # 800 KiB of base64 each: one key a page after the first page
+            await registry.create(f"m/{i}", f"{i}".encode() * (600 * 1024))
+        _, written = await registry.list_prefix("m/")
+        stop(True)
+        with pytest.raises(RegistryUnavailable):
+            await registry.list_prefix("m/")
+        stop(False)
+        await registry.create("m/9", b"new")
+        before = await registry.get("m/0")
+        assert before is not None
+        assert await registry.replace("m/0", b"changed", before.mod_revision)
+        kvs, revision = await registry.list_prefix("m/")
+        state = {kv.key: kv.value for kv in kvs}
+        assert all(kv.mod_revision <= revision for kv in kvs)
+        changes = 2 if revision == written else 0
+        if changes:  # resumed: the stopped list's snapshot; the watch brings the two writes
+            async with registry.watch("m/", revision + 1) as events:
+                for event in await take(events, changes):
+                    state[event.key] = event.value
+        assert sorted(state) == [*(f"m/{i}" for i in range(6)), "m/9"]
+        assert (state["m/0"], state["m/9"]) == (b"changed", b"new")
+    if isinstance(registry, EtcdRegistry):
+        assert revision == written  # it resumed
+
+
+async def test_etcd_a_stopped_list_whose_revision_was_compacted_starts_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EtcdRegistry only: the stopped list's revision compacted before it is asked
+    again: it starts over from its first page, says so, and the result is current."""
+    async with run_etcd(tmp_path / "etcd") as server:
+        registry = EtcdRegistry([server.url], timeout=2)
+        stop = stop_lists_part_way(registry)
+        try:
+            with trio.fail_after(60):
+                for i in range(4):
+                    await registry.create(f"m/{i}", b"v" * (600 * 1024))
+                stop(True)
+                with pytest.raises(RegistryUnavailable):
+                    await registry.list_prefix("m/")
+                stop(False)
+                await registry.create("m/9", b"new")
+                _, now = await registry.list_prefix("n/")
+                async with httpx.AsyncClient(timeout=5) as client:
+                    compacted = await client.post(
+                        f"{server.url}/v3/kv/compaction", json={"revision": str(now)}
+                    )
+                compacted.raise_for_status()
+                with caplog.at_level(logging.INFO):
+                    kvs, revision = await registry.list_prefix("m/")
+            assert revision == now
+            assert [kv.key for kv in kvs] == ["m/0", "m/1", "m/2", "m/3", "m/9"]
+            assert "resuming after page 1" in caplog.text
+            assert "was compacted after page 1; starting over from the first page" in caplog.text
+        finally:
+            await registry.aclose()

@@ -12,6 +12,7 @@ its cgroup), grow by less than 50 MiB, count every junk entry and name the first
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -85,13 +86,17 @@ async def test_big_junk_values_and_names_leave_a_memory_limited_daemon_alive_and
                 with trio.fail_after(WRITE_WAIT):
                     written = await trio.run_process(argv, capture_stdout=True)
                 print(f"junk written: {written.stdout.decode().strip()}")
-                for _ in range(RELISTS):
+                for relist in range(RELISTS):
                     restarts = await restarts_now(mesh)
                     await lab.stop_etcd()
                     await lab.start_etcd()
+                    started = trio.current_time()
                     with trio.move_on_after(RELIST_WAIT):
                         while await restarts_now(mesh) <= restarts:
                             await trio.sleep(0.5)
+                    took = trio.current_time() - started
+                    print(f"list {relist + 1}: watching again {took:.1f} s after etcd started "
+                          f"(load {os.getloadavg()[0]:.1f})")  # fmt: skip
                     tail = mesh.daemons[0].log_text()[-3000:]
                     assert await restarts_now(mesh) > restarts, f"no list again: {tail}"
                 counted = await bad_entries_counted(mesh, 0)

@@ -159,6 +159,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.commands.demo": COMMANDS,
     "vnetd.commands.provision": COMMANDS,
     "vnetd.commands.register": COMMANDS,
+    "vnetd.commands.signing_key": COMMANDS,
     "vnetd.commands.up": COMMANDS,
     "vnetd.render.cluster_command": COMMANDS,
     "vnetd.render.command": COMMANDS,

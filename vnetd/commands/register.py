@@ -104,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args, os.environ)
     me = member_of(args, spec, os.environ)
     signer = signer_in(args.state_dir) if args.state_dir is not None else None
+    from vnetd.control.membership import check_pinned_signer
+
+    source = "no --state-dir" if signer is None else f"{args.state_dir}/signing.key"
+    check_pinned_signer(spec, me.rank, signer.public_key if signer else "", source)
     trio.run(hold_until_signal, spec, me, args.public_endpoint_file, signer)
     return 0
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from ipaddress import ip_address
 
 from vnetd.control.proof import Signer, verify
-from vnetd.errors import RegistryError, SpecError, SpecMismatch, VnetdError
+from vnetd.errors import IdentityError, RegistryError, SpecError, SpecMismatch, VnetdError
 from vnetd.model import Member, check_endpoint, check_public_key, is_ascii_number
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.registry.bounds import dropped_size
@@ -159,7 +159,46 @@ def decode_member(
         public_endpoint=_endpoint(key, record.get("public_endpoint"), "public_endpoint", spec=spec),
     )
     signing_key = _proven_signer(key, raw_key, record, lease, proven)
+    _check_pin(spec, key, rank, signing_key)
     return replace(member, signing_key=signing_key) if signing_key else member
+
+
+def _check_pin(spec: MeshSpec, key: str, rank: int, signing_key: str) -> None:
+    """A gateway rank whose signing key the spec pins takes records signed by that key
+    alone: a free gateway rank carries its site's cross-site routes (``mesh.gateways``)."""
+    pinned = spec.pinned_key(rank)
+    if pinned is None or signing_key == pinned:
+        return
+    site = spec.site_of_gateway(rank)
+    how = f"signed by {signing_key[:12]!r}" if signing_key else "unsigned"
+    raise BadEntry(
+        f"{key}: rank {rank} is a gateway whose signing key is pinned to {pinned[:12]!r} "
+        f"(sites.{site}.gateway_keys.{rank}), and this entry is {how}: not its gateway"
+    )
+
+
+def check_pinned_signer(spec: MeshSpec, rank: int, signing_key: str, source: str) -> None:
+    """Refuse to claim a pinned gateway rank with another signing key (readers would
+    skip every record of ours).
+
+    Args:
+        signing_key: ours ("" : we sign nothing).
+        source: where our key comes from, for the message (``DIR/signing.key``).
+
+    Raises:
+        IdentityError: naming the pin and the fix.
+    """
+    pinned = spec.pinned_key(rank)
+    if pinned is None or signing_key == pinned:
+        return
+    site = spec.site_of_gateway(rank)
+    ours = f"this signing key ({source}) is {signing_key[:12]!r}" if signing_key else (
+        f"this claim would be unsigned ({source})")  # fmt: skip
+    raise IdentityError(
+        f"rank {rank}: sites.{site}.gateway_keys.{rank} pins its signing key to "
+        f"{pinned[:12]!r}, and {ours}; run the gateway with the state dir that holds "
+        "the pinned key, or pin this one (`vnetd signing-key --state-dir DIR` prints it)"
+    )
 
 
 def _proven_signer(
@@ -323,6 +362,7 @@ async def try_claim(
     """
     key = member_key(spec, me.rank)
     value = encode_member(me, signer, key=key, lease=lease)
+    pinned = spec.pinned_key(me.rank) == me.signing_key != ""
     for _ in range(3):  # a lost compare-and-swap race is retried a few times
         existing = await registry.create(key, value, lease)
         if existing is None:
@@ -331,7 +371,7 @@ async def try_claim(
             holder: Member | None = decode_member(spec, key, existing.value, existing.lease)
         except BadEntry:
             holder = None
-        replaced = _replaceable(existing, holder, me, ours)
+        replaced = _replaceable(existing, holder, me, ours, pinned)
         if replaced is None:
             return Held(holder, existing)
         if await registry.replace(key, value, existing.mod_revision, lease):
@@ -339,10 +379,17 @@ async def try_claim(
     raise RegistryError(f"{key}: claim kept losing compare-and-swap races")
 
 
-def _replaceable(existing: KeyValue, holder: Member | None, me: Member, ours: int) -> str | None:
-    """Why ``me`` may replace ``existing`` ("" for our own entry), or None: it is held."""
+def _replaceable(
+    existing: KeyValue, holder: Member | None, me: Member, ours: int, pinned: bool = False
+) -> str | None:
+    """Why ``me`` may replace ``existing`` ("" for our own entry), or None: it is held.
+
+    ``pinned``: the spec pins our rank to our signing key, so an entry not signed by
+    it (readers skip it: ``_check_pin``) holds nothing either."""
     if existing.lease == 0:
         return "a leaseless entry"  # every claim is bound to a lease: this holds nothing
+    if pinned and (holder is None or holder.signing_key != me.signing_key):
+        return "an entry not signed by the rank's pinned key"
     overwritten = holder is None or holder.signing_key != me.signing_key
     if ours and existing.create_revision == ours and overwritten:
         return "our entry, overwritten by another writer"

@@ -94,20 +94,31 @@ def load_or_create_signer(state_dir: Path) -> Signer:
     path = state_dir / SIGNING_KEY_FILE
     try:
         if path.exists():
-            mode = path.stat().st_mode & 0o777
-            if mode & 0o077:
-                raise IdentityError(
-                    f"{path}: mode {mode:04o} lets others read the signing key; "
-                    f"run chmod 600 {path}"
-                )
-            try:
-                return Signer.from_private_bytes(
-                    base64.b64decode(path.read_text().strip(), validate=True)
-                )
-            except ValueError:
-                raise IdentityError(f"{path}: not a base64 Ed25519 private key") from None
+            return load_signer(path)
         signer = Signer.generate()
         write_new(path, base64.b64encode(signer.private_bytes()).decode() + "\n")
     except OSError as exc:
         raise IdentityError(f"{path}: cannot use the signing key: {exc.strerror}") from None
     return signer
+
+
+def load_signer(path: Path) -> Signer:
+    """The signing key in the file ``path`` (``signing.key``'s format: base64 of the
+    32-byte Ed25519 seed, mode 0600).
+
+    Raises:
+        IdentityError: the file is missing, open to group or others, or not a key.
+    """
+    try:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise IdentityError(
+                f"{path}: mode {mode:04o} lets others read the signing key; run chmod 600 {path}"
+            )
+        text = path.read_text()
+    except OSError as exc:
+        raise IdentityError(f"{path}: cannot use the signing key: {exc.strerror}") from None
+    try:
+        return Signer.from_private_bytes(base64.b64decode(text.strip(), validate=True))
+    except ValueError:
+        raise IdentityError(f"{path}: not a base64 Ed25519 private key") from None

@@ -30,7 +30,8 @@ import trio
 
 from vnetd import __version__
 from vnetd.config import Effective, Settings, effective, resolve_exit_file
-from vnetd.control.proof import load_or_create_signer
+from vnetd.control.membership import check_pinned_signer
+from vnetd.control.proof import SIGNING_KEY_FILE, load_or_create_signer
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.dataplane import (
     Dataplane,
@@ -79,6 +80,7 @@ def prepare(
     set_rank(rank)
     keys = load_or_create_key(settings.state_dir)
     signer = load_or_create_signer(settings.state_dir)
+    check_pinned_signer(spec, rank, signer.public_key, str(settings.state_dir / SIGNING_KEY_FILE))
     needs_route = not settings.endpoint and not env.get("POD_IP")
     endpoint = resolve_endpoint(
         spec, settings.endpoint, env, default_route_address() if needs_route else None

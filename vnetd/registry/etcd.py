@@ -47,7 +47,7 @@ from vnetd.registry.etcd_gateway import (
     raise_for_watch,
     watch_events,
 )
-from vnetd.registry.etcd_pages import PageTooLarge, list_pages
+from vnetd.registry.etcd_pages import ListResumes, PageTooLarge, list_pages
 from vnetd.registry.etcd_security import (
     EtcdSecurity,
     RegistryAccessError,
@@ -111,14 +111,19 @@ class EtcdRegistry:
         self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
         self._tokens: dict[str, str] = {}
         """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
+        self._resumes = ListResumes()  # lists that stopped, resumed by the next (etcd_pages)
 
-    async def _post(self, path: str, body: JSON, cap: int | None = None) -> JSON:
+    async def _post(
+        self, path: str, body: JSON, cap: int | None = None, extra: float = 0.0
+    ) -> JSON:
+        """One call; each attempt's bound (``etcd_endpoints``) plus ``extra`` s (``etcd_pages``)."""
         failures: list[str] = []
-        for endpoint, bound in self._order.attempts():
+        for endpoint, usual in self._order.attempts():
+            bound = usual + extra
             where = f"{endpoint}{path}"
             with trio.move_on_after(bound):
                 try:
-                    data = await self._call(endpoint, path, body, cap)
+                    data = await self._call(endpoint, path, body, cap, extra)
                 except RegistryAccessError:
                     raise
                 except (httpx.TransportError, RegistryUnavailable) as exc:
@@ -134,7 +139,9 @@ class EtcdRegistry:
             self._order.failed(endpoint)
         raise RegistryUnavailable(f"etcd {path} failed on every endpoint: {'; '.join(failures)}")
 
-    async def _call(self, endpoint: str, path: str, body: JSON, cap: int | None = None) -> JSON:
+    async def _call(
+        self, endpoint: str, path: str, body: JSON, cap: int | None = None, extra: float = 0.0
+    ) -> JSON:
         """One call on one endpoint, authenticating first (and again once, if the token
         has become invalid); an answer over ``cap`` bytes raises ``PageTooLarge``."""
         where = f"{endpoint}{path}"
@@ -143,7 +150,7 @@ class EtcdRegistry:
             if cap is None:
                 response = await self._client.post(where, json=body, headers=headers)
             else:
-                response = await self._capped_post(where, body, headers, cap)
+                response = await self._capped_post(where, body, headers, cap, extra)
             try:
                 return check_response(response, where)
             except Refused as exc:
@@ -153,10 +160,13 @@ class EtcdRegistry:
         raise AssertionError("unreachable")
 
     async def _capped_post(
-        self, where: str, body: JSON, headers: dict[str, str], cap: int
+        self, where: str, body: JSON, headers: dict[str, str], cap: int, extra: float = 0.0
     ) -> httpx.Response:
-        """A POST whose answer is read only up to ``cap`` bytes (``etcd_pages``)."""
-        async with self._client.stream("POST", where, json=body, headers=headers) as response:
+        """A POST whose answer is read only up to ``cap`` bytes (``etcd_pages``); httpx's
+        timeouts get ``extra`` s too (etcd's gateway encodes a whole page before sending)."""
+        timeout = httpx.Timeout(self._timeout + extra)
+        stream = self._client.stream("POST", where, json=body, headers=headers, timeout=timeout)
+        async with stream as response:
             content = bytearray()
             async for chunk in response.aiter_bytes():
                 content += chunk
@@ -271,7 +281,7 @@ class EtcdRegistry:
         return key_value(kvs[0]) if kvs else None
 
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        return await list_pages(partial(self._post, "/v3/kv/range"), prefix)
+        return await list_pages(partial(self._post, "/v3/kv/range"), prefix, self._resumes)
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
         compare = {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}

@@ -1,5 +1,5 @@
-"""A prefix listed in pages of bounded size, at one revision (docs/architecture.md,
-"Bounded reads").
+"""A prefix listed in pages of bounded size, at one revision, resumed where it stopped
+(docs/architecture.md, "Bounded reads").
 
 One range request for a whole prefix makes etcd read, and its gateway send, every
 value at once, and the client hold them all: a writer that fills the prefix with
@@ -7,18 +7,32 @@ value at once, and the client hold them all: a writer that fills the prefix with
 a list reads pages: the first of ``FIRST_PAGE_KEYS`` keys, each next one sized from
 the bytes per key of the last (about ``PAGE_TARGET``, at most ``PAGE_KEYS`` keys);
 an answer is read only up to ``PAGE_BYTES`` (a longer one is dropped unread and
-asked again for an eighth of the keys, down to one); a page no endpoint answered is
-asked again, not the whole list; and every page after the first is read at the
-first one's revision, so the pages are one snapshot. etcd reads only a page's
-values (it counts the rest from its index). Keys and values are then bounded as
-every read's are (``bounds``).
+asked again for an eighth of the keys, down to one); and every page after the first
+is read at the first one's revision, so the pages are one snapshot. etcd reads only
+a page's values (it counts the rest from its index). Keys and values are then
+bounded as every read's are (``bounds``).
+
+A page of big values takes etcd's gateway long to encode on a loaded machine, so
+its call gets more time than the call's usual bound: the bytes it is expected to
+carry (its keys at the last page's bytes per key) at ``SLOW_RATE`` when they are
+over ``PAGE_TARGET``, and more after each page with no answer (``MISS_TIME``,
+doubled), at most ``PAGE_TIME_CAP``. A page no endpoint answered is asked again
+(``PAGE_RETRIES``); when it still has none the list fails, but what it read is kept
+(``ListResumes``): the next list of that prefix resumes at the page after, at the
+same revision, so the result is still one snapshot. If that revision was compacted
+meanwhile, the list starts over from its first page (logged). Written by hand:
+etcd's JSON gateway has no client library that pages (docs/architecture.md, "etcd
+transport").
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from operator import attrgetter
+
+import trio
 
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.registry.base import KeyValue
@@ -41,76 +55,190 @@ SHRINK = 8
 PAGE_RETRIES = 2
 OUT_OF_RANGE = 11
 """The gRPC code of a range at a compacted revision."""
+SLOW_RATE = 256 * 1024
+"""Bytes a second a page's answer is given time for, beyond the call's bound: a page
+of one 1.4 MiB value (about 1.9 MB of JSON) gets 7 s more. A quiet machine sends
+such a page in well under a second; at load ~120 on 2 cores it took over 5 s."""
+MISS_TIME = 5.0
+"""Added for a page after one that had no answer, doubled for each further miss."""
+PAGE_TIME_CAP = 30.0
+"""The most time added to one page's call (invariant 8: every wait has a bound)."""
+RESUME_WITHIN = 300.0
+"""How long (s) a list that stopped is kept to resume; an older one starts over (its
+snapshot would be older than what the caller may have seen since)."""
+RESUMES_KEPT = 4
+"""Prefixes whose stopped list is kept (a client lists a few prefixes at most)."""
 
 
 class PageTooLarge(RegistryError):
     """An answer ran over the byte bound; it was dropped unread."""
 
 
-PageCall = Callable[[JSON, int], Awaitable[JSON]]
-"""One range request and the byte bound of its answer; raises ``PageTooLarge``."""
+PageCall = Callable[[JSON, int, float], Awaitable[JSON]]
+"""One range request, the byte bound of its answer, and the time added to the call's
+bound (s); raises ``PageTooLarge``."""
 
 
-async def list_pages(call: PageCall, prefix: str) -> tuple[list[KeyValue], int]:
+@dataclass
+class ListProgress:
+    """How far one list of a prefix got: the snapshot's revision (0: no page yet), the
+    next page's first key and size, and what the pages so far held."""
+
+    start: bytes
+    revision: int = 0
+    limit: int = FIRST_PAGE_KEYS
+    kvs: list[KeyValue] = field(default_factory=list)
+    per_key: int = 0
+    """Bytes per key of the last page (0: none read yet)."""
+    misses: int = 0
+    """Attempts at the next page that had no answer, in a row."""
+    pages: int = 0
+    at: float = 0.0
+    """``trio.current_time()`` of the last page read (or of the start)."""
+
+    def extra_time(self) -> float:
+        """What the next page's call gets beyond its usual bound (s): time for its bytes
+        when they are over ``PAGE_TARGET`` (a page of one big value: pages of smaller
+        ones are sized to it, and keep the usual bounds, which fail over fast), and
+        more after a miss."""
+        expected = self.limit * self.per_key
+        for_bytes = expected / SLOW_RATE if expected > PAGE_TARGET else 0.0
+        missed = MISS_TIME * 2 ** (self.misses - 1) if self.misses else 0.0
+        return min(PAGE_TIME_CAP, max(for_bytes, missed))
+
+
+class ListResumes:
+    """The lists that stopped for want of an answer, by prefix, to resume."""
+
+    def __init__(self) -> None:
+        self._stopped: dict[str, ListProgress] = {}
+
+    def take(self, prefix: str) -> ListProgress:
+        """Where a list of ``prefix`` starts: where the last one stopped, if recent."""
+        now = trio.current_time()
+        progress = self._stopped.pop(prefix, None)
+        if progress is not None and progress.revision:
+            if now - progress.at <= RESUME_WITHIN:
+                log.info(
+                    "etcd list %s: resuming after page %d (%d keys, revision %d)",
+                    prefix, progress.pages, len(progress.kvs), progress.revision,
+                )  # fmt: skip
+                return progress
+            log.info(
+                "etcd list %s: the list that stopped %.0f s ago is too old to resume; "
+                "starting over from the first page", prefix, now - progress.at,
+            )  # fmt: skip
+        fresh = ListProgress(start=prefix.encode("utf-8", "surrogateescape"), at=now)
+        if progress is not None:  # no page read: only its misses carry over
+            fresh.misses = progress.misses
+        return fresh
+
+    def keep(self, prefix: str, progress: ListProgress) -> None:
+        self._stopped.pop(prefix, None)
+        self._stopped[prefix] = progress
+        while len(self._stopped) > RESUMES_KEPT:
+            del self._stopped[next(iter(self._stopped))]
+
+    def __len__(self) -> int:
+        return len(self._stopped)
+
+
+async def list_pages(
+    call: PageCall, prefix: str, resumes: ListResumes | None = None
+) -> tuple[list[KeyValue], int]:
     """Every key under ``prefix``, sorted by key, and the revision they were read at.
+
+    Args:
+        resumes: where a list that stopped is kept, and resumed from (None: every
+            list starts at its first page).
 
     Raises:
         RegistryError: one entry alone is over ``PAGE_BYTES`` (etcd's request limit
             was raised that far), or etcd refused a page.
-        RegistryUnavailable: no endpoint answered, or the revision was compacted
-            between pages (the caller lists again).
+        RegistryUnavailable: no endpoint answered (what was read is kept in
+            ``resumes``), or a revision was compacted between pages twice in a row.
     """
-    start = prefix.encode("utf-8", "surrogateescape")
-    end = b64(prefix_end(prefix))
-    revision = 0
-    limit = FIRST_PAGE_KEYS
-    kvs: list[KeyValue] = []
-    while True:
-        body: JSON = {"key": b64(start), "range_end": end, "limit": str(limit)}
-        if revision:
-            body["revision"] = str(revision)
+    resumes = resumes if resumes is not None else ListResumes()
+    progress = resumes.take(prefix)
+    for restart in range(2):
         try:
-            data = await _page(call, body, prefix) if revision else await call(body, PAGE_BYTES)
-        except Refused as exc:
-            if exc.code == OUT_OF_RANGE:
-                raise RegistryUnavailable(f"etcd list {prefix}: {exc}; listing again") from None
-            raise
-        except PageTooLarge:
-            if limit == 1:
-                raise RegistryError(
-                    f"etcd list {prefix}: the entry after {start[:120]!r} is alone over "
-                    f"{PAGE_BYTES} bytes; delete it"
-                ) from None
-            limit = max(1, limit // SHRINK)
-            continue
-        revision = revision or int(data["header"]["revision"])
-        page = data.get("kvs", [])
-        kvs += [key_value(raw) for raw in page]
-        if not page or not data.get("more", False):
+            await _read_all(call, prefix, progress)
             break
-        start = unb64(page[-1]["key"]) + b"\0"
-        limit = next_limit(page)
-    # By key alone (keys are unique): comparing whole records was a tenth of a list.
-    return sorted(kvs, key=attrgetter("key")), revision
-
-
-async def _page(call: PageCall, body: JSON, prefix: str) -> JSON:
-    """A page after the first, tried again ``PAGE_RETRIES`` times when no endpoint
-    answered it: it is read at a fixed revision, so a list resumes where it stopped
-    instead of starting over (a list of a prefix full of junk takes many pages)."""
-    for attempt in range(PAGE_RETRIES + 1):
-        try:
-            return await call(body, PAGE_BYTES)
         except RegistryUnavailable:
-            if attempt == PAGE_RETRIES:
+            resumes.keep(prefix, progress)
+            raise
+        except Refused as exc:
+            if exc.code != OUT_OF_RANGE:
                 raise
-            log.info("etcd list %s: a page had no answer; asking again", prefix)
+            if restart:
+                raise RegistryUnavailable(f"etcd list {prefix}: {exc}; listing again") from None
+            log.warning(
+                "etcd list %s: revision %d was compacted after page %d; starting over "
+                "from the first page", prefix, progress.revision, progress.pages,
+            )  # fmt: skip
+            progress = ListProgress(start=prefix.encode("utf-8", "surrogateescape"))
+    # By key alone (keys are unique): comparing whole records was a tenth of a list.
+    return sorted(progress.kvs, key=attrgetter("key")), progress.revision
+
+
+async def _read_all(call: PageCall, prefix: str, progress: ListProgress) -> None:
+    """Read the pages from ``progress`` on into it, until the last."""
+    end = b64(prefix_end(prefix))
+    while True:
+        body: JSON = {"key": b64(progress.start), "range_end": end, "limit": str(progress.limit)}
+        if progress.revision:
+            body["revision"] = str(progress.revision)
+        try:
+            data = await _page(call, body, prefix, progress)
+        except PageTooLarge:
+            if progress.limit == 1:
+                raise RegistryError(
+                    f"etcd list {prefix}: the entry after {progress.start[:120]!r} is alone "
+                    f"over {PAGE_BYTES} bytes; delete it"
+                ) from None
+            progress.limit = max(1, progress.limit // SHRINK)
+            continue
+        progress.revision = progress.revision or int(data["header"]["revision"])
+        page = data.get("kvs", [])
+        progress.kvs += [key_value(raw) for raw in page]
+        progress.pages += 1
+        progress.at = trio.current_time()
+        if not page or not data.get("more", False):
+            return
+        progress.start = unb64(page[-1]["key"]) + b"\0"
+        progress.per_key = bytes_per_key(page)
+        progress.limit = next_limit(page)
+
+
+async def _page(call: PageCall, body: JSON, prefix: str, progress: ListProgress) -> JSON:
+    """One page, asked again ``PAGE_RETRIES`` times when no endpoint answered it, each
+    time with more time (``ListProgress.extra_time``). A first page is asked once: with
+    no revision yet there is nothing to resume, the caller lists again."""
+    retries = PAGE_RETRIES if progress.revision else 0
+    for attempt in range(retries + 1):
+        try:
+            data = await call(body, PAGE_BYTES, progress.extra_time())
+        except RegistryUnavailable:
+            progress.misses += 1
+            if attempt == retries:
+                raise
+            log.info(
+                "etcd list %s: a page had no answer; asking again with %.0f s more",
+                prefix, progress.extra_time(),
+            )  # fmt: skip
+            continue
+        progress.misses = 0
+        return data
     raise AssertionError("unreachable")
+
+
+def bytes_per_key(page: list[JSON]) -> int:
+    """The bytes of answer each key of ``page`` took (its key and value, base64)."""
+    size = sum(len(raw.get("key", "")) + len(raw.get("value", "")) + 100 for raw in page)
+    return max(1, size // len(page))
 
 
 def next_limit(page: list[JSON]) -> int:
     """Keys for the next page: about ``PAGE_TARGET`` at the last page's bytes per key
     (its keys and values, base64), between 1 and ``PAGE_KEYS``."""
-    size = sum(len(raw.get("key", "")) + len(raw.get("value", "")) + 100 for raw in page)
-    per_key = max(1, size // len(page))
-    return max(1, min(PAGE_KEYS, PAGE_TARGET // per_key))
+    return max(1, min(PAGE_KEYS, PAGE_TARGET // bytes_per_key(page)))

@@ -5,6 +5,8 @@ Each error names the key and the fix (invariant 6).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import tomllib
 from collections.abc import Mapping
@@ -149,6 +151,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         doctor_port=doctor_port,
         site=_site_spec(_table(data, "site")),
         gateways=_gateways(_table(data, "sites"), size),
+        gateway_keys=_gateway_keys(_table(data, "sites")),
         registry=_registry(registry),
         http=HttpSpec(
             listen=check_listen(http["listen"], "http.listen") if "listen" in http else None
@@ -192,7 +195,7 @@ def _gateways(table: Mapping[str, Any], size: int) -> tuple[tuple[str, tuple[int
     for name in sorted(table):
         site = check_site_name(name, f"sites.{name}")
         entry = _table(table, name)
-        _check_keys(f"sites.{name}", entry, {"gateways": list})
+        _check_keys(f"sites.{name}", entry, {"gateways": list, "gateway_keys": Mapping})
         ranks = entry.get("gateways", [])
         key = f"sites.{name}.gateways"
         if not ranks:
@@ -205,6 +208,42 @@ def _gateways(table: Mapping[str, Any], size: int) -> tuple[tuple[str, tuple[int
             owner[rank] = site
         found.append((site, tuple(sorted(ranks))))
     return tuple(found)
+
+
+def _gateway_keys(table: Mapping[str, Any]) -> tuple[tuple[int, str], ...]:
+    """``[sites.<name>] gateway_keys = { RANK = "signing public key" }``: each key a
+    rank of that site's ``gateways``, each value a base64 Ed25519 public key (checked
+    after ``_gateways``, so the site tables are known good)."""
+    pins: list[tuple[int, str]] = []
+    for name in sorted(table):
+        entry = table[name]
+        ranks = entry.get("gateways", [])
+        for text, value in entry.get("gateway_keys", {}).items():
+            key = f"sites.{name}.gateway_keys.{text}"
+            if not (text.isascii() and text.isdigit()) or str(int(text)) != text:
+                raise SpecError(f"{key}: {text!r} is not a rank; name a rank of sites.{name}"
+                                f".gateways {ranks}")  # fmt: skip
+            if int(text) not in ranks:
+                raise SpecError(f"{key}: rank {text} is not one of sites.{name}.gateways "
+                                f"{ranks}; pin only the site's own gateway ranks")  # fmt: skip
+            if not isinstance(value, str):
+                raise SpecError(f"{key}: expected a string, got {_kind(value)}")
+            if not _is_key(value):
+                raise SpecError(
+                    f"{key}: {value[:60]!r} is not a signing public key: give the "
+                    "gateway's (base64 of 32 bytes), as `vnetd signing-key` prints it"
+                )
+            pins.append((int(text), value))
+    return tuple(sorted(pins))
+
+
+def _is_key(value: str) -> bool:
+    """Base64 of 32 bytes (``vnetd.model.key_bytes``'s rule; that module imports this
+    package, so it cannot be imported here)."""
+    try:
+        return len(base64.b64decode(value, validate=True)) == 32
+    except (binascii.Error, ValueError):
+        return False
 
 
 def check_site_name(value: str, source: str) -> str:
@@ -237,7 +276,8 @@ def _check_keys(table: str, values: Mapping[str, Any], known: Mapping[str, type]
             raise SpecError(f"{table}.{key}: expected {_TYPE_NAMES[expected]}, got {_kind(value)}")
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", list: "an array"}
+_TYPE_NAMES: dict[type, str] = {str: "a string", int: "an integer", list: "an array",
+                                 Mapping: "a table"}  # fmt: skip
 
 
 def _kind(value: object) -> str:

@@ -105,6 +105,9 @@ class MeshSpec:
     """Persistent keepalive (s) of peers in another site; 0: off."""
     gateways: tuple[tuple[str, tuple[int, ...]], ...] = ()
     """``[sites.<name>] gateways``: (site, its gateway ranks), sorted by site; () : none."""
+    gateway_keys: tuple[tuple[int, str], ...] = ()
+    """``[sites.<name>] gateway_keys``: (gateway rank, the record signing public key
+    pinned for it), sorted by rank; () : none pinned."""
     site: SiteSpec = SiteSpec()
 
     @property
@@ -180,6 +183,19 @@ class MeshSpec:
         # Filled on demand: at most one entry per rank that is asked for.
         return {}
 
+    def pinned_key(self, rank: int) -> str | None:
+        """The signing public key pinned for gateway ``rank`` (``[sites.<name>]
+        gateway_keys``), or None: its records may be signed by any key."""
+        return self._pins.get(rank) if self.gateway_keys else None
+
+    @cached_property
+    def _pins(self) -> dict[int, str]:
+        return dict(self.gateway_keys)
+
+    def site_of_gateway(self, rank: int) -> str | None:
+        """The site whose ``gateways`` list ``rank``, or None."""
+        return next((site for site, ranks in self.gateways if rank in ranks), None)
+
     def host(self, rank: int) -> str:
         """The hostname of ``rank`` from the spec's pattern."""
         self.check_rank(rank)
@@ -215,6 +231,10 @@ class MeshSpec:
             table["gateways"] = {site: list(ranks) for site, ranks in self.gateways}
         else:
             del table["gateways"]
+        if self.gateway_keys:
+            table["gateway_keys"] = {str(rank): key for rank, key in self.gateway_keys}
+        else:
+            del table["gateway_keys"]  # absent without pins: older meshes compare equal
         table["network"] = str(self.network)
         if self.network6 is None:
             # Absent, not null: the stored spec of a mesh made before network6 existed

@@ -299,3 +299,20 @@ def test_bursting_doc_renders_both_clusters_from_its_spec(capsys, tmp_path: Path
         assert code == 0, err
         kinds = [d["kind"] for d in yaml.safe_load_all((tmp_path / output).read_text())]
         assert kinds.count("Service") == 3, "the headless Service and two gateways"
+
+
+PINNED_KEY = "Ucb74ZcCxteNhokZkr//PfqCutO0VXNAQ6t5imezO7w="
+
+
+@pytest.mark.parametrize("options", [SITE_A, SITE_B, ManifestOptions()], ids=["a", "b", "all"])
+def test_a_pinned_gateway_key_reaches_every_pod_with_the_spec(options: ManifestOptions):
+    """``gateway_keys`` is part of the mesh: every rendered ConfigMap carries it, so
+    every pod's daemon refuses a forged gateway 32."""
+    text = BURST_TOML + f'gateway_keys = {{ 32 = "{PINNED_KEY}" }}\n'
+    configs = [
+        doc["data"]["mesh.toml"]
+        for doc in documents(options, text)
+        if doc["kind"] == "ConfigMap" and "mesh.toml" in doc.get("data", {})
+    ]
+    assert configs
+    assert all(spec_of(config).pinned_key(32) == PINNED_KEY for config in configs)
