@@ -34,6 +34,10 @@ retransmission
 (1 s, then 2 s), so a normal hello can come 3-5 s after the claim, as late as a retried
 handshake would. The launcher bench carries that figure (bench/launcher.py,
 docs/benchmarks.md section 3)."""
+CLAIM_AFTER_HELLO = 4.5
+"""A restarted rank's claim, once its hello has come: the daemon is the same instance, so
+it takes its entry over at once; below the lab's 5 s lease TTL, which a daemon that waited
+for its old lease to expire would take."""
 BROKER = Path(__file__).with_name("zmq_broker.py")
 
 
@@ -69,13 +73,25 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-async def wait_until(condition: Any, what: str, timeout: float) -> None:  # noqa: ASYNC109
-    """Poll ``condition()`` every 50 ms for at most ``timeout`` s."""
+async def wait_until(condition: Any, what: str, timeout: float, why: Any = None) -> None:  # noqa: ASYNC109
+    """Poll ``condition()`` every 50 ms for at most ``timeout`` s; on a timeout, the
+    assertion carries ``why()`` too (what the processes said)."""
     with trio.move_on_after(timeout):
         while not condition():
             await trio.sleep(0.05)
         return
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+    raise AssertionError(f"{what}: not within {timeout:.0f} s" + (f"\n{why()}" if why else ""))
+
+
+def last_words(mesh: MeshLab, brokers: dict[int, LabProcess], ranks: list[int]) -> str:
+    """The daemons that died, and the last log lines of ``ranks``' daemons and brokers."""
+    told = [f"dead daemons (rank: exit code): {mesh.dead_daemons()}"]
+    for rank in ranks:
+        for name, process in (("vnetd", mesh.daemons.get(rank)), ("broker", brokers.get(rank))):
+            if process is not None:
+                tail = process.log_text().splitlines()[-8:]
+                told.append(f"rank {rank} {name}:\n  " + "\n  ".join(tail))
+    return "\n".join(told)
 
 
 @pytest.mark.parametrize(
@@ -111,6 +127,7 @@ async def test_every_rank_says_hello_to_rank0_and_again_after_moving(
                 lambda: set(hellos(root)) >= everyone,
                 f"hellos at rank 0 (have {sorted(hellos(root))}, order {[*workers, 0]})",
                 HELLO_WITHIN,
+                lambda: last_words(mesh, brokers, [0, *sorted(everyone - set(hellos(root)))]),
             )
             last_hello = max(e["t"] for got in hellos(root).values() for e in got)
             claimed = mesh.claimed_at(0)
@@ -129,8 +146,18 @@ async def test_every_rank_says_hello_to_rank0_and_again_after_moving(
             def said_hello_again() -> bool:
                 return any(e["boot"] != old_boot for e in hellos(root).get(restarted, []))
 
-            await wait_until(said_hello_again, f"rank {restarted} hello again", HELLO_WITHIN)
+            await wait_until(
+                said_hello_again, f"rank {restarted} hello again", HELLO_WITHIN,
+                lambda: last_words(mesh, brokers, [0, restarted]),
+            )  # fmt: skip
             again = next(e for e in hellos(root)[restarted] if e["boot"] != old_boot)
+            # The hello may come first: the restarted daemon puts its known peers on its
+            # device before it claims, and rank 0 takes its new endpoint from the handshake.
+            await wait_until(
+                lambda: mesh.claimed_at(restarted) is not None,
+                f"rank {restarted}'s claim after its hello", CLAIM_AFTER_HELLO,
+                lambda: last_words(mesh, brokers, [restarted]),
+            )  # fmt: skip
             claimed = mesh.claimed_at(restarted)
             assert claimed is not None
             print(f"rank {restarted} hello again {again['t'] - claimed:.2f} s after its claim")
