@@ -2,9 +2,9 @@
 socket and over a fake kernel, and ``vnetd status`` / ``vnetd wait --reachable``
 on the kernel's code path.
 
-The fake kernel answers ``info`` with messages built and decoded by pyroute2's
-real ``wgmsg`` codec, as the kernel sends them (device attributes in the first
-message, the peers split over two), so ``kernel.parse_info`` reads what it
+The fake kernel answers a dump with messages encoded by pyroute2's real
+``wgmsg`` codec, as the kernel sends them (device attributes in the first
+message, the peers split over two), so ``kernel.parse_dump`` reads what it
 would read from a real device.
 """
 
