@@ -630,3 +630,38 @@ def test_spec_dataplane_is_local_not_part_of_the_mesh() -> None:
     assert spec("kernel").canonical_json() == spec("userspace").canonical_json()
     with pytest.raises(VnetdError, match=r"wireguard.dataplane: 'wg' is not one of auto"):
         spec("wg")
+
+
+class SilentWireGuard(FakeWireGuard):
+    """A socket whose answer never comes (its read times out)."""
+
+    def set_peers(self, interface: str, peers: Sequence[dict[str, Any]]) -> None:
+        raise TimeoutError("timed out")
+
+
+async def test_a_socket_that_times_out_is_a_dataplane_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reconciler retries a DataplaneError; an OSError would end the daemon."""
+    no_route_moves(monkeypatch)
+    dp = KernelDataplane(config(), None, lambda netns: SilentWireGuard([]))
+    with trio.fail_after(5), pytest.raises(DataplaneError, match="wireguard socket: timed out"):
+        await dp.apply(Plan(add=THOUSAND_PEERS[:1]))
+
+
+async def test_a_plan_goes_to_the_socket_as_one_batch_with_its_handshakes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One ``set_peers`` for the whole plan (packed many peers to a message), not one
+    call per peer: 1000 adds and the three keepalive steps of one handshake."""
+    no_route_moves(monkeypatch)
+    fakes: list[FakeWireGuard] = []
+
+    def factory(netns: str | None) -> FakeWireGuard:
+        fakes.append(FakeWireGuard([]))
+        return fakes[-1]
+
+    dp = KernelDataplane(config(), None, factory)
+    with trio.fail_after(30):
+        await dp.apply(Plan(add=THOUSAND_PEERS, handshake=(THOUSAND_PEERS[0].public_key,)))
+    assert [fake.batches for fake in fakes] == [[1003]]

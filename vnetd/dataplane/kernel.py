@@ -220,12 +220,19 @@ class KernelDataplane(LinkedDevice):
         self._lock = trio.Lock()
 
     def _call(self, fn: Callable[[WgClient], T]) -> T:
-        """Open a WireGuard socket, run ``fn`` with it, close it (sync; in a thread)."""
-        wg = self.wg_factory(self.netns)
+        """Open a WireGuard socket, run ``fn`` with it, close it (sync; in a thread).
+
+        Raises:
+            DataplaneError: the socket failed (no answer within ``wg_netlink.TIMEOUT``).
+        """
         try:
-            return fn(wg)
-        finally:
-            wg.close()
+            wg = self.wg_factory(self.netns)
+            try:
+                return fn(wg)
+            finally:
+                wg.close()
+        except OSError as exc:  # the kernel's refusals are NetlinkError, mapped by run_netlink
+            raise DataplaneError(f"netlink: wireguard socket: {exc.strerror or exc}") from exc
 
     def _info(self) -> DeviceState:
         interface = self.config.interface
