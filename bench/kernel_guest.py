@@ -191,7 +191,7 @@ async def change_run(lab: Lab, mesh: JsonMesh, dataplane: str, first: int, chang
             "details": details}  # fmt: skip
 
 
-DETAILS = ("full pass: ", "vnet0: applied ", "plan applied: ", "peer rank ")
+DETAILS = ("full pass: ", "vnet0: applied ", "plan applied: ")
 
 
 def pass_details(mesh: JsonMesh, after: float, most: int = 40) -> list[str]:
@@ -200,7 +200,8 @@ def pass_details(mesh: JsonMesh, after: float, most: int = 40) -> list[str]:
     from one that wrote one peer."""
     lines = [line for line in mesh.log(0) if line.t >= after]
     picked = [f"+{line.t - after:.1f} s {line.message[:160]}" for line in lines
-              if line.message.startswith(DETAILS)]  # fmt: skip
+              if line.message.startswith(DETAILS)
+              or " endpoint moved " in line.message]  # fmt: skip
     return picked[:most]
 
 
