@@ -151,6 +151,7 @@ async def change_part(rounds: int, changes: int, failures: list[JSON]) -> list[J
     async with open_lab(2) as lab:
         path = write_spec(lab.workdir / "mesh.toml", SIZE, lab.etcd_url, ttl=LEASE_TTL)
         mesh = JsonMesh(lab, path, load_spec(path))
+        mesh.log_level = "DEBUG"  # rank 0's passes in detail (``pass_details``)
         await mesh.start_rank(1, "--dataplane", "userspace")
         await wait_for(lambda: "claimed rank 1" in mesh.daemons[1].log_text(), "rank 1 claimed",
                        MESH_TIMEOUT, 0.5)  # fmt: skip
@@ -174,7 +175,9 @@ async def change_run(lab: Lab, mesh: JsonMesh, dataplane: str, first: int, chang
     try:
         await start_full(mesh, "--dataplane", dataplane, timeout=FULL_TIMEOUT)
         full_s = time.monotonic() - started
+        moves_from = time.time()
         passes = await move_passes(lab, mesh, changes, first, timeout=MOVE_TIMEOUT)
+        details = pass_details(mesh, moves_from)
     except Exception as error:
         logged = print_troubles(mesh, [0])
         raise RuntimeError(f"{type(error).__name__}: {error}; logged {logged}") from error
@@ -182,7 +185,24 @@ async def change_run(lab: Lab, mesh: JsonMesh, dataplane: str, first: int, chang
         link_left = await stop_rank(mesh, 0)
     print(f"  {dataplane}: 1023 peers {full_s:.1f} s after the start; one change: passes "
           f"{', '.join(f'{p:.1f}' for p in passes)} ms", flush=True)  # fmt: skip
-    return {"pass_ms": passes, "full_s": round(full_s, 3), "link_left": link_left}
+    for line in details:
+        print(f"    {line}", flush=True)
+    return {"pass_ms": passes, "full_s": round(full_s, 3), "link_left": link_left,
+            "details": details}  # fmt: skip
+
+
+DETAILS = ("full pass: ", "vnet0: applied ", "plan applied: ")
+
+
+def pass_details(mesh: JsonMesh, after: float, most: int = 40) -> list[str]:
+    """Rank 0's lines of its passes since ``after`` (``DEBUG``: a full pass's device
+    read, the data plane's own apply time), to tell a pass that read the whole device
+    from one that wrote one peer."""
+    lines = [line for line in mesh.log(0) if line.t >= after]
+    picked = [f"+{line.t - after:.1f} s {line.message[:160]}" for line in lines
+              if line.message.startswith(DETAILS)
+              or " endpoint moved " in line.message]  # fmt: skip
+    return picked[:most]
 
 
 # --- 2: join propagation at 8 ranks ------------------------------------------------------

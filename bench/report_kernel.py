@@ -43,7 +43,11 @@ def kernel_guest_section(r: JSON | None) -> list[str]:
         "One change: rank 0 of a 1024-rank mesh (as in the data plane section), its",
         f"{change['peers']} peers registered before it started, {p['changes']} endpoint moves",
         f"timed per device per round ({p['rounds']} round(s)), by the daemon's `plan applied`",
-        "line; median (min–max). Per round, kernel / wireguard-go of the medians: "
+        "line; median (min–max). A pass that reads the whole device (a full pass, every",
+        "30 s; a pass over a peer still waiting for its initiator, in the 2 s after the",
+        "claim that TCG stretches) costs a dump, not a move: the result keeps rank 0's",
+        "pass lines after the moves (`details`; a full pass logs its read at DEBUG).",
+        "Per round, kernel / wireguard-go of the medians: "
         f"{mmm(change['round_ratios'], 2)}. Join propagation: {p['joins']} joins per mesh of",
         f"{join['ranks']} ranks on one data plane (as the propagation section's steady joins:",
         "a daemon's `peer joined` line minus etcd's acknowledgement of the join), "

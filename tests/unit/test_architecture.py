@@ -126,6 +126,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.dataplane.supervise": DATAPLANE,
     "vnetd.dataplane.uapi": DATAPLANE,
     "vnetd.dataplane.uapi_client": DATAPLANE,
+    "vnetd.dataplane.wg_netlink": DATAPLANE,
     "vnetd.control": CONTROL,
     "vnetd.control.access": CONTROL,
     "vnetd.control.assign": CONTROL,

@@ -1,10 +1,10 @@
-"""The kernel data plane without a kernel: the messages it hands pyroute2, the
-answers it reads, and the choice ``--dataplane auto`` makes.
+"""The kernel data plane without a kernel: the messages it sends, the answers it
+reads, and the choice ``--dataplane auto`` makes.
 
-pyroute2's own encoder and decoder are exercised: each peer message is
-encoded by ``AsyncWireGuard._wg_set_peer`` into a ``wgmsg`` and decoded back,
-and device dumps are built as the kernel sends them and parsed by
-``parse_info``.
+pyroute2's own encoder and decoder are the reference: each peer message packed by
+``wg_netlink.set_requests`` is decoded by pyroute2's ``wgmsg`` (and is byte for byte
+what ``AsyncWireGuard._wg_set_peer`` encodes), and device dumps are encoded by
+pyroute2 as the kernel sends them and parsed by ``parse_dump``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import base64
 import errno
 import logging
 import socket
+import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import replace
 from ipaddress import ip_interface, ip_network
 from typing import Any
@@ -29,13 +30,13 @@ from pyroute2.netlink.generic.wireguard import (
     wgmsg,
 )
 
-from vnetd.dataplane import choose_dataplane, kernel
+from vnetd.dataplane import choose_dataplane, kernel, wg_netlink
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.kernel import (
     KernelDataplane,
     device_attrs,
     handshake_messages,
-    parse_info,
+    parse_dump,
     peer_messages,
 )
 from vnetd.dataplane.pyroute2_package import NetlinkError
@@ -68,17 +69,28 @@ def config(keepalive: int = 0) -> DeviceConfig:
     )
 
 
-def encoded(message: dict[str, Any]) -> dict[str, Any]:
-    """The peer as the kernel receives it: through pyroute2's encoder and back."""
+def pyroute2_request(message: dict[str, Any]) -> bytes:
+    """pyroute2's own ``WG_CMD_SET_DEVICE`` for one peer, after the netlink header."""
     msg = wgmsg()
     msg["cmd"] = 1
     msg["version"] = 1
     msg["attrs"].append(["WGDEVICE_A_IFNAME", "vnet0"])
     AsyncWireGuard._wg_set_peer(object.__new__(AsyncWireGuard), msg, message)
     msg.encode()
-    back = wgmsg(msg.data)
+    return bytes(msg.data[16:])
+
+
+def decoded(request: bytes) -> wgmsg:
+    """A packed request as pyroute2 decodes it (a netlink header put in front)."""
+    back = wgmsg(struct.pack("=IHHII", 16 + len(request), 0, 0, 0, 0) + request)
     back.decode()
-    (peer,) = back.get_attr("WGDEVICE_A_PEERS")
+    return back
+
+
+def encoded(message: dict[str, Any]) -> dict[str, Any]:
+    """The peer as the kernel receives it: packed here, decoded by pyroute2."""
+    (request,) = wg_netlink.set_requests("vnet0", [message])
+    (peer,) = decoded(request).get_attr("WGDEVICE_A_PEERS")
     out: dict[str, Any] = {
         "key": peer.get_attr("WGPEER_A_PUBLIC_KEY").decode(),
         "flags": peer.get_attr("WGPEER_A_FLAGS"),
@@ -162,8 +174,8 @@ def test_bad_input_is_a_dataplane_error(plan: Plan, match: str) -> None:
         peer_messages(plan)
 
 
-def dump(peers: list[list[Any]], private_key: str | None = PRIVATE) -> wgmsg:
-    """A WG_CMD_GET_DEVICE answer as the kernel sends it, decoded by pyroute2."""
+def dump(peers: list[list[Any]], private_key: str | None = PRIVATE) -> bytes:
+    """A WG_CMD_GET_DEVICE answer as the kernel sends it, encoded by pyroute2."""
     msg = wgmsg()
     msg["cmd"] = 0
     msg["version"] = 1
@@ -173,9 +185,7 @@ def dump(peers: list[list[Any]], private_key: str | None = PRIVATE) -> wgmsg:
     if peers:
         msg["attrs"].append(["WGDEVICE_A_PEERS", [{"attrs": attrs} for attrs in peers]])
     msg.encode()
-    back = wgmsg(msg.data)
-    back.decode()
-    return back
+    return bytes(msg.data)
 
 
 def allowed(*cidrs: str) -> list[Any]:
@@ -195,7 +205,7 @@ def allowed(*cidrs: str) -> list[Any]:
     return ["WGPEER_A_ALLOWEDIPS", items]
 
 
-def test_parse_info_reads_peers_and_merges_a_split_dump() -> None:
+def test_parse_dump_reads_peers_and_merges_a_split_dump() -> None:
     first = dump(
         [
             [
@@ -220,7 +230,7 @@ def test_parse_info_reads_peers_and_merges_a_split_dump() -> None:
         ],
         private_key=None,
     )
-    key, port, peers = parse_info([first, second])
+    key, port, peers = parse_dump([first, second + DONE])
     assert (key, port) == (PRIVATE, 51820)
     assert peers == {
         KA: DevicePeer(
@@ -230,27 +240,71 @@ def test_parse_info_reads_peers_and_merges_a_split_dump() -> None:
     }
 
 
-def test_parse_info_of_an_empty_device() -> None:
-    assert parse_info([dump([])]) == (PRIVATE, 51820, {})
+def test_parse_dump_of_an_empty_device() -> None:
+    assert parse_dump([dump([])]) == (PRIVATE, 51820, {})
+
+
+DONE = struct.pack("=IHHIIi", 20, 3, 2, 0, 0, 0)
+"""NLMSG_DONE, as a dump ends (it may share a read with the last answer)."""
+
+
+def test_a_request_is_byte_for_byte_pyroute2s_encoding() -> None:
+    """Every kind of peer message: remove, endpoint update (v4, v6), allowed IPs moved,
+    add with preshared key, keepalive and two families, the handshake's keepalive steps."""
+    plan = Plan(
+        remove=(Peer(KA, ("10.250.0.2/32",)),),
+        update=(
+            PeerUpdate(KB, endpoint="[fd00:198:18::3]:51821"),
+            PeerUpdate(KC, "198.18.0.4:1", ("10.250.0.4/32",), ("10.250.0.9/32",)),
+        ),
+        add=(Peer(KA, ("10.250.0.2/32", "fd00:250::2/128", "10.9.0.0/16"), "198.18.0.2:51820"),),
+    )
+    messages = peer_messages(plan, 25, KC) + handshake_messages([KA], 25)
+    for message in messages:
+        assert wg_netlink.set_requests("vnet0", [message]) == [pyroute2_request(message)]
+
+
+def test_many_peers_go_in_few_messages_each_within_the_chunk_in_order() -> None:
+    """1000 adds in ceil(bytes / CHUNK) messages (not 1000), every peer once, in order,
+    each message within ``CHUNK`` bytes of peers (pyroute2 decodes them all)."""
+    messages = peer_messages(Plan(add=THOUSAND_PEERS))
+    requests = wg_netlink.set_requests("vnet0", messages)
+    assert 1 < len(requests) < 20
+    keys = []
+    for request in requests:
+        assert len(request) <= wg_netlink.CHUNK + 64  # the genl header, the name, the nest
+        keys += [
+            p.get_attr("WGPEER_A_PUBLIC_KEY").decode()
+            for p in decoded(request).get_attr("WGDEVICE_A_PEERS")
+        ]
+    assert keys == [peer.public_key for peer in THOUSAND_PEERS]
+
+
+def test_a_peer_bigger_than_the_chunk_goes_alone() -> None:
+    many = tuple(f"10.{i // 250}.{i % 250}.0/24" for i in range(600))  # 24 KB of allowed IPs
+    messages = peer_messages(
+        Plan(add=(Peer(KA, ("10.250.0.2/32",)), Peer(KB, many), Peer(KC, ("10.250.0.3/32",))))
+    )
+    requests = wg_netlink.set_requests("vnet0", messages)
+    assert [len(decoded(r).get_attr("WGDEVICE_A_PEERS")) for r in requests] == [1, 1, 1]
+    (big,) = decoded(requests[1]).get_attr("WGDEVICE_A_PEERS")
+    assert len(big.get_attr("WGPEER_A_ALLOWEDIPS")) == 600
 
 
 class FakeWireGuard:
-    """Records ``set`` calls; ``info`` answers with the peers set so far (no kernel)."""
+    """Records the peers set; ``dump`` answers with the peers set so far (no kernel)."""
 
     def __init__(self, log: list[tuple[str, dict[str, Any]]]) -> None:
         self.log = log
+        self.batches: list[int] = []
+        """The peers of each ``set_peers`` call."""
 
-    def set(
-        self,
-        interface: str,
-        listen_port: int | None = None,
-        fwmark: int | None = None,
-        private_key: str | None = None,
-        peer: dict[str, Any] | None = None,
-    ) -> object:
-        assert peer is not None
-        self.log.append((interface, peer))
-        return None
+    def set_device(self, interface: str, private_key: str, listen_port: int) -> None:
+        raise AssertionError("no device-level set expected")
+
+    def set_peers(self, interface: str, peers: Sequence[dict[str, Any]]) -> None:
+        self.batches.append(len(peers))
+        self.log.extend((interface, peer) for peer in peers)
 
     def held(self) -> list[list[Any]]:
         """The peers the sets so far leave on the device, as a dump's attributes."""
@@ -265,7 +319,7 @@ class FakeWireGuard:
                 ]
         return list(peers.values())
 
-    def info(self, interface: str) -> Iterable[Any]:
+    def dump(self, interface: str) -> list[bytes]:
         return [dump(self.held())]
 
     def close(self) -> None:
@@ -301,13 +355,13 @@ async def test_apply_sends_each_peer_once_and_moves_routes(
 
 
 class SlowWireGuard(FakeWireGuard):
-    """A kernel whose every ``set`` takes ``delay`` s (a slow or loaded node)."""
+    """A kernel that takes ``delay`` s for every peer set (a slow or loaded node)."""
 
     delay = 0.0065
 
-    def set(self, interface: str, **fields: Any) -> object:  # noqa: ANN401
-        time.sleep(self.delay)
-        return super().set(interface, **fields)
+    def set_peers(self, interface: str, peers: Sequence[dict[str, Any]]) -> None:
+        time.sleep(self.delay * len(peers))
+        super().set_peers(interface, peers)
 
 
 async def test_a_big_plan_gets_a_netlink_bound_that_grows_with_its_messages(
@@ -345,7 +399,7 @@ class SlowDump(FakeWireGuard):
 
     per_peer = FIXED_BOUND * 1.1 / 1000
 
-    def info(self, interface: str) -> Iterable[Any]:
+    def dump(self, interface: str) -> list[bytes]:
         peers = self.held()
         time.sleep(self.per_peer * len(peers))
         # Over several messages, as the kernel splits a dump.
@@ -379,10 +433,10 @@ def test_the_first_dump_of_an_adopted_link_is_bounded_by_the_mesh_size() -> None
 
 
 class TakesDeviceSets(FakeWireGuard):
-    """Also takes the device-level ``set`` (private key and port) that ``open`` sends."""
+    """Also takes the device-level set (private key and port) that ``open`` sends."""
 
-    def set(self, interface: str, **fields: Any) -> object:  # noqa: ANN401
-        return None if fields.get("peer") is None else super().set(interface, **fields)
+    def set_device(self, interface: str, private_key: str, listen_port: int) -> None:
+        pass
 
 
 async def test_an_adopted_link_is_configured_within_a_bound_that_grows_with_the_mesh(
@@ -411,12 +465,12 @@ async def test_an_adopted_link_is_configured_within_a_bound_that_grows_with_the_
 
 
 class RefusingWireGuard(FakeWireGuard):
-    """Takes the first peer of a batch, then refuses (as a set failing part-way does)."""
+    """Takes the first peer of a batch, then refuses (as a set failing part-way does:
+    the kernel applies a message's peers in order and stops at the refused one)."""
 
-    def set(self, interface: str, **fields: Any) -> object:  # noqa: ANN401
-        if self.log:
-            raise NetlinkError(errno.EINVAL, "refused")
-        return super().set(interface, **fields)
+    def set_peers(self, interface: str, peers: Sequence[dict[str, Any]]) -> None:
+        super().set_peers(interface, peers[:1])
+        raise NetlinkError(errno.EINVAL, "refused")
 
 
 async def test_a_change_that_failed_part_way_has_its_routes_repaired_at_the_next_read(
@@ -576,3 +630,38 @@ def test_spec_dataplane_is_local_not_part_of_the_mesh() -> None:
     assert spec("kernel").canonical_json() == spec("userspace").canonical_json()
     with pytest.raises(VnetdError, match=r"wireguard.dataplane: 'wg' is not one of auto"):
         spec("wg")
+
+
+class SilentWireGuard(FakeWireGuard):
+    """A socket whose answer never comes (its read times out)."""
+
+    def set_peers(self, interface: str, peers: Sequence[dict[str, Any]]) -> None:
+        raise TimeoutError("timed out")
+
+
+async def test_a_socket_that_times_out_is_a_dataplane_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reconciler retries a DataplaneError; an OSError would end the daemon."""
+    no_route_moves(monkeypatch)
+    dp = KernelDataplane(config(), None, lambda netns: SilentWireGuard([]))
+    with trio.fail_after(5), pytest.raises(DataplaneError, match="wireguard socket: timed out"):
+        await dp.apply(Plan(add=THOUSAND_PEERS[:1]))
+
+
+async def test_a_plan_goes_to_the_socket_as_one_batch_with_its_handshakes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One ``set_peers`` for the whole plan (packed many peers to a message), not one
+    call per peer: 1000 adds and the three keepalive steps of one handshake."""
+    no_route_moves(monkeypatch)
+    fakes: list[FakeWireGuard] = []
+
+    def factory(netns: str | None) -> FakeWireGuard:
+        fakes.append(FakeWireGuard([]))
+        return fakes[-1]
+
+    dp = KernelDataplane(config(), None, factory)
+    with trio.fail_after(30):
+        await dp.apply(Plan(add=THOUSAND_PEERS, handshake=(THOUSAND_PEERS[0].public_key,)))
+    assert [fake.batches for fake in fakes] == [[1003]]

@@ -2,9 +2,9 @@
 socket and over a fake kernel, and ``vnetd status`` / ``vnetd wait --reachable``
 on the kernel's code path.
 
-The fake kernel answers ``info`` with messages built and decoded by pyroute2's
-real ``wgmsg`` codec, as the kernel sends them (device attributes in the first
-message, the peers split over two), so ``kernel.parse_info`` reads what it
+The fake kernel answers a dump with messages encoded by pyroute2's real
+``wgmsg`` codec, as the kernel sends them (device attributes in the first
+message, the peers split over two), so ``kernel.parse_dump`` reads what it
 would read from a real device.
 """
 
@@ -104,7 +104,8 @@ def _peer_attrs(peer: DevicePeer) -> list[Any]:
     return attrs
 
 
-def _message(interface: str, device: list[Any], peers: Sequence[DevicePeer]) -> wgmsg:
+def _message(interface: str, device: list[Any], peers: Sequence[DevicePeer]) -> bytes:
+    """A dump message as the kernel sends it (encoded by pyroute2)."""
     msg = wgmsg()
     msg["cmd"] = 0
     msg["version"] = 1
@@ -112,19 +113,17 @@ def _message(interface: str, device: list[Any], peers: Sequence[DevicePeer]) -> 
     if peers:
         msg["attrs"].append(["WGDEVICE_A_PEERS", [{"attrs": _peer_attrs(p)} for p in peers]])
     msg.encode()
-    back = wgmsg(msg.data)
-    back.decode()
-    return back
+    return bytes(msg.data)
 
 
 class FakeKernel:
-    """Links by name and kind, and WireGuard devices answering ``info`` as the kernel does."""
+    """Links by name and kind, and WireGuard devices answering a dump as the kernel does."""
 
     def __init__(self) -> None:
         self.links: dict[str, str] = {}
         self.devices: dict[str, tuple[str, Sequence[DevicePeer]]] = {}
         self.refuse: int | None = None
-        """An errno every ``info`` fails with (EPERM for a reader without CAP_NET_ADMIN)."""
+        """An errno every dump fails with (EPERM for a reader without CAP_NET_ADMIN)."""
         self.opened: list[str | None] = []
 
     def add(self, interface: str, peers: Sequence[DevicePeer], private_key: str = PRIVATE_KEY):
@@ -138,7 +137,7 @@ class FakeKernel:
         self.opened.append(netns)
         return self
 
-    def info(self, interface: str) -> Iterable[Any]:
+    def dump(self, interface: str) -> list[bytes]:
         if self.refuse is not None:
             raise NetlinkError(self.refuse, errno.errorcode[self.refuse])
         if interface not in self.devices:

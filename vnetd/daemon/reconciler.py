@@ -206,7 +206,13 @@ class Reconciler:
                 self.view.members, self.self_rank, self.spec, self.self_key, created
             )
             self._full_at = now
+            read_started = time.perf_counter()
             actual: Mapping[str, DevicePeer | Peer] = await self.dataplane.peers()
+            log.debug(
+                "full pass: read %d peer(s) from the device in %.1f ms",
+                len(actual),
+                (time.perf_counter() - read_started) * 1000,
+            )
         else:
             members, keys = self._applied.touched(self.view.members, changed)
             desired, skipped = desired_peers(

@@ -4,9 +4,9 @@ Used by ``vnetd status`` (the device columns) and ``vnetd wait --reachable``
 (the handshakes). Where wireguard-go answers on ``<socket dir>/<interface>.sock``
 (shared with the container that runs ``vnetd up``), one ``get`` on it;
 otherwise the kernel's WireGuard device of that name, through generic netlink
-(pyroute2, imported only then). Both give the same ``LocalDevice``, read by
+(``wg_netlink``, imported only then). Both give the same ``LocalDevice``, read by
 the data planes' own parsers (``uapi_protocol.parse_device``,
-``kernel.parse_info``). The daemon's ``/status`` reads its open ``Dataplane``
+``wg_netlink.parse_dump``). The daemon's ``/status`` reads its open ``Dataplane``
 instead. See docs/architecture.md (data plane).
 
 Either answer carries the device's private key. It is turned into the public
@@ -27,7 +27,7 @@ from vnetd.errors import DataplaneError
 from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer
 
-if TYPE_CHECKING:  # kernel imports pyroute2: only when there is no socket to read
+if TYPE_CHECKING:  # kernel imports pyroute2 and wg_netlink: only when there is no socket to read
     from vnetd.dataplane.kernel import WgFactory
 
 READ_TIMEOUT = 2.0
@@ -63,11 +63,11 @@ async def read_device(
 
     Args:
         max_peers: the most peers the device may hold (the mesh's size less one): a
-            kernel dump gets ``kernel.DUMP_ALLOWANCE`` s more per peer (pyroute2
-            decodes it peer by peer; 1000 took 18 s in the TCG guest).
+            kernel dump gets ``kernel.DUMP_ALLOWANCE`` s more per peer (a loaded TCG
+            guest took 18 s for 1000 through pyroute2's decoder).
         netns: read a kernel device in this network namespace (tests; the
             commands run in the pod's own).
-        wg_factory: opens pyroute2's ``WireGuard`` socket (default
+        wg_factory: opens the WireGuard netlink socket (default
             ``kernel.open_wireguard``; a fake in tests).
 
     Raises:
@@ -120,7 +120,7 @@ async def _read_kernel(
     netns: str | None,
     wg_factory: WgFactory | None,
 ) -> DeviceState:
-    """One ``info`` on the kernel's device, in a worker thread.
+    """One dump of the kernel's device, in a worker thread.
 
     The link's kind is looked up first: without a ``wireguard`` link there is
     nothing to ask the WireGuard family (which may not exist at all).
@@ -134,7 +134,7 @@ async def _read_kernel(
             return None
         wg = open_wireguard(netns)
         try:
-            return kernel.parse_info(wg.info(interface))
+            return kernel.parse_dump(wg.dump(interface))
         finally:
             wg.close()
 

@@ -1,14 +1,15 @@
 """The kernel data plane: an in-kernel WireGuard link, configured over generic netlink.
 
 The link is created through rtnetlink (``kind wireguard``); key, port and
-peers go through WireGuard's generic netlink family with pyroute2's
-``WireGuard`` socket, one ``set`` per peer change (never ``replace_peers``),
-all of a plan in one worker-thread batch. Address, MTU and routes are
+peers go through WireGuard's generic netlink family (``wg_netlink``): a plan's
+peer changes in as few ``WG_CMD_SET_DEVICE`` messages as fit (never
+``replace_peers``), all in one worker-thread batch. Address, MTU and routes are
 ``vnetd.dataplane.link``'s, shared with the userspace data plane.
 
-The messages are built by pure functions (``device_attrs``, ``peer_messages``,
-``handshake_messages``) and the answers read by ``parse_info``, so they are
-unit-tested without a kernel; the client is injected (``WgClient``).
+What each change sends is built by pure functions (``device_attrs``,
+``peer_messages``, ``handshake_messages``), packed by ``wg_netlink.set_requests``
+and the dumps read by ``wg_netlink.parse_dump``, so they are unit-tested
+without a kernel; the client is injected (``WgClient``).
 
 A link left by a daemon that was killed (the kernel keeps it, unlike a
 wireguard-go that dies with its pod) is adopted when it holds our private key:
@@ -21,11 +22,12 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
+import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from ipaddress import ip_address, ip_network
+from ipaddress import ip_address
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -43,6 +45,7 @@ from vnetd.dataplane.link import (
     run_netlink,
 )
 from vnetd.dataplane.pyroute2_package import NetlinkError
+from vnetd.dataplane.wg_netlink import DeviceState, WgSocket, parse_dump
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
@@ -56,7 +59,7 @@ __all__ = [
     "kernel_unavailable",
     "open_kernel_dataplane",
     "open_wireguard",
-    "parse_info",
+    "parse_dump",
     "peer_messages",
     "split_endpoint",
 ]
@@ -65,36 +68,34 @@ log = logging.getLogger("vnetd.dataplane")
 
 CLEANUP_DEADLINE = 10.0
 SET_ALLOWANCE = 0.15
-"""Seconds of the plan's netlink bound per message beyond ``NETLINK_TIMEOUT``: a
-``set`` takes about 0.1 ms on a node; in the TCG guest at a load of 90 on 2 cores
-an add took 37 ms (its static Diffie-Hellman is computed then) and a removal 58 ms
-(the kernel waits out an RCU grace period per removed peer), so 1000 of them get
-155 s in all. One fixed 5 s bound failed a 1000-peer plan there, every retry alike."""
+"""Seconds of the plan's netlink bound per peer change beyond ``NETLINK_TIMEOUT``: one
+takes microseconds of the kernel's time on a node; in the TCG guest at a load of 90
+on 2 cores, sent one message each through pyroute2, an add took 37 ms and a removal
+58 ms, so 1000 of them get 155 s in all (packed many to a message, 1000 adds took
+6.1 s and 1000 removals 8.4 s there at a load of 9). One fixed 5 s bound failed a
+1000-peer plan there, every retry alike."""
 DUMP_ALLOWANCE = 0.1
 """Seconds of a dump's netlink bound per peer beyond ``NETLINK_TIMEOUT``, for the peers
 the device holds as far as this data plane knows (``KernelDataplane.known_peers``):
-pyroute2 decodes a dump peer by peer, 27-44 ms each in that guest (25-44 s for 1000;
-the fixed 5 s bound failed them), far less on a node."""
+pyroute2 decoded a dump at 27-44 ms a peer in that loaded guest (25-44 s for 1000; the
+fixed 5 s bound failed them). ``wg_netlink.parse_dump`` is much cheaper; the allowance
+is kept for a loaded guest's worst case."""
 
 T = TypeVar("T")
 
 PeerMessage = dict[str, Any]
-"""A peer as pyroute2's ``WireGuard.set(peer=...)`` takes it."""
+"""A peer change, in the fields of pyroute2's ``WireGuard.set(peer=...)``."""
 
 
 class WgClient(Protocol):
-    """The part of pyroute2's ``WireGuard`` socket used here (sync; run in a thread)."""
+    """WireGuard's generic netlink, as ``wg_netlink.WgSocket`` speaks it (sync; run in a
+    thread)."""
 
-    def set(
-        self,
-        interface: str,
-        listen_port: int | None = None,
-        fwmark: int | None = None,
-        private_key: str | None = None,
-        peer: PeerMessage | None = None,
-    ) -> object: ...
+    def set_device(self, interface: str, private_key: str, listen_port: int) -> None: ...
 
-    def info(self, interface: str) -> Iterable[Any]: ...
+    def set_peers(self, interface: str, peers: Sequence[PeerMessage]) -> None: ...
+
+    def dump(self, interface: str) -> list[bytes]: ...
 
     def close(self) -> None: ...
 
@@ -103,11 +104,8 @@ WgFactory = Callable[[str | None], WgClient]
 
 
 def open_wireguard(netns: str | None) -> WgClient:
-    """pyroute2's generic netlink WireGuard socket, in ``netns`` (never created)."""
-    from pyroute2.netlink.generic.wireguard import WireGuard
-
-    client: WgClient = WireGuard(netns=netns, flags=0) if netns else WireGuard()
-    return client
+    """A generic netlink socket on WireGuard's family, in ``netns`` (never created)."""
+    return WgSocket(netns)
 
 
 # --- messages (pure) --------------------------------------------------------------------
@@ -119,8 +117,17 @@ def device_attrs(config: DeviceConfig) -> dict[str, Any]:
     return {"private_key": config.private_key, "listen_port": config.listen_port}
 
 
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4_ENDPOINT = re.compile(rf"({_OCTET}(?:\.{_OCTET}){{3}}):([1-9]\d{{0,4}})")
+"""An IPv4 endpoint in normal form: a join writes a thousand, and a match costs about
+1 µs where ``ipaddress`` takes 10-20 µs (2 s of a 1000-peer plan in the guest)."""
+
+
 def split_endpoint(endpoint: str) -> tuple[str, int]:
     """``host:port`` or ``[v6]:port`` to ``(host, port)`` as the netlink endpoint wants it."""
+    fast = _IPV4_ENDPOINT.fullmatch(endpoint)
+    if fast and int(fast[2]) < 65536:
+        return fast[1], int(fast[2])
     host, _, port = endpoint.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -191,53 +198,6 @@ def _key(key: str) -> str:
     return key
 
 
-def _text(value: object) -> str:
-    return value.decode("ascii") if isinstance(value, bytes) else str(value)
-
-
-def parse_info(messages: Iterable[Any]) -> tuple[str | None, int | None, dict[str, DevicePeer]]:
-    """The answer of ``info`` to (private key, listen port, peers by public key).
-
-    A large device is dumped over several messages and one peer's allowed IPs
-    may continue in the next one: they are merged by public key.
-    """
-    private_key: str | None = None
-    port: int | None = None
-    peers: dict[str, dict[str, Any]] = {}
-    for msg in messages:
-        if msg.get_attr("WGDEVICE_A_PRIVATE_KEY") is not None:
-            private_key = _text(msg.get_attr("WGDEVICE_A_PRIVATE_KEY"))
-        if msg.get_attr("WGDEVICE_A_LISTEN_PORT") is not None:
-            port = int(msg.get_attr("WGDEVICE_A_LISTEN_PORT"))
-        for nla in msg.get_attr("WGDEVICE_A_PEERS") or ():
-            key = _text(nla.get_attr("WGPEER_A_PUBLIC_KEY"))
-            peer = peers.setdefault(key, {"public_key": key, "allowed_ips": []})
-            endpoint = nla.get_attr("WGPEER_A_ENDPOINT")
-            if endpoint:
-                addr = ip_address(endpoint["addr"])
-                host = f"[{addr}]" if addr.version == 6 else str(addr)
-                peer["endpoint"] = f"{host}:{endpoint['port']}"
-            handshake = nla.get_attr("WGPEER_A_LAST_HANDSHAKE_TIME")
-            if handshake:
-                peer["last_handshake"] = handshake["tv_sec"] + handshake["tv_nsec"] / 1e9
-            for field, attr in (
-                ("rx_bytes", "WGPEER_A_RX_BYTES"),
-                ("tx_bytes", "WGPEER_A_TX_BYTES"),
-            ):
-                if nla.get_attr(attr) is not None:
-                    peer[field] = int(nla.get_attr(attr))
-            for allowed in nla.get_attr("WGPEER_A_ALLOWEDIPS") or ():
-                peer["allowed_ips"].append(str(ip_network(allowed["addr"], strict=False)))
-    return (
-        private_key,
-        port,
-        {
-            key: DevicePeer(**{**fields, "allowed_ips": tuple(sorted(fields["allowed_ips"]))})
-            for key, fields in peers.items()
-        },
-    )
-
-
 # --- the data plane ---------------------------------------------------------------------
 
 
@@ -260,16 +220,23 @@ class KernelDataplane(LinkedDevice):
         self._lock = trio.Lock()
 
     def _call(self, fn: Callable[[WgClient], T]) -> T:
-        """Open a WireGuard socket, run ``fn`` with it, close it (sync; in a thread)."""
-        wg = self.wg_factory(self.netns)
-        try:
-            return fn(wg)
-        finally:
-            wg.close()
+        """Open a WireGuard socket, run ``fn`` with it, close it (sync; in a thread).
 
-    def _info(self) -> tuple[str | None, int | None, dict[str, DevicePeer]]:
+        Raises:
+            DataplaneError: the socket failed (no answer within ``wg_netlink.TIMEOUT``).
+        """
+        try:
+            wg = self.wg_factory(self.netns)
+            try:
+                return fn(wg)
+            finally:
+                wg.close()
+        except OSError as exc:  # the kernel's refusals are NetlinkError, mapped by run_netlink
+            raise DataplaneError(f"netlink: wireguard socket: {exc.strerror or exc}") from exc
+
+    def _info(self) -> DeviceState:
         interface = self.config.interface
-        info = parse_info(self._call(lambda wg: list(wg.info(interface))))
+        info = parse_dump(self._call(lambda wg: wg.dump(interface)))
         self.known_peers = len(info[2])
         return info
 
@@ -284,23 +251,18 @@ class KernelDataplane(LinkedDevice):
             return peers
 
     def _send(self, messages: Sequence[PeerMessage], reread: bool) -> set[str]:
-        """Send the messages (one ``set`` each), in order; then, when asked, the allowed
-        IPs live (a whole dump)."""
+        """Send the messages in order (as few ``set`` s as fit them); then, when asked,
+        the allowed IPs live (a whole dump)."""
         interface = self.config.interface
-
-        def batch(wg: WgClient) -> None:
-            for message in messages:
-                wg.set(interface, peer=message)
-
-        self._call(batch)
+        self._call(lambda wg: wg.set_peers(interface, messages))
         if not reread:
             return set()
         return {ip for peer in self._info()[2].values() for ip in peer.allowed_ips}
 
     async def apply(self, plan: Plan) -> None:
-        """Apply ``plan`` peer by peer in one netlink batch, then move the routes.
+        """Apply ``plan`` in one netlink batch, then move the routes.
 
-        The kernel applies each message on its own: a refused one leaves the
+        The kernel applies the peer changes in order: a refused one leaves the
         earlier ones applied; the next full resync heals it.
 
         Raises:
@@ -345,7 +307,7 @@ class KernelDataplane(LinkedDevice):
                 "name with [mesh] interface"
             )
         attrs = device_attrs(config)
-        await run_netlink(lambda: self._call(lambda wg: wg.set(config.interface, **attrs)))
+        await run_netlink(lambda: self._call(lambda wg: wg.set_device(config.interface, **attrs)))
         # configure_link reads the namespace's routes (fail_closed.route_unreachable): an
         # adopted link's come with it, one per peer (1000 missed the fixed 5 s in the guest).
         bound = NETLINK_TIMEOUT + ROUTE_ALLOWANCE * config.max_peers

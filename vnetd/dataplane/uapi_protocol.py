@@ -109,7 +109,7 @@ def parse_peers(pairs: Iterable[tuple[str, str]]) -> dict[str, DevicePeer]:
 
 
 def parse_device(pairs: Sequence[tuple[str, str]]) -> DeviceState:
-    """``get`` lines to (private key, listen port, peers), as ``kernel.parse_info`` reads a dump.
+    """``get`` lines to (private key, listen port, peers), as ``parse_dump`` reads a kernel dump.
 
     The private key is base64, None when the device has none (all zeros).
     """
