@@ -28,6 +28,10 @@ def projected_run_s(size: int) -> float:
     return math.ceil(size / CONNECTIONS) * row + pairs * (CLASSIFY_PER_PAIR + DECODE_PER_PAIR)
 
 
+def _load(load: float | None) -> str:
+    return "—" if load is None else f"{load:.1f}"
+
+
 def doctor_section(r: JSON | None) -> list[str]:
     out = ["## vnetd doctor: wall time and registry cost", ""]
     if r is None:
@@ -40,7 +44,7 @@ def doctor_section(r: JSON | None) -> list[str]:
             str(run["size"]), f"{run['wall_s']:.2f}", f"{run['elapsed_s']:.2f}",
             f"{run['working']}/{run['size'] * (run['size'] - 1)}", causes,
             f"{during['range']:.0f} ({idle['range']:.0f})",
-            f"{during['cpu_s']:.2f} ({idle['cpu_s']:.2f})", f"{run.get('load_1m', '—')}",
+            f"{during['cpu_s']:.2f} ({idle['cpu_s']:.2f})", _load(run.get("load_1m")),
         ])  # fmt: skip
     projection = [[str(n), f"{projected_run_s(n):.1f}"] for n in (64, 256, 1024)]
     return out + [
@@ -63,18 +67,20 @@ def doctor_section(r: JSON | None) -> list[str]:
             ],
             rows,
         ),  # fmt: skip
-        "The registry cost of a run is one list of the members: the ranges and etcd CPU",
-        "during a run are those of the idle window of the same length, within noise. At",
-        "rest the doctor costs nothing (no key, no watch, no traffic).",
+        "With nothing else running, a run's registry cost was 2, 17 and 66 ranges at 8, 32",
+        "and 64 ranks, against none over the idle window after it (the daemons' watches get",
+        "progress notifications, so at rest they read nothing): about one range per rank,",
+        "more than the doctor's own one list of the members; where the rest comes from is",
+        "not checked. At rest the doctor costs nothing (no key, no watch, no traffic).",
         "",
-        "The machine (2 cores) was shared with other helpers' labs while these ran; *load*",
-        "is the 1-minute load average when the doctor started (— : not recorded; a 15 s",
-        "monitor read 23 at the 8-rank run, about 60 at 32, and 90-150 while the 64-rank",
-        "mesh formed and 57-90 at its run: 64 Python daemons on 2 such cores do not hold",
-        "their leases, and that mesh never formed, none of its 4032 pairs reached by the",
-        "lab's own probes; its row is the lab's state, not a doctor figure). An earlier",
-        "64-rank run at load ~100, before the rows came in waves of 128: 17.8 s wall, 36",
-        "of 64 rows answered, 2268 pairs working, 1764 `no_answer`. A failing pair here is the",
+        "These runs had the machine to themselves (no other lab, no helper), so *load*, the",
+        "1-minute load average when the doctor started, is the lab's own: 64 Python daemons",
+        "and their wireguard-go on 2 cores drove it to about 120 while the 64-rank mesh",
+        "formed (632 s, the lab's probes still missing 8 pairs), and it was 40 when the",
+        "doctor ran; the doctor found all 4032 pairs working. Earlier runs on a machine",
+        "shared with other labs (load 90-150) never formed the 64-rank mesh; one at load",
+        "~100, before the rows came in waves of 128, took 17.8 s wall with 36 of 64 rows",
+        "answered. A failing pair here is the",
         "mesh's state as the doctor saw it: a rank whose daemon had exited",
         "(`not_registered`) or a probe service too loaded to answer its row within "
         f"{ROW_DEADLINE:g} s,",
