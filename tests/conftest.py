@@ -50,7 +50,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     record_guest_report(report)
 
 
-# Under pytest-xdist (scripts/test) the controller runs the kernel guest for its workers.
+# Under pytest-xdist (scripts/test -n 2) the controller runs the kernel guest for its workers.
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     configure_worker(node.config, node.workerinput)

@@ -12,13 +12,13 @@ for that run and reports the guest's outcome for its own id: passed, failed with
 the guest's report, or skipped with the guest's reason. The loop's end (the last test, ``-x``, a
 failure, Ctrl-C) stops a guest still running: QEMU is killed by its pid.
 
-Under pytest-xdist (``scripts/test`` runs the suite on several workers) the
-controller runs the guest, once: every worker collects the same items, and the
-first to report its collection has written the ``GuestCase`` ids to a run
-directory the controller handed out (``pytest_configure_node``); the controller
-boots the guest then, renices it when a worker starts a ``GuestCase``, writes
-the run's outcome to that directory, and stops the guest when its own loop
-ends. A ``GuestCase`` on a worker waits for that file.
+Under pytest-xdist (``scripts/test -n 2 --dist load``) the controller runs the
+guest, once: every worker collects the same items, and the first to report its
+collection has written the ``GuestCase`` ids to a run directory the controller
+handed out (``pytest_configure_node``); the controller boots the guest then,
+notes when a worker starts a ``GuestCase`` (the host's wait, in the summary),
+writes the run's outcome to that directory, and stops the guest when its own
+loop ends. A ``GuestCase`` on a worker waits for that file.
 
 No guest here (no QEMU, no kernel unpacked, not root): the cases skip with one
 line naming the fix, except under ``CI``, where they fail with it. A guest that
@@ -286,7 +286,7 @@ def start_for_workers(config: pytest.Config) -> None:
 
 def note_test_start(nodeid: str) -> None:
     """On the xdist controller, a worker starts ``nodeid``: if it waits for the guest,
-    the guest now runs at full priority."""
+    the host's wait starts (``BackgroundGuest.waited``)."""
     for guest in _controller_guest:
         if nodeid in guest.ids:
             guest.waiting()

@@ -19,14 +19,13 @@ import time
 
 import trio
 from test_rank_holder import Intruder, grant_lease
-from test_sites import overlay_routed, reaches, start_in_site
+from test_sites import gatewayed_mesh, overlay_routed, reaches, start_in_site
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.proof import Signer
-from vnetd.lab.cluster import MeshLab, write_spec
+from vnetd.lab.cluster import MeshLab
 from vnetd.lab.sites import SitesLab, open_sites_lab
 from vnetd.model import Member
-from vnetd.spec import load_spec
 
 WATCH_ROOM = 4.0
 """How long the forgery is watched for a wrong plan: a watch event reaches every
@@ -47,17 +46,8 @@ async def pinned_mesh(lab: SitesLab) -> tuple[MeshLab, str]:
             capture_stdout=True,
         )  # fmt: skip
     pinned = made.stdout.decode().strip()
-    path = write_spec(lab.workdir / "mesh.toml", len(lab.pods), lab.etcd_urls, ttl=5)
-    with path.open("a") as spec:
-        spec.write("\n[sites.a]\ngateways = [0]\n\n[sites.b]\ngateways = [2, 3]\n")
-        spec.write(f'gateway_keys = {{ 2 = "{pinned}" }}\n')
-    mesh = MeshLab(lab, path, load_spec(path))
+    mesh = await gatewayed_mesh(lab, {"a": [0], "b": [2, 3]}, pins={"b": {2: pinned}})
     assert mesh.spec.pinned_key(2) == pinned
-    for gateway in (0, 2, 3):
-        pod = mesh.pod(gateway)
-        await lab.forward(pod)
-        await lab.set_sysctl(pod.netns, "net.ipv4.ip_forward", "1")
-        await lab.set_sysctl(pod.netns, "net.ipv4.conf.all.send_redirects", "0")
     return mesh, pinned
 
 

@@ -176,12 +176,20 @@ async def test_nat_mapping_change_is_carried_without_a_restart():
             assert not mesh.dead_daemons()
 
 
-async def gatewayed_mesh(lab: SitesLab, gateways: dict[str, list[int]]) -> MeshLab:
-    """The mesh of ``lab`` with these gateways: forwarded, forwarding, and in the spec."""
+async def gatewayed_mesh(
+    lab: SitesLab, gateways: dict[str, list[int]], pins: dict[str, dict[int, str]] | None = None
+) -> MeshLab:
+    """The mesh of ``lab`` with these gateways: forwarded, forwarding, and in the spec,
+    with each site's ``pins`` (rank: signing key) as its ``gateway_keys``."""
     path = write_spec(lab.workdir / "mesh.toml", len(lab.pods), lab.etcd_urls, ttl=5)
     with path.open("a") as spec:
         for site, ranks in gateways.items():
             spec.write(f"\n[sites.{site}]\ngateways = {ranks}\n")
+            keys = ", ".join(
+                f'{rank} = "{key}"' for rank, key in (pins or {}).get(site, {}).items()
+            )
+            if keys:
+                spec.write(f"gateway_keys = {{ {keys} }}\n")
     mesh = MeshLab(lab, path, load_spec(path))
     for gateway in (rank for ranks in gateways.values() for rank in ranks):
         pod = mesh.pod(gateway)

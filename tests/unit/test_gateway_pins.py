@@ -95,6 +95,8 @@ def sites_with(pins: Any) -> dict[str, Any]:  # noqa: ANN401 (any TOML value)
                      r"^sites\.b\.gateway_keys\.04: '04' is not a rank", id="not-canonical"),
         pytest.param({"four": GATEWAY_SIGNER.public_key},
                      r"^sites\.b\.gateway_keys\.four: 'four' is not a rank", id="not-a-number"),
+        pytest.param({"9" * 5000: GATEWAY_SIGNER.public_key},
+                     r"^sites\.b\.gateway_keys\.9{20}: '9{20}' is not a rank", id="5000-digits"),
         pytest.param({"4": "abc"},
                      r"^sites\.b\.gateway_keys\.4: 'abc' is not a signing public key: give the "
                      r"gateway's \(base64 of 32 bytes\), as `vnetd signing-key` prints it$",

@@ -40,18 +40,15 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
 
 def run(args: argparse.Namespace) -> int:
     """Print the public key; 0. Errors are ``IdentityError`` (exit 2)."""
-    from vnetd.control.proof import SIGNING_KEY_FILE, load_or_create_signer, load_signer
+    from vnetd.commands.register import signer_in
+    from vnetd.control.proof import SIGNING_KEY_FILE, load_signer
 
     if args.key_file is not None:
         if args.create:
             raise IdentityError("--create: goes with --state-dir, not --key-file")
         signer = load_signer(args.key_file)
     elif args.create:
-        try:
-            args.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise IdentityError(f"--state-dir {args.state_dir}: {exc.strerror}") from None
-        signer = load_or_create_signer(args.state_dir)
+        signer = signer_in(args.state_dir)  # the key vnetd register keeps there
     else:
         path = args.state_dir / SIGNING_KEY_FILE
         if not path.exists():

@@ -207,7 +207,7 @@ async def _read_all(call: PageCall, prefix: str, progress: ListProgress) -> None
             return
         progress.start = unb64(page[-1]["key"]) + b"\0"
         progress.per_key = bytes_per_key(page)
-        progress.limit = next_limit(page)
+        progress.limit = next_limit(progress.per_key)
 
 
 async def _page(call: PageCall, body: JSON, prefix: str, progress: ListProgress) -> JSON:
@@ -238,7 +238,7 @@ def bytes_per_key(page: list[JSON]) -> int:
     return max(1, size // len(page))
 
 
-def next_limit(page: list[JSON]) -> int:
+def next_limit(per_key: int) -> int:
     """Keys for the next page: about ``PAGE_TARGET`` at the last page's bytes per key
-    (its keys and values, base64), between 1 and ``PAGE_KEYS``."""
-    return max(1, min(PAGE_KEYS, PAGE_TARGET // bytes_per_key(page)))
+    (``bytes_per_key``), between 1 and ``PAGE_KEYS``."""
+    return max(1, min(PAGE_KEYS, PAGE_TARGET // per_key))

@@ -5,8 +5,6 @@ Each error names the key and the fix (invariant 6).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 import tomllib
 from collections.abc import Mapping
@@ -214,36 +212,32 @@ def _gateway_keys(table: Mapping[str, Any]) -> tuple[tuple[int, str], ...]:
     """``[sites.<name>] gateway_keys = { RANK = "signing public key" }``: each key a
     rank of that site's ``gateways``, each value a base64 Ed25519 public key (checked
     after ``_gateways``, so the site tables are known good)."""
+    # vnetd.model imports this package, so its rules are imported once it is loaded.
+    from vnetd.model import is_ascii_number, key_bytes
+
     pins: list[tuple[int, str]] = []
     for name in sorted(table):
         entry = table[name]
         ranks = entry.get("gateways", [])
         for text, value in entry.get("gateway_keys", {}).items():
-            key = f"sites.{name}.gateway_keys.{text}"
-            if not (text.isascii() and text.isdigit()) or str(int(text)) != text:
-                raise SpecError(f"{key}: {text!r} is not a rank; name a rank of sites.{name}"
+            key = f"sites.{name}.gateway_keys.{text[:20]}"
+            if not is_ascii_number(text):
+                raise SpecError(f"{key}: {text[:20]!r} is not a rank; name a rank of sites.{name}"
                                 f".gateways {ranks}")  # fmt: skip
             if int(text) not in ranks:
                 raise SpecError(f"{key}: rank {text} is not one of sites.{name}.gateways "
                                 f"{ranks}; pin only the site's own gateway ranks")  # fmt: skip
             if not isinstance(value, str):
                 raise SpecError(f"{key}: expected a string, got {_kind(value)}")
-            if not _is_key(value):
+            try:
+                key_bytes(value)
+            except ValueError:
                 raise SpecError(
                     f"{key}: {value[:60]!r} is not a signing public key: give the "
                     "gateway's (base64 of 32 bytes), as `vnetd signing-key` prints it"
-                )
+                ) from None
             pins.append((int(text), value))
     return tuple(sorted(pins))
-
-
-def _is_key(value: str) -> bool:
-    """Base64 of 32 bytes (``vnetd.model.key_bytes``'s rule; that module imports this
-    package, so it cannot be imported here)."""
-    try:
-        return len(base64.b64decode(value, validate=True)) == 32
-    except (binascii.Error, ValueError):
-        return False
 
 
 def check_site_name(value: str, source: str) -> str:

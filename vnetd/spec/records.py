@@ -186,7 +186,7 @@ class MeshSpec:
     def pinned_key(self, rank: int) -> str | None:
         """The signing public key pinned for gateway ``rank`` (``[sites.<name>]
         gateway_keys``), or None: its records may be signed by any key."""
-        return self._pins.get(rank) if self.gateway_keys else None
+        return self._pins.get(rank)
 
     @cached_property
     def _pins(self) -> dict[int, str]:
