@@ -18,7 +18,8 @@ collection has written the ``GuestCase`` ids to a run directory the controller
 handed out (``pytest_configure_node``); the controller boots the guest then,
 notes when a worker starts a ``GuestCase`` (the host's wait, in the summary),
 writes the run's outcome to that directory, and stops the guest when its own
-loop ends. A ``GuestCase`` on a worker waits for that file.
+loop ends. A ``GuestCase`` on a worker waits for that file; a worker boots no
+guest of its own.
 
 No guest here (no QEMU, no kernel unpacked, not root): the cases skip with one
 line naming the fix, except under ``CI``, where they fail with it. A guest that
@@ -243,6 +244,9 @@ def guest_in_background(session: pytest.Session) -> Iterator[None]:
             run_dir = session.config.stash.get(_run_dir_key, None)
             if run_dir is not None:
                 shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    if xdist_run_dir(session.config) is not None:
+        yield  # a worker: its cases read the controller's run (``published_run``)
         return
     ids = [item.nodeid for item in session.items if isinstance(item, GuestCase)]
     options = session.config.option
