@@ -16,7 +16,10 @@ from vnetd.lab.cluster import MeshLab, http_get
 from vnetd.lab.open_lab import open_lab
 
 JUNK = 100_000
-RSS_GROWTH_LIMIT_KB = 10 * 1024  # measured +0.4 MB; +21 MB when every bad key was kept
+RSS_GROWTH_LIMIT_KB = 10 * 1024
+"""Measured +5.6-5.9 MB on a quiet machine; +9.4-12.2 MB (failing) while a watch message
+that caught the daemon up (up to 2.7 MB of junk events) was decoded into dicts whole;
++21 MB when every bad key was kept."""
 COUNTED_WITHIN = 10.0
 """From the writer's end until the daemon has counted every junk key (it takes them in
 from its watch while they are written: measured 0.05-0.1 s); below WATCH_RESTART, whose
