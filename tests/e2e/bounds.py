@@ -54,6 +54,11 @@ so a handshake that waits for WireGuard's retry fails."""
 FORMATION = 30.0
 """Every pair reached within this long after the first start: daemon start-up on
 loaded cores included; below WATCH_RESTART, so a stalled watch fails."""
+CLAIM_LOGGED = 4.5
+"""Once every pair is reached, each rank's claim line is in its log within this long:
+its peers add it as soon as its claim is in etcd, so on loaded cores a pair can be
+reached before the claimant's loop logs the answer (seen under two xdist workers);
+below the lab's 5 s lease TTL, which a daemon stalled that long would lose."""
 
 
 async def form(
@@ -81,6 +86,9 @@ async def form(
     except trio.TooSlowError as exc:
         tails = {r: mesh.daemons[r].log_text()[-1500:] for r in mesh.dead_daemons()}
         raise AssertionError(f"{what}: {exc}; logs of the exited daemons: {tails}") from exc
+    with trio.move_on_after(CLAIM_LOGGED):
+        while any(mesh.claimed_at(rank) is None for rank in wanted):
+            await trio.sleep(0.05)
     formation = mesh.formation(ranks)
     print(f"{what}: {formation}")
     assert formation.after_claim <= AFTER_CLAIM, (
