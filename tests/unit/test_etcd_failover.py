@@ -260,6 +260,31 @@ async def test_progress_notifications_keep_a_live_watch_from_costing_reads(
     assert streams.opened == [(A, 1)]
 
 
+async def test_a_check_due_while_the_loop_was_busy_waits_for_what_came_meanwhile(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    streams = Streams([A, B])
+    request = {"key": "L20v", "range_end": "L20w"}
+    async with resuming_watch(streams, request, 1) as lines:
+        async with trio.open_nursery() as nursery:
+
+            async def consume() -> None:
+                async for _line in lines:
+                    pass
+
+            nursery.start_soon(consume)
+            await notify_every(streams, 0, 2.0, 3)  # the gap is learnt: checks after 3 s
+            await trio.sleep(2.9)
+            # The loop is busy for a second past the check's time, and the member's next
+            # notification came meanwhile: it waits in the stream, behind the loop.
+            autojump_clock.jump(1.0)
+            await streams.channels[0].send(PROGRESS)
+            await notify_every(streams, 0, 2.0, 3)
+            nursery.cancel_scope.cancel()
+    assert streams.checks == []
+    assert streams.opened == [(A, 1)]
+
+
 async def test_a_frozen_member_stops_its_notifications_and_is_left(
     autojump_clock: object,
 ) -> None:

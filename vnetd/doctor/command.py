@@ -6,8 +6,8 @@
 Run it inside any pod of the mesh: it reads the registry once and asks each
 daemon's probe service over the overlay for its row (docs/architecture.md,
 "Doctor"). The parser and the settings; the run is ``vnetd.doctor.gather``.
-Exit status: 0 every pair reaches the other, 1 some pair fails, 2 bad input
-or the registry could not be read.
+Exit status: 0 every pair reaches the other, 1 some pair fails or was not judged
+(an overloaded daemon), 2 bad input or the registry could not be read.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
             "reach matrix and one cause per failing ordered pair. Run it inside a pod "
             "of the mesh."
         ),
-        epilog="exit status: 0 all pairs good, 1 some pair fails, 2 bad input",
+        epilog="exit status: 0 all pairs good, 1 some pair fails or was not judged "
+        "(overloaded), 2 bad input",
     )
     parser.add_argument("--config", required=True, type=Path, help="the mesh spec (TOML)")
     add_etcd_arguments(parser)

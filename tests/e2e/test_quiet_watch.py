@@ -1,0 +1,69 @@
+"""A daemon whose host stalls past its watch's quiet check costs etcd no read when it
+resumes, while its member is healthy (vnetd/registry/etcd_watch.py: a check whose timer
+fired late first waits for what came meanwhile).
+
+Seen before the fix: every daemon of a lab answering a ``vnetd doctor`` run on two
+cores made etcd ranges (17 at 32 ranks, 66 at 64, none at rest; bench/doctor.py), each
+a quiet check on a stream whose notifications were only queued behind a busy loop.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+
+import trio
+from bounds import form
+
+from vnetd.lab.cluster import MeshLab
+from vnetd.lab.netns import signal_pid
+from vnetd.lab.open_lab import open_lab
+
+TTL = 10
+"""Keepalive every TTL/3 (3.3 s): a stop of ``STOPPED`` keeps the lease (it ends at
+the earliest 6.7 s after the last renewal)."""
+STOPPED = 4.5
+"""Longer than the quiet check (3 s, 1.5 gaps of the lab's 2 s notifications) and its
+lateness bound (0.25 s), shorter than the lease's earliest end."""
+LEARNT = 5.0
+"""After the formation: two notifications have come, so the gap is known."""
+SETTLE = 2.0
+"""After the stop: the resumed daemon's late timer has fired and been answered."""
+_RANGES = re.compile(r'^grpc_server_msg_received_total\{[^}]*grpc_method="Range"[^}]*\} (\S+)$')
+SCRAPE = (
+    "import sys, urllib.request; "
+    "sys.stdout.write(urllib.request.urlopen(sys.argv[1] + '/metrics', timeout=5).read().decode())"
+)
+
+
+async def ranges(mesh: MeshLab) -> float:
+    """The Range requests etcd has received (its /metrics, read from pod 1)."""
+    result = await mesh.lab.run(mesh.pod(1), [sys.executable, "-c", SCRAPE, mesh.lab.etcd_url], 10)
+    assert result.returncode == 0, result.stderr.decode()
+    found = [_RANGES.match(line) for line in result.stdout.decode().splitlines()]
+    return sum(float(m.group(1)) for m in found if m)
+
+
+async def test_a_daemon_stalled_past_its_quiet_check_costs_etcd_no_read() -> None:
+    with trio.fail_after(60):
+        async with open_lab(2) as lab:
+            mesh = MeshLab.create(lab, ttl=TTL)
+            await mesh.start_probes()
+            for rank in (0, 1):
+                await mesh.start_rank(rank)
+            await form(mesh)
+            await trio.sleep(LEARNT)
+            before = await ranges(mesh)
+            daemon = mesh.daemons[0]
+            signal_pid(daemon.pid, signal.SIGSTOP)
+            try:
+                await trio.sleep(STOPPED)
+            finally:
+                signal_pid(daemon.pid, signal.SIGCONT)
+            await trio.sleep(SETTLE)
+            after = await ranges(mesh)
+            print(f"etcd ranges over the stop and {SETTLE:g} s after: {after - before:g}")
+            assert after - before == 0
+            assert not mesh.dead_daemons()
+            assert await mesh.registered_ranks() == {0, 1}
