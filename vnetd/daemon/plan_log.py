@@ -1,4 +1,5 @@
-"""The reconciler's lines about a plan: one per peer joined, left or moved, and one per plan.
+"""The reconciler's lines about a plan: one per peer joined, left or moved, and one per plan;
+and about a handshake check (``log_checked``).
 
 A rank that joins and leaves again and again (a crash-looping pod, or a registry
 writer flapping an entry) would cost one line per change on every daemon, as many
@@ -17,8 +18,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vnetd.mesh.initiator import FALLBACK_AFTER, RETRIES, Checked
 from vnetd.mesh.peers import device_restarted
 from vnetd.model import Plan
+from vnetd.ranks import format_ranks
 
 log = logging.getLogger("vnetd.reconcile")
 
@@ -27,6 +30,9 @@ FLAP_NAMED = 6
 FLAP_WINDOW = 60.0
 STEADY = 5.0
 """A counted rank's summary is logged once it has not changed for this long."""
+NAMED_PER_PASS = 8
+"""Peers a handshake check names one line each; more get one line with their ranks (a
+1023-peer device whose peers had not answered logged 1022 lines in one pass)."""
 
 
 @dataclass(slots=True)
@@ -173,3 +179,48 @@ def touched_ranks(
         | {old_ranks.get(peer.public_key) for peer in plan.remove}
         | {ranks.get(upd.public_key) for upd in plan.update}
     )
+
+
+def log_checked(found: Checked) -> None:
+    """The lines of a handshake check (``HandshakeWatch.check``): a line per peer retried
+    or fallen back, or one line for each kind when more than ``NAMED_PER_PASS``."""
+    if len(found.retried) > NAMED_PER_PASS:
+        log.info(
+            "peer ranks %s (%d): no handshake after starting one; re-added them and started others",
+            format_ranks(peer.rank for peer, _, _ in found.retried),
+            len(found.retried),
+        )
+    else:
+        for peer, attempt, waited in found.retried:
+            log.info(
+                "peer rank %s: no handshake %.1f s after starting one; re-added it and "
+                "started another (try %d)",
+                peer.rank,
+                waited,
+                attempt,
+            )
+    if len(found.fallbacks) > NAMED_PER_PASS:
+        log.info(
+            "peer ranks %s (%d): their handshakes did not come within %.1f s; wrote "
+            "their endpoints, so this side starts one when it has something to send",
+            format_ranks(peer.rank for peer in found.fallbacks),
+            len(found.fallbacks),
+            FALLBACK_AFTER,
+        )
+    else:
+        for peer in found.fallbacks:
+            log.info(
+                "peer rank %s: its handshake did not come within %.1f s; wrote its "
+                "endpoint, so this side starts one when it has something to send",
+                peer.rank,
+                FALLBACK_AFTER,
+            )
+    if found.given_up:
+        log.warning(
+            "peer rank%s %s: still no handshake after %d tries; leaving %s to "
+            "WireGuard's own retry",
+            "s" if len(found.given_up) > 1 else "",
+            format_ranks(peer.rank for peer in found.given_up),
+            1 + RETRIES,
+            "them" if len(found.given_up) > 1 else "it",
+        )

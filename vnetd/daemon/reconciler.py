@@ -21,10 +21,10 @@ import trio
 
 from vnetd.control.retry import Backoff
 from vnetd.control.watcher import MemberView
-from vnetd.daemon.plan_log import FlapLimit, log_plan, readded, touched_ranks
+from vnetd.daemon.plan_log import FlapLimit, log_checked, log_plan, readded, touched_ranks
 from vnetd.dataplane.base import Dataplane
 from vnetd.errors import DataplaneError
-from vnetd.mesh.initiator import FALLBACK_AFTER, RETRIES, HandshakeWatch, PairRule
+from vnetd.mesh.initiator import HandshakeWatch, PairRule
 from vnetd.mesh.peers import (
     AppliedPeers,
     Skipped,
@@ -330,28 +330,7 @@ class Reconciler:
                 raise
         self.stats.handshake_retries += len(found.retried)
         self.stats.fallbacks += len(found.fallbacks)
-        for peer, attempt, waited in found.retried:
-            log.info(
-                "peer rank %s: no handshake %.1f s after starting one; re-added it and "
-                "started another (try %d)",
-                peer.rank,
-                waited,
-                attempt,
-            )
-        for peer in found.fallbacks:
-            log.info(
-                "peer rank %s: its handshake did not come within %.1f s; wrote its endpoint, "
-                "so this side starts one when it has something to send",
-                peer.rank,
-                FALLBACK_AFTER,
-            )
-        for peer in found.given_up:
-            log.warning(
-                "peer rank %s: still no handshake after %d tries; leaving it to WireGuard's "
-                "own retry",
-                peer.rank,
-                1 + RETRIES,
-            )
+        log_checked(found)
 
     def _log_plan(self, plan: Plan, ranks: dict[str, int], elapsed: float) -> None:
         """The plan's lines, except those of ranks that flap (``plan_log.FlapLimit``)."""
