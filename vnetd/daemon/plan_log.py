@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from vnetd.mesh.initiator import FALLBACK_AFTER, RETRIES, Checked
 from vnetd.mesh.peers import device_restarted
-from vnetd.model import Plan
+from vnetd.model import Peer, Plan
 from vnetd.ranks import format_ranks
 
 log = logging.getLogger("vnetd.reconcile")
@@ -187,7 +187,7 @@ def log_checked(found: Checked) -> None:
     if len(found.retried) > NAMED_PER_PASS:
         log.info(
             "peer ranks %s (%d): no handshake after starting one; re-added them and started others",
-            format_ranks(peer.rank for peer, _, _ in found.retried),
+            _ranks_of(peer for peer, _, _ in found.retried),
             len(found.retried),
         )
     else:
@@ -203,7 +203,7 @@ def log_checked(found: Checked) -> None:
         log.info(
             "peer ranks %s (%d): their handshakes did not come within %.1f s; wrote "
             "their endpoints, so this side starts one when it has something to send",
-            format_ranks(peer.rank for peer in found.fallbacks),
+            _ranks_of(found.fallbacks),
             len(found.fallbacks),
             FALLBACK_AFTER,
         )
@@ -220,7 +220,11 @@ def log_checked(found: Checked) -> None:
             "peer rank%s %s: still no handshake after %d tries; leaving %s to "
             "WireGuard's own retry",
             "s" if len(found.given_up) > 1 else "",
-            format_ranks(peer.rank for peer in found.given_up),
+            _ranks_of(found.given_up),
             1 + RETRIES,
             "them" if len(found.given_up) > 1 else "it",
         )
+
+
+def _ranks_of(peers: Iterable[Peer]) -> str:
+    return format_ranks(peer.rank for peer in peers if peer.rank is not None)
