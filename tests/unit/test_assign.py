@@ -129,11 +129,9 @@ def test_wants_auto_rank(flag: str | None, env: dict[str, str], auto: bool) -> N
     assert wants_auto_rank(flag, env) is auto
 
 
-async def test_a_daemon_with_rank_auto_registers_under_its_assigned_rank(tmp_path: Path) -> None:
-    config = tmp_path / "mesh.toml"
-    config.write_text('[mesh]\nname = "nodes"\nsize = 4\nnetwork = "10.250.0.0/16"\n')
-    registry = MemoryRegistry()
-    await registry.create_all({assigned_rank_key(SPEC, 0): b"other-node"})
+async def auto_rank_daemon(tmp_path: Path, spec_text: str, registry: MemoryRegistry) -> int:
+    """Run ``vnetd up --rank auto`` (node ``node-x``) on ``registry`` and a fake data
+    plane until it has claimed; its rank."""
 
     @asynccontextmanager
     async def open_registry(spec: MeshSpec) -> AsyncIterator[Registry]:
@@ -143,24 +141,36 @@ async def test_a_daemon_with_rank_auto_registers_under_its_assigned_rank(tmp_pat
     async def open_dataplane(device: DeviceConfig) -> AsyncIterator[FakeDataplane]:
         yield FakeDataplane(device)
 
+    config = tmp_path / "mesh.toml"
+    config.write_text(spec_text)
     opts = Settings(
         spec=load_spec(config), rank="auto", state_dir=tmp_path / "state", instance="node-x"
     )
-    for _ in range(2):  # a restart keeps the rank
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                running = await nursery.start(
-                    lambda task_status: run_daemon(
-                        opts,
-                        {"POD_IP": "198.18.1.5"},
-                        open_dataplane=open_dataplane,
-                        open_registry=open_registry,
-                        task_status=task_status,
-                    )
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(
+                lambda task_status: run_daemon(
+                    opts,
+                    {"POD_IP": "198.18.1.5"},
+                    open_dataplane=open_dataplane,
+                    open_registry=open_registry,
+                    task_status=task_status,
                 )
-                assert running.me.rank == 1
-                await running.claim.claimed.wait()
-                nursery.cancel_scope.cancel()
+            )
+            await running.claim.claimed.wait()
+            nursery.cancel_scope.cancel()
+    rank: int = running.me.rank
+    return rank
+
+
+NODES_TOML = '[mesh]\nname = "nodes"\nsize = 4\nnetwork = "10.250.0.0/16"\n'
+
+
+async def test_a_daemon_with_rank_auto_registers_under_its_assigned_rank(tmp_path: Path) -> None:
+    registry = MemoryRegistry()
+    await registry.create_all({assigned_rank_key(SPEC, 0): b"other-node"})
+    for _ in range(2):  # a restart keeps the rank
+        assert await auto_rank_daemon(tmp_path, NODES_TOML, registry) == 1
 
 
 # --- gateway ranks pinned to a signing key (docs/security.md, "Gateway ranks") ---------------
@@ -215,36 +225,6 @@ async def test_a_node_assigned_a_rank_pinned_since_is_told_which_keys_to_delete(
 
 async def test_a_daemon_with_rank_auto_skips_a_rank_pinned_to_another_key(tmp_path: Path) -> None:
     """The daemon reads its signing key before it asks for a rank: with rank 0 pinned
-    to another key it gets rank 1, and signs its claim there."""
-    config = tmp_path / "mesh.toml"
-    config.write_text(
-        '[mesh]\nname = "nodes"\nsize = 4\nnetwork = "10.250.0.0/16"\n'
-        f'[sites.b]\ngateways = [0, 2]\ngateway_keys = {{ 0 = "{GATEWAY_KEY}" }}\n'
-    )
-    registry = MemoryRegistry()
-
-    @asynccontextmanager
-    async def open_registry(spec: MeshSpec) -> AsyncIterator[Registry]:
-        yield registry
-
-    @asynccontextmanager
-    async def open_dataplane(device: DeviceConfig) -> AsyncIterator[FakeDataplane]:
-        yield FakeDataplane(device)
-
-    opts = Settings(
-        spec=load_spec(config), rank="auto", state_dir=tmp_path / "state", instance="node-x"
-    )
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            running = await nursery.start(
-                lambda task_status: run_daemon(
-                    opts,
-                    {"POD_IP": "198.18.1.5"},
-                    open_dataplane=open_dataplane,
-                    open_registry=open_registry,
-                    task_status=task_status,
-                )
-            )
-            assert running.me.rank == 1
-            await running.claim.claimed.wait()
-            nursery.cancel_scope.cancel()
+    to another key it gets rank 1, and claims it."""
+    pins = f'[sites.b]\ngateways = [0, 2]\ngateway_keys = {{ 0 = "{GATEWAY_KEY}" }}\n'
+    assert await auto_rank_daemon(tmp_path, NODES_TOML + pins, MemoryRegistry()) == 1
