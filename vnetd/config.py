@@ -87,6 +87,9 @@ class Settings:
     """auto, kernel, userspace or fake; None: the spec's [wireguard] dataplane (auto)."""
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     preshared_key_file: str | None = None
+    signing_key_file: str | None = None
+    """``--signing-key-file``; None: VNETD_SIGNING_KEY_FILE, ``[wireguard]
+    signing_key_file``, else ``signing.key`` in the state dir."""
     site: str | None = None
     """``--site``; None: VNETD_SITE, then ``[site] name``."""
     public_endpoint: str | None = None
@@ -150,6 +153,23 @@ def resolve_preshared_key(settings: Settings, env: Mapping[str, str]) -> str | N
         if value:
             return load_preshared_key(Path(value), source)
     return None
+
+
+ENV_SIGNING_KEY_FILE = "VNETD_SIGNING_KEY_FILE"
+
+
+def resolve_signing_key_file(
+    flag: str | None, env: Mapping[str, str], spec: MeshSpec
+) -> tuple[str, Path] | None:
+    """The record signing key's file and what named it: ``--signing-key-file``,
+    ``VNETD_SIGNING_KEY_FILE``, then ``[wireguard] signing_key_file``; None: the
+    state dir's ``signing.key``. The file is read by ``control.proof.open_signer``."""
+    sources = [
+        ("--signing-key-file", flag),
+        (ENV_SIGNING_KEY_FILE, env.get(ENV_SIGNING_KEY_FILE)),
+        ("wireguard.signing_key_file", spec.local.signing_key_file),
+    ]
+    return next(((source, Path(value)) for source, value in sources if value), None)
 
 
 Record = TypeVar("Record", bound="DataclassInstance")

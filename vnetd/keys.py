@@ -36,11 +36,7 @@ def load_or_create_key(state_dir: Path) -> KeyPair:
     Raises:
         IdentityError: the directory or key file is unusable.
     """
-    try:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _tighten(state_dir)
-    except OSError as exc:
-        raise IdentityError(f"--state-dir {state_dir}: cannot create: {exc.strerror}") from None
+    make_state_dir(state_dir)
     path = state_dir / KEY_FILE
     if path.exists():
         return _read_key(path)
@@ -51,6 +47,19 @@ def load_or_create_key(state_dir: Path) -> KeyPair:
     except OSError as exc:
         raise IdentityError(f"{path}: cannot write the key: {exc.strerror}") from None
     return KeyPair(encoded, public_key_of(encoded))
+
+
+def make_state_dir(state_dir: Path) -> None:
+    """Make ``state_dir`` (0700) if it is missing, and tighten it to 0700 if it is not.
+
+    Raises:
+        IdentityError: it cannot be made or changed.
+    """
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _tighten(state_dir)
+    except OSError as exc:
+        raise IdentityError(f"--state-dir {state_dir}: cannot create: {exc.strerror}") from None
 
 
 def _tighten(state_dir: Path) -> None:
@@ -73,6 +82,35 @@ def write_new(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def create_new(path: Path, text: str) -> None:
+    """Write a new file ``path``, 0600, whole or not at all, never over a file (or a
+    symlink) already there: a 0600 temporary file beside it, synced, then hard-linked
+    to ``path`` (``link`` fails if ``path`` exists), and the directory synced.
+
+    Raises:
+        FileExistsError: ``path`` exists.
+        OSError: anything else the file system refuses.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a leftover of a run that died mid-write
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(tmp, path, follow_symlinks=False)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
     directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(directory)

@@ -82,3 +82,29 @@ async def test_a_new_key_replaces_the_old_one_on_every_peer(lab: Lab) -> None:
             f"both peers within {swapped_after_claim:.2f} s of the claim"
         )
         assert swapped_after_claim <= SWAPPED_WITHIN
+
+
+async def test_a_loose_state_dir_and_a_planted_temporary_file_are_not_trusted(lab: Lab) -> None:
+    """Issue 25, item 8: rank 1's state dir comes 0755 (as a hostPath does) with
+    ``private.tmp`` a symlink to a file of someone else's. The daemon tightens the
+    directory to 0700 and says so, writes its key to a 0600 ``private.key`` of its own
+    (never through the symlink: the other file is untouched), and joins."""
+    with trio.fail_after(90):
+        mesh = MeshLab.create(lab)
+        state = mesh.pod(1).state_dir
+        state.mkdir(parents=True, exist_ok=True)
+        state.chmod(0o755)
+        victim = lab.workdir / "victim"
+        victim.write_text("not a key\n")
+        (state / "private.tmp").symlink_to(victim)
+        for rank in (0, 1):
+            await mesh.start_rank(rank)
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        assert state.stat().st_mode & 0o777 == 0o700
+        assert f"--state-dir {state}: mode 0755 tightened to 0700" in mesh.daemons[1].log_text()
+        key = state / "private.key"
+        assert not key.is_symlink() and key.stat().st_mode & 0o777 == 0o600
+        assert not (state / "private.tmp").exists()
+        assert victim.read_text() == "not a key\n"
+        assert {"private.key", "signing.key"} <= {p.name for p in state.iterdir()}

@@ -172,3 +172,23 @@ async def test_json_logs_parse_and_no_secret_leaks_anywhere(lab: Lab) -> None:
             for where, text in outputs.items():
                 for form in forms:
                     assert form not in text, f"rank {rank}'s private key appears in {where}"
+
+
+async def test_status_answers_only_inside_the_pod_when_served_on_every_address(
+    lab: Lab,
+) -> None:
+    """Issue 25, item 6: served on ``0.0.0.0`` as the manifests do (the kubelet's probes
+    come from the node), ``/status`` (every member's endpoint, key and instance) answers
+    403 to another pod and 200 on the pod's own loopback; ``/metrics`` and ``/readyz``
+    answer both."""
+    with trio.fail_after(90):
+        mesh = MeshLab.create(lab)
+        await mesh.start_rank(0, "--http-listen", f"0.0.0.0:{PORT}")
+        await mesh.start_rank(1)
+        outside = f"http://{mesh.pod(0).underlay_ip}:{PORT}"
+        await poll(lab, mesh.pod(0), "/readyz", 200, 30)
+        status, body = await http_get(lab, mesh.pod(1), f"{outside}/status")
+        assert status == 403 and "answers only from inside the pod" in body, (status, body)
+        assert (await get(lab, mesh.pod(0), "/status"))[0] == 200
+        for path in ("/metrics", "/readyz"):
+            assert (await http_get(lab, mesh.pod(1), f"{outside}{path}"))[0] == 200, path

@@ -10,10 +10,15 @@ pin no daemon takes it, nothing reaches the intruder's device, the forgery is
 reported, site b stays reached through gateway 3, and a daemon that tries rank 2
 with another key exits 2. The real gateway then starts with the pinned key, takes
 its rank over, and carries site b's traffic. Unit twin: tests/unit/test_gateway_pins.py.
+
+A gateway whose pinned key is in a file of its own (``--signing-key-file``, as a
+mounted Secret gives it) keeps its rank when its pod comes back with an empty state
+dir; without the file it exits 2 (tests/unit/test_signing_key_file.py).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -24,6 +29,8 @@ from test_sites import gatewayed_mesh, overlay_routed, reaches, start_in_site
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.proof import Signer
 from vnetd.lab.cluster import MeshLab
+from vnetd.lab.netns import signal_pid
+from vnetd.lab.pods import LabProcess
 from vnetd.lab.sites import SitesLab, open_sites_lab
 from vnetd.model import Member
 
@@ -129,3 +136,77 @@ async def test_a_forged_pinned_gateway_carries_nothing_and_the_real_one_does() -
             entry = await lab.etcdctl("get", "--print-value-only", key2)
             assert f'"signing_key":"{pinned}"' in entry.stdout.decode()
             assert not mesh.dead_daemons()
+
+
+async def test_a_gateway_with_a_fresh_state_dir_and_its_key_file_keeps_its_rank() -> None:
+    """Site b's only gateway, rank 1, pinned to a key made with ``vnetd signing-key
+    --create --key-file`` (as a Secret would hold it). Its pod dies whole (daemon and
+    wireguard-go SIGKILLed, its lease still live) and comes back with an empty state dir
+    (a rescheduled pod's new ``emptyDir``): without the key file it exits 2 naming the
+    pin; with the file (``VNETD_SIGNING_KEY_FILE`` this time) it claims rank 1 again,
+    with a new WireGuard key, and site a reaches site b through it."""
+    with trio.fail_after(150):
+        async with open_sites_lab({"a": 1, "b": 2}) as lab:
+            key_file = lab.workdir / "gateway-1.key"
+            with trio.fail_after(30):
+                made = await trio.run_process(
+                    [sys.executable, "-m", "vnetd", "signing-key", "--create",
+                     "--key-file", str(key_file)],
+                    capture_stdout=True,
+                )  # fmt: skip
+            pinned = made.stdout.decode().strip()
+            assert key_file.stat().st_mode & 0o777 == 0o600
+            mesh = await gatewayed_mesh(lab, {"a": [0], "b": [1]}, pins={"b": {1: pinned}})
+            gateway = mesh.pod(1)
+
+            async def start_gateway(state: str, *flags: str, env: dict[str, str]) -> LabProcess:
+                argv = [sys.executable, "-m", "vnetd", "up", "--config", str(mesh.spec_path),
+                        "--rank", "1", "--state-dir", str(gateway.dir / state), "--site", "b",
+                        "--public-endpoint", str(lab.public_endpoint(gateway)), *flags]  # fmt: skip
+                process = await lab.start(
+                    gateway, argv, {"POD_IP": gateway.underlay_ip, "POD_NAME": gateway.name, **env}
+                )
+                mesh.daemons[1] = process
+                return process
+
+            for rank in (2, 0):
+                await start_in_site(mesh, lab, rank)
+                await overlay_routed(mesh, rank)
+            await start_gateway("state-1", "--signing-key-file", str(key_file), env={})
+            await ping_until(mesh, 0, 2, FORMED_BOUND)
+            first = await key_holding(mesh, 0, 2)
+            assert first is not None and first == await key_holding(mesh, 0, 1)
+            assert f"record signing key {pinned} from --signing-key-file" in (
+                mesh.daemons[1].log_text()
+            )
+
+            # The pod dies whole; its entry stays under its live lease for up to a TTL.
+            wireguard = mesh.wireguard_go_pid(1)
+            mesh.daemons[1].kill()
+            signal_pid(wireguard, signal.SIGKILL)
+            assert await mesh.daemons[1].wait(5) == -signal.SIGKILL
+            with trio.fail_after(10):
+                while (await lab.run(gateway, ["ip", "link", "show", "vnet0"])).returncode == 0:
+                    await trio.sleep(0.1)
+
+            # Rescheduled with an empty state dir and nothing else: a new signing key.
+            fresh = await start_gateway("state-2", env={})
+            assert await fresh.wait(30) == 2
+            assert "sites.b.gateway_keys.1 pins its signing key" in fresh.log_text()
+
+            # Rescheduled with the key file: rank 1 again, under its pinned key.
+            back = await start_gateway("state-3", env={"VNETD_SIGNING_KEY_FILE": str(key_file)})
+            with trio.fail_after(FORMED_BOUND):
+                while (await key_holding(mesh, 0, 2)) in (None, first):
+                    await trio.sleep(0.2)
+            second = await key_holding(mesh, 0, 2)
+            assert second == await key_holding(mesh, 0, 1) != first  # a new WireGuard key
+            await ping_until(mesh, 0, 2, FORMED_BOUND)
+            await ping_until(mesh, 2, 0, FORMED_BOUND)
+            entry = await lab.etcdctl("get", "--print-value-only", member_key(mesh.spec, 1))
+            assert f'"signing_key":"{pinned}"' in entry.stdout.decode()
+            assert not (gateway.dir / "state-3" / "signing.key").exists()
+            for rank in (0, 2):
+                log = mesh.daemons[rank].log_text()
+                assert "rank 1 is a gateway whose signing key is pinned" not in log, log[-1500:]
+            assert back.returncode is None and not mesh.dead_daemons()

@@ -245,3 +245,92 @@ async def test_two_daemons_with_one_instance_settle(lab: Lab) -> None:
         waiting = [p for p in (mesh.daemons[1], twin) if "rank 1 is held by" in p.log_text()]
         assert len(waiting) == 1, [p.log_text()[-1500:] for p in (mesh.daemons[1], twin)]
         assert mesh.dead_daemons() == {} and twin.returncode is None
+
+
+async def cut_from_etcd(lab: Lab, pod: Pod) -> None:
+    """Drop ``pod``'s packets to etcd's client port (its connections stall, not reset)."""
+    for rule in (
+        ["add", "table", "inet", "vnetd_cut"],
+        ["add", "chain", "inet", "vnetd_cut", "out", "{ type filter hook output priority 0 ; }"],
+        ["add", "rule", "inet", "vnetd_cut", "out",
+         "ip", "daddr", ETCD_IP, "tcp", "dport", str(ETCD_PORT), "drop"],
+    ):  # fmt: skip
+        nft = await lab.run(pod, ["nft", *rule], 5)
+        assert nft.returncode == 0, nft.stderr.decode()
+
+
+async def heal(lab: Lab, pod: Pod) -> None:
+    healed = await lab.run(pod, ["nft", "delete", "table", "inet", "vnetd_cut"], 5)
+    assert healed.returncode == 0, healed.stderr.decode()
+
+
+DISPLACE_TTL = 10
+"""Long enough that rank 1's lease outlives the few seconds it is cut off (a
+keepalive is due every TTL/3): the displacement happens while its lease lives."""
+
+
+async def test_a_holder_displaced_under_a_live_lease_says_so_and_comes_back(lab: Lab) -> None:
+    """Delete + create under the intruder's own live lease, while rank 1's lease lives
+    (rank 1 cut off from etcd for the two writes, so it cannot claim between them):
+    peers take the new registration (detected, not refused: docs/security.md), and rank
+    1 reports itself displaced in its log, ``/readyz`` (503), ``/status`` and
+    ``vnetd_claim_displaced_total``. Once the intruder's lease is revoked rank 1 claims
+    again, is ready, and rank 0 routes rank 1 to its key again."""
+    with trio.fail_after(150):
+        mesh = MeshLab.create(lab, ttl=DISPLACE_TTL)
+        await mesh.start_rank(0)
+        await mesh.start_rank(1, "--http-listen", f"127.0.0.1:{PORT}")
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        base = f"http://127.0.0.1:{PORT}"
+        assert (await http_get(lab, mesh.pod(1), f"{base}/readyz"))[0] == 200
+        real_key = await key_at(mesh, 0, 1)
+        intruder = Intruder(mesh)
+        await intruder.start(str((await record_of(mesh, 0))["public_key"]))
+        forged = await record_of(mesh, 1)
+        forged.update(public_key=intruder.public_key, instance="intruder",
+                      endpoint=f"{intruder.pod.underlay_ip}:51820")  # fmt: skip
+        forged.pop("proof", None)
+        forged.pop("signing_key", None)
+        lease = await grant_lease(lab, 120)
+
+        await cut_from_etcd(lab, mesh.pod(1))
+        try:
+            await lab.etcdctl("del", member_key(mesh.spec, 1))
+            await lab.etcdctl("put", "--lease", lease, member_key(mesh.spec, 1), json.dumps(forged))
+        finally:
+            await heal(lab, mesh.pod(1))
+        # Not ready at once (its entry is gone); displaced once it has seen who holds it.
+        answers: list[tuple[int, str]] = []
+        with trio.move_on_after(DISPLACE_TTL):
+            while (
+                "displaced" not in (answer := await http_get(lab, mesh.pod(1), f"{base}/readyz"))[1]
+            ):
+                answers.append(answer)
+                await trio.sleep(0.2)
+        assert answer[0] == 503, (answer, answers[-3:])
+        assert "not ready: displaced: rank 1 was taken by intruder" in answer[1], answer
+        # /status and /metrics are built at most once a second: the next build has it.
+        with trio.fail_after(5):
+            while True:
+                me = json.loads((await http_get(lab, mesh.pod(1), f"{base}/status"))[1])["self"]
+                metrics = (await http_get(lab, mesh.pod(1), f"{base}/metrics"))[1]
+                if me["claim"] == "displaced" and "vnetd_claim_displaced_total 1.0" in metrics:
+                    break
+                await trio.sleep(0.3)
+        assert (me["holder"], me["claimed"]) == ("intruder", False), me
+        log1 = mesh.daemons[1].log_text()
+        assert re.search(r"rank 1 was taken by intruder \(lease [0-9a-f]+\) while our lease "
+                         r"[0-9a-f]+ lived: displaced", log1), log1[-2000:]  # fmt: skip
+        assert await key_at(mesh, 0, 1) == intruder.public_key  # what a delete allows
+
+        await lab.etcdctl("lease", "revoke", lease)
+        with trio.fail_after(2 * DISPLACE_TTL):
+            while (await http_get(lab, mesh.pod(1), f"{base}/readyz"))[0] != 200:
+                await trio.sleep(0.2)
+        with trio.fail_after(DISPLACE_TTL):
+            while await key_at(mesh, 0, 1) != real_key:
+                await trio.sleep(0.2)
+        ping = await lab.run(mesh.pod(0), ["ping", "-c", "1", "-W", "2", mesh.address(1)], 5)
+        assert ping.returncode == 0, ping.stdout.decode()
+        assert mesh.dead_daemons() == {}

@@ -156,3 +156,7 @@ async def test_daemons_join_through_etcd_with_auth_and_a_role_on_the_mesh_prefix
             assert_one_line(*await status_in_pod(mesh), "requires authentication", "--etcd-user")
             for daemon in mesh.daemons.values():
                 assert "s3cret-Pa55" not in daemon.log_text()
+                # The lab's etcd is plain http: the daemon says its password crosses in clear.
+                assert "etcd user vnetd: its password goes over plain http to http://" in (
+                    daemon.log_text()
+                )

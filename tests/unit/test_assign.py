@@ -12,10 +12,11 @@ import trio
 
 from vnetd.config import Settings
 from vnetd.control.assign import MeshFull, assign_key, assign_rank, assigned_rank_key
+from vnetd.control.proof import Signer
 from vnetd.daemon.root import run_daemon, wants_auto_rank
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.errors import RegistryError, SpecError
+from vnetd.errors import IdentityError, RegistryError, SpecError
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, load_spec, parse_spec
@@ -128,11 +129,9 @@ def test_wants_auto_rank(flag: str | None, env: dict[str, str], auto: bool) -> N
     assert wants_auto_rank(flag, env) is auto
 
 
-async def test_a_daemon_with_rank_auto_registers_under_its_assigned_rank(tmp_path: Path) -> None:
-    config = tmp_path / "mesh.toml"
-    config.write_text('[mesh]\nname = "nodes"\nsize = 4\nnetwork = "10.250.0.0/16"\n')
-    registry = MemoryRegistry()
-    await registry.create_all({assigned_rank_key(SPEC, 0): b"other-node"})
+async def auto_rank_daemon(tmp_path: Path, spec_text: str, registry: MemoryRegistry) -> int:
+    """Run ``vnetd up --rank auto`` (node ``node-x``) on ``registry`` and a fake data
+    plane until it has claimed; its rank."""
 
     @asynccontextmanager
     async def open_registry(spec: MeshSpec) -> AsyncIterator[Registry]:
@@ -142,21 +141,90 @@ async def test_a_daemon_with_rank_auto_registers_under_its_assigned_rank(tmp_pat
     async def open_dataplane(device: DeviceConfig) -> AsyncIterator[FakeDataplane]:
         yield FakeDataplane(device)
 
+    config = tmp_path / "mesh.toml"
+    config.write_text(spec_text)
     opts = Settings(
         spec=load_spec(config), rank="auto", state_dir=tmp_path / "state", instance="node-x"
     )
-    for _ in range(2):  # a restart keeps the rank
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                running = await nursery.start(
-                    lambda task_status: run_daemon(
-                        opts,
-                        {"POD_IP": "198.18.1.5"},
-                        open_dataplane=open_dataplane,
-                        open_registry=open_registry,
-                        task_status=task_status,
-                    )
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(
+                lambda task_status: run_daemon(
+                    opts,
+                    {"POD_IP": "198.18.1.5"},
+                    open_dataplane=open_dataplane,
+                    open_registry=open_registry,
+                    task_status=task_status,
                 )
-                assert running.me.rank == 1
-                await running.claim.claimed.wait()
-                nursery.cancel_scope.cancel()
+            )
+            await running.claim.claimed.wait()
+            nursery.cancel_scope.cancel()
+    rank: int = running.me.rank
+    return rank
+
+
+NODES_TOML = '[mesh]\nname = "nodes"\nsize = 4\nnetwork = "10.250.0.0/16"\n'
+
+
+async def test_a_daemon_with_rank_auto_registers_under_its_assigned_rank(tmp_path: Path) -> None:
+    registry = MemoryRegistry()
+    await registry.create_all({assigned_rank_key(SPEC, 0): b"other-node"})
+    for _ in range(2):  # a restart keeps the rank
+        assert await auto_rank_daemon(tmp_path, NODES_TOML, registry) == 1
+
+
+# --- gateway ranks pinned to a signing key (docs/security.md, "Gateway ranks") ---------------
+
+GATEWAY_KEY = Signer.generate().public_key
+OTHER_KEY = Signer.generate().public_key
+PINNED = parse_spec(
+    {
+        "mesh": {"name": "nodes", "size": 4, "network": "10.250.0.0/16"},
+        "sites": {"b": {"gateways": [0, 2], "gateway_keys": {"0": GATEWAY_KEY}}},
+    }
+)
+
+
+async def test_a_rank_pinned_to_another_key_is_never_assigned() -> None:
+    """Rank 0 is pinned: nodes with other keys get 1, 2, 3 and then a full mesh (their
+    daemons could not claim rank 0: ``vnetd up`` would exit 2)."""
+    registry = MemoryRegistry()
+    with trio.fail_after(5):
+        got = [await assign_rank(registry, PINNED, f"n{i}", OTHER_KEY) for i in range(3)]
+        assert got == [1, 2, 3]
+        with pytest.raises(MeshFull, match=r"all 4 ranks are assigned to other nodes "
+                           r"\(keys under .*\), 1 pinned to other signing keys"):  # fmt: skip
+            await assign_rank(registry, PINNED, "n3", OTHER_KEY)
+        # The node with the pinned key gets its rank, however many are taken.
+        assert await assign_rank(registry, PINNED, "gw", GATEWAY_KEY) == 0
+
+
+async def test_the_node_with_a_pinned_key_gets_its_rank_first() -> None:
+    registry = MemoryRegistry()
+    with trio.fail_after(5):
+        assert await assign_rank(registry, PINNED, "gw", GATEWAY_KEY) == 0
+        assert await assign_rank(registry, PINNED, "n1", OTHER_KEY) == 1
+        assert await assign_rank(registry, PINNED, "gw", GATEWAY_KEY) == 0  # sticky
+
+
+async def test_a_node_assigned_a_rank_pinned_since_is_told_which_keys_to_delete() -> None:
+    """Assigned rank 0 before the pin: not moved (its address is what others know it
+    by); it stops with the pin and the two keys that free it."""
+    registry = MemoryRegistry()
+    with trio.fail_after(5):
+        assert await assign_rank(registry, SPEC, "n0", OTHER_KEY) == 0
+        with pytest.raises(IdentityError, match=r"node n0 is assigned rank 0 \(.*/assign/n0\), "
+                           r"which sites\.b\.gateway_keys\.0 pins to signing key .*; run it with "
+                           r"the pinned key \(--signing-key-file\), or delete .*/assign/n0 and "
+                           r".*/assign-rank/0 to give it another rank"):  # fmt: skip
+            await assign_rank(registry, PINNED, "n0", OTHER_KEY)
+        await registry.delete(assign_key(SPEC, "n0"))
+        await registry.delete(assigned_rank_key(SPEC, 0))
+        assert await assign_rank(registry, PINNED, "n0", OTHER_KEY) == 1
+
+
+async def test_a_daemon_with_rank_auto_skips_a_rank_pinned_to_another_key(tmp_path: Path) -> None:
+    """The daemon reads its signing key before it asks for a rank: with rank 0 pinned
+    to another key it gets rank 1, and claims it."""
+    pins = f'[sites.b]\ngateways = [0, 2]\ngateway_keys = {{ 0 = "{GATEWAY_KEY}" }}\n'
+    assert await auto_rank_daemon(tmp_path, NODES_TOML + pins, MemoryRegistry()) == 1

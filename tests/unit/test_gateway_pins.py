@@ -192,8 +192,9 @@ def test_a_daemon_with_another_key_refuses_to_claim_a_pinned_rank() -> None:
     check_pinned_signer(UNPINNED, 4, INTRUDER_SIGNER.public_key, "s/signing.key")
     with pytest.raises(IdentityError, match=r"^rank 4: sites\.b\.gateway_keys\.4 pins its "
                        r"signing key to .*, and this signing key \(s/signing\.key\) is .*; "
-                       r"run the gateway with the state dir that holds the pinned key, or "
-                       r"pin this one \(`vnetd signing-key --state-dir DIR` prints it\)$"):  # fmt: skip
+                       r"run the gateway with the pinned key \(the state dir that holds it, "
+                       r"or --signing-key-file FILE\), or pin this one \(`vnetd signing-key "
+                       r"--state-dir DIR` prints it\)$"):  # fmt: skip
         check_pinned_signer(SPEC, 4, INTRUDER_SIGNER.public_key, "s/signing.key")
     with pytest.raises(IdentityError, match=r"this claim would be unsigned \(no --state-dir\)"):
         check_pinned_signer(SPEC, 4, "", "no --state-dir")

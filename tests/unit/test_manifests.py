@@ -194,13 +194,22 @@ def test_rendered_manifests_validate(config: Path, mode: Mode):
         validate(doc, f"render manifests --config {rel(config)} --mode {mode}")
 
 
+PIN = 'gateway_keys = { 32 = "Ucb74ZcCxteNhokZkr//PfqCutO0VXNAQ6t5imezO7w=" }\n'
+
+
 @pytest.mark.parametrize(
-    ("site", "ranks", "workload"),
-    [("a", "0-31", "Job"), ("b", "32-63", "StatefulSet"), ("b", "40-63", "StatefulSet")],
+    ("site", "ranks", "workload", "pins"),
+    [
+        ("a", "0-31", "Job", ""),
+        ("b", "32-63", "StatefulSet", ""),
+        ("b", "40-63", "StatefulSet", ""),
+        pytest.param("b", "32-63", "StatefulSet", PIN, id="b-32-63-pinned"),
+    ],
 )
-def test_rendered_site_parts_validate(site: str, ranks: str, workload: str):
-    """``--site``/``--ranks`` add a StatefulSet, LoadBalancer Services and a ConfigMap."""
-    text = BURST_TOML
+def test_rendered_site_parts_validate(site: str, ranks: str, workload: str, pins: str):
+    """``--site``/``--ranks`` add a StatefulSet, LoadBalancer Services and a ConfigMap;
+    a pinned gateway, a Secret volume and the init container that copies its key."""
+    text = BURST_TOML + pins
     options = ManifestOptions(site=site, ranks=ranks)
     docs = list(
         yaml.safe_load_all(render_manifests(parse_spec(tomllib.loads(text)), text, options))

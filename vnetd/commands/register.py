@@ -26,6 +26,7 @@ from vnetd.config import (
     add_public_endpoint_file_argument,
     add_site_arguments,
     resolve_public_endpoint,
+    resolve_signing_key_file,
     resolve_site,
     spec_from_args,
 )
@@ -69,6 +70,13 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         help="keep the record signing key here (made on first use, 0600), so readers know "
         "a restarted register as the same holder; without it, records are unsigned",
     )
+    parser.add_argument(
+        "--signing-key-file",
+        metavar="FILE",
+        help="sign with the record signing key in FILE (vnetd signing-key --create "
+        "--key-file FILE makes one; mode 0600), instead of --state-dir's (else "
+        "VNETD_SIGNING_KEY_FILE, else [wireguard] signing_key_file)",
+    )
     add_etcd_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -103,10 +111,11 @@ def run(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args, os.environ)
     me = member_of(args, spec, os.environ)
-    signer = signer_in(args.state_dir) if args.state_dir is not None else None
     from vnetd.control.membership import check_pinned_signer
+    from vnetd.control.proof import open_signer
 
-    source = "no --state-dir" if signer is None else f"{args.state_dir}/signing.key"
+    named = resolve_signing_key_file(args.signing_key_file, os.environ, spec)
+    signer, source = open_signer(named, args.state_dir)
     check_pinned_signer(spec, me.rank, signer.public_key if signer else "", source)
     trio.run(hold_until_signal, spec, me, args.public_endpoint_file, signer)
     return 0
@@ -122,13 +131,11 @@ def signer_in(state_dir: Path) -> Signer:
     Raises:
         IdentityError: the directory cannot be made, or the key file is unusable.
     """
-    from vnetd.control.proof import load_or_create_signer
+    from vnetd.control.proof import open_signer
 
-    try:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise IdentityError(f"--state-dir {state_dir}: {exc.strerror}") from None
-    return load_or_create_signer(state_dir)
+    signer, _ = open_signer(None, state_dir)
+    assert signer is not None  # a state dir is given
+    return signer
 
 
 async def hold_until_signal(

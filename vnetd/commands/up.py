@@ -52,6 +52,14 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         help="a mesh-wide WireGuard pre-shared key (wg genpsk), mode 0600, e.g. a mounted "
         "Secret (else VNETD_PRESHARED_KEY_FILE, else [wireguard] preshared_key_file)",
     )
+    up.add_argument(
+        "--signing-key-file",
+        metavar="FILE",
+        help="the record signing key (vnetd signing-key --create --key-file FILE makes "
+        "one), mode 0600 or 0400, e.g. a pinned gateway's from a mounted Secret (else "
+        "VNETD_SIGNING_KEY_FILE, else [wireguard] signing_key_file, else signing.key in "
+        "the state dir)",
+    )
     add_exit_on_file_argument(up)
     up.add_argument(
         "--instance", help="the name that owns the claim (else POD_NAME, else hostname)"

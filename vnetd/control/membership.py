@@ -183,7 +183,8 @@ def check_pinned_signer(spec: MeshSpec, rank: int, signing_key: str, source: str
 
     Args:
         signing_key: ours ("" : we sign nothing).
-        source: where our key comes from, for the message (``DIR/signing.key``).
+        source: where our key comes from, for the message (``DIR/signing.key``,
+            ``--signing-key-file FILE``).
 
     Raises:
         IdentityError: naming the pin and the fix.
@@ -196,8 +197,9 @@ def check_pinned_signer(spec: MeshSpec, rank: int, signing_key: str, source: str
         f"this claim would be unsigned ({source})")  # fmt: skip
     raise IdentityError(
         f"rank {rank}: sites.{site}.gateway_keys.{rank} pins its signing key to "
-        f"{pinned[:12]!r}, and {ours}; run the gateway with the state dir that holds "
-        "the pinned key, or pin this one (`vnetd signing-key --state-dir DIR` prints it)"
+        f"{pinned[:12]!r}, and {ours}; run the gateway with the pinned key (the state dir "
+        "that holds it, or --signing-key-file FILE), or pin this one (`vnetd signing-key "
+        "--state-dir DIR` prints it)"
     )
 
 

@@ -2,16 +2,18 @@
 
 WireGuard's X25519 key cannot sign, so each daemon keeps an Ed25519 signing
 key beside its WireGuard key (``load_or_create_signer``: ``signing.key`` in
-the state dir, 0600, by the rules of ``vnetd.keys``) and signs
-every record it writes. The signature covers the registry key, the lease the
-record is written under and the record's canonical JSON, so a record copied
-to another rank or written under another lease does not verify. Readers let
-an entry held by one signing key change only under that key, and bind a
-public key to the signing key that first registered it (docs/architecture.md,
-"Registry layout"). The signature itself is cryptography's Ed25519; only the
-bytes signed are defined here. cryptography is imported where a key is made or a
-proof checked, not with the module: the codec that imports this module is also
-imported by ``--help`` and the render commands, which must stay light.
+the state dir, 0600, by the rules of ``vnetd.keys``), or takes it from a file
+it is given (``open_signer``: ``--signing-key-file``, e.g. a pinned gateway's
+key from a mounted Secret), and signs every record it writes. The signature
+covers the registry key, the lease the record is written under and the
+record's canonical JSON, so a record copied to another rank or written under
+another lease does not verify. Readers let an entry held by one signing key
+change only under that key, and bind a public key to the signing key that
+first registered it (docs/architecture.md, "Registry layout"). The signature
+itself is cryptography's Ed25519; only the bytes signed are defined here.
+cryptography is imported where a key is made or a proof checked, not with the
+module: the codec that imports this module is also imported by ``--help`` and
+the render commands, which must stay light.
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ def verify(signing_key: str, proof: str, key: str, lease: int, body: bytes) -> b
 
 
 def load_or_create_signer(state_dir: Path) -> Signer:
-    """The record signing key in ``state_dir`` (made by ``keys.load_or_create_key``
-    first), generated on first use and kept across WireGuard key rotations.
+    """The record signing key in ``state_dir`` (an existing directory), generated on
+    first use and kept across WireGuard key rotations.
 
     Raises:
         IdentityError: the key file is unusable (open to group or others, not a key).
@@ -102,23 +104,75 @@ def load_or_create_signer(state_dir: Path) -> Signer:
     return signer
 
 
-def load_signer(path: Path) -> Signer:
-    """The signing key in the file ``path`` (``signing.key``'s format: base64 of the
-    32-byte Ed25519 seed, mode 0600).
+def open_signer(
+    named: tuple[str, Path] | None, state_dir: Path | None
+) -> tuple[Signer | None, str]:
+    """The record signing key and where it comes from (for messages): the file
+    ``named`` (the flag, variable or spec key that names it, and its path) if given,
+    else ``signing.key`` in ``state_dir`` (the directory made 0700, the key made on
+    first use), else none (unsigned records: ``vnetd register`` without either).
 
     Raises:
-        IdentityError: the file is missing, open to group or others, or not a key.
+        IdentityError: naming the file or directory at fault.
     """
+    from vnetd.keys import make_state_dir  # cryptography with it: see the module docstring
+
+    if named is not None:
+        source, path = named
+        return load_signer(path, source), f"{source} {path}"
+    if state_dir is None:
+        return None, "no --state-dir"
+    make_state_dir(state_dir)
+    return load_or_create_signer(state_dir), str(state_dir / SIGNING_KEY_FILE)
+
+
+def load_signer(path: Path, source: str = "") -> Signer:
+    """The signing key in the file ``path`` (``signing.key``'s format: base64 of the
+    32-byte Ed25519 seed, no access for group or others: 0600, or a Secret's 0400).
+
+    Args:
+        source: the flag, variable or spec key that named ``path``, put before it in
+            every message ("" : the path alone).
+
+    Raises:
+        IdentityError: the file is missing, open to group or others, or not a key;
+            no message holds any part of the key.
+    """
+    named = f"{source} {path}" if source else str(path)
     try:
         mode = path.stat().st_mode & 0o777
         if mode & 0o077:
             raise IdentityError(
-                f"{path}: mode {mode:04o} lets others read the signing key; run chmod 600 {path}"
+                f"{named}: mode {mode:04o} lets others read the signing key; run chmod 600 {path}"
             )
         text = path.read_text()
     except OSError as exc:
-        raise IdentityError(f"{path}: cannot use the signing key: {exc.strerror}") from None
+        raise IdentityError(f"{named}: cannot use the signing key: {exc.strerror}") from None
     try:
         return Signer.from_private_bytes(base64.b64decode(text.strip(), validate=True))
     except ValueError:
-        raise IdentityError(f"{path}: not a base64 Ed25519 private key") from None
+        raise IdentityError(
+            f"{named}: not a base64 Ed25519 private key (make one with "
+            "`vnetd signing-key --create --key-file FILE`)"
+        ) from None
+
+
+def create_signer_file(path: Path, source: str) -> Signer:
+    """A new signing key in the new file ``path`` (0600, never over a file there).
+
+    Raises:
+        IdentityError: ``path`` exists, or cannot be written.
+    """
+    from vnetd.keys import create_new  # cryptography with it: see the module docstring
+
+    signer = Signer.generate()
+    try:
+        create_new(path, base64.b64encode(signer.private_bytes()).decode() + "\n")
+    except FileExistsError:
+        raise IdentityError(
+            f"{source} {path}: exists; a key file is never overwritten (a spec may pin its "
+            "key): drop --create to print its key, or name a new file"
+        ) from None
+    except OSError as exc:
+        raise IdentityError(f"{source} {path}: cannot write the key: {exc.strerror}") from None
+    return signer

@@ -29,9 +29,15 @@ from typing import TYPE_CHECKING
 import trio
 
 from vnetd import __version__
-from vnetd.config import Effective, Settings, effective, resolve_exit_file
+from vnetd.config import (
+    Effective,
+    Settings,
+    effective,
+    resolve_exit_file,
+    resolve_signing_key_file,
+)
 from vnetd.control.membership import check_pinned_signer
-from vnetd.control.proof import SIGNING_KEY_FILE, load_or_create_signer
+from vnetd.control.proof import open_signer
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.dataplane import (
     Dataplane,
@@ -63,14 +69,19 @@ one ``stat`` per half second is nothing next to a job's run time."""
 
 
 def prepare(
-    settings: Settings, env: Mapping[str, str], assigned_rank: int | None = None
+    settings: Settings,
+    env: Mapping[str, str],
+    assigned_rank: int | None = None,
+    signer: tuple[Signer, str] | None = None,
 ) -> tuple[Effective, Member, DeviceConfig, Signer]:
-    """Resolve identity, device config and the record signer (``signing.key`` beside
-    the WireGuard key); every failure is a ``VnetdError``.
+    """Resolve identity, device config and the record signer; every failure is a
+    ``VnetdError``.
 
     Args:
         assigned_rank: the rank the registry assigned (``--rank auto``); None:
             ``--rank``, the environment or the hostname.
+        signer: the record signer and where it is from, already opened
+            (``daemon_signer``); None: opened here.
     """
     spec = settings.spec
     if assigned_rank is None:
@@ -79,8 +90,8 @@ def prepare(
         rank = assigned_rank
     set_rank(rank)
     keys = load_or_create_key(settings.state_dir)
-    signer = load_or_create_signer(settings.state_dir)
-    check_pinned_signer(spec, rank, signer.public_key, str(settings.state_dir / SIGNING_KEY_FILE))
+    key, source = signer or daemon_signer(settings, env)
+    check_pinned_signer(spec, rank, key.public_key, source)
     needs_route = not settings.endpoint and not env.get("POD_IP")
     endpoint = resolve_endpoint(
         spec, settings.endpoint, env, default_route_address() if needs_route else None
@@ -96,7 +107,7 @@ def prepare(
         version=__version__,
         site=resolved.site,
         public_endpoint=resolved.public_endpoint,
-        signing_key=signer.public_key,
+        signing_key=key.public_key,
     )
     config = DeviceConfig(
         interface=spec.interface,
@@ -111,7 +122,19 @@ def prepare(
         network6=spec.network6,
         max_peers=spec.size - 1,
     )
-    return resolved, me, config, signer
+    return resolved, me, config, key
+
+
+def daemon_signer(settings: Settings, env: Mapping[str, str]) -> tuple[Signer, str]:
+    """The record signing key ``vnetd up`` signs with, and where it is from: the file
+    ``--signing-key-file`` (or its variable or spec key) names, else ``signing.key``
+    in the state dir (made on first start)."""
+    named = resolve_signing_key_file(settings.signing_key_file, env, settings.spec)
+    signer, source = open_signer(named, settings.state_dir)
+    assert signer is not None  # a state dir is always given
+    if named is not None:
+        log.info("record signing key %s from %s", signer.public_key, source)
+    return signer, source
 
 
 def _port_of(endpoint: str, default: int) -> int:
@@ -173,9 +196,14 @@ async def _run_daemon(
     task_status: trio.TaskStatus[Running],
 ) -> None:
     assigned = None  # --rank auto: the registry's rank, handed on as it is
+    opened = None
     if wants_auto_rank(settings.rank, env):
-        assigned = await _auto_rank(settings, env, open_registry)
-    resolved, me, config, signer = await trio.to_thread.run_sync(prepare, settings, env, assigned)
+        # The signing key first: a rank pinned to another key is never assigned.
+        opened = await trio.to_thread.run_sync(daemon_signer, settings, env)
+        assigned = await _auto_rank(settings, env, open_registry, opened[0].public_key)
+    resolved, me, config, signer = await trio.to_thread.run_sync(
+        prepare, settings, env, assigned, opened
+    )
     spec = resolved.spec
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
@@ -282,9 +310,10 @@ def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
 
 
 async def _auto_rank(
-    settings: Settings, env: Mapping[str, str], open_registry: RegistryOpener
+    settings: Settings, env: Mapping[str, str], open_registry: RegistryOpener, signing_key: str
 ) -> int:
-    """This node's sticky rank from the registry, waiting for etcd as long as it takes."""
+    """This node's sticky rank from the registry, waiting for etcd as long as it takes;
+    never a rank the spec pins to a signing key other than ``signing_key``."""
     from vnetd.control.assign import assign_rank
 
     spec = settings.spec
@@ -292,7 +321,9 @@ async def _auto_rank(
     with plain_errors():
         async with open_registry(spec.registry) as registry:
             return await retry_registry(
-                "rank assignment", lambda: assign_rank(registry, spec, node), RegistryHealth()
+                "rank assignment",
+                lambda: assign_rank(registry, spec, node, signing_key),
+                RegistryHealth(),
             )
 
 

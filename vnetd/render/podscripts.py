@@ -12,6 +12,11 @@
   others can read, and a Secret volume is root-owned; an init container of
   the Flux image (so the same user as the broker) copies it into an
   ``emptyDir`` as a 0400 file of its own.
+* ``SIGNING_KEY_SCRIPT``: a pinned gateway's record signing key, from the
+  Secret that holds the site's pinned keys, into its pod's state dir as
+  ``signing.key`` (0600), so a rescheduled gateway signs with the pinned key
+  again; in any other pod it copies nothing. Only this init container mounts
+  the Secret, so no other pod's containers can read a gateway's key.
 * ``UNDERLAY_SCRIPT``: the DaemonSet's entrypoint. With
   ``VNETD_UNDERLAY_INTERFACE`` set it takes that interface's first global
   address as ``POD_IP`` (the endpoint peers send to, and the underlay
@@ -51,6 +56,22 @@ fi
 exec vnetd "$@"
 """
 
+
+SIGNING_KEY_SCRIPT = """\
+set -eu
+source="$1/gateway-$2.key"
+if [ ! -e "$source" ]; then
+  echo "signing key: none in the Secret for rank $2 (not a pinned gateway of this site)"
+  exit 0
+fi
+umask 077
+mkdir -p "$3"
+chmod 0700 "$3"
+cat "$source" > "$3/signing.key.new"
+mv -f "$3/signing.key.new" "$3/signing.key"
+echo "signing key: rank $2's pinned key from the Secret, into $3/signing.key"
+"""
+"""``sh -c SIGNING_KEY_SCRIPT signing-key SECRET_DIR RANK STATE_DIR``."""
 
 FORWARDING_SCRIPT = """\
 set -eu

@@ -30,6 +30,10 @@ PRESHARED_KEY_SECRET = "vnetd-preshared-key"
 """The Secret holding ``[wireguard] preshared_key_file`` (its key: the file's name)."""
 ETCD_PASSWORD_SECRET = "vnetd-etcd-password"
 """The Secret holding ``registry.password_file`` (its key: the file's name)."""
+GATEWAY_KEYS_SECRET = "vnetd-gateway-signing-keys"
+"""The Secret with the pinned gateways' signing keys, ``gateway-<rank>.key`` each
+(``vnetd signing-key --create --key-file gateway-<rank>.key`` makes one), copied
+into a gateway pod's state dir (``site_manifests``), never named by the spec."""
 STAGING_DIR = "/run/vnetd-secrets"
 """A MiniCluster's read-only Secret mounts, one directory per Secret, copied from."""
 
@@ -60,8 +64,16 @@ def secret_files(spec: MeshSpec, taken: tuple[str, ...]) -> list[SecretFile]:
 
     Raises:
         SpecError: a path is relative, or under a directory in ``taken``; the
-            message names the key and the Secret to create.
+            message names the key and the Secret to create. A spec naming a
+            signing key file (one rank's key, not a file for every pod).
     """
+    if spec.local.signing_key_file:
+        raise SpecError(
+            f"wireguard.signing_key_file: {spec.local.signing_key_file!r} would be one file for "
+            "every pod rendered, and a signing key is one rank's; the manifests copy each "
+            f"pinned gateway's own key from the Secret {GATEWAY_KEYS_SECRET} (docs/bursting.md, "
+            '"Pinned gateways"): drop this key from the spec you render'
+        )
     named = [
         ("wireguard.preshared_key_file", spec.local.preshared_key_file, PRESHARED_KEY_SECRET),
         ("registry.password_file", spec.registry.password_file, ETCD_PASSWORD_SECRET),

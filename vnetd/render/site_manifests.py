@@ -14,7 +14,13 @@ the routing itself is "Sites" in docs/architecture.md):
   Service selecting that one pod, a privileged init container that turns
   on IP forwarding in the gateway pods' network namespace only
   (``podscripts.FORWARDING_SCRIPT``), and a ConfigMap of public endpoints,
-  one key per rank, that the sidecars follow with ``--public-endpoint-file``.
+  one key per rank, that the sidecars follow with ``--public-endpoint-file``;
+* for the gateways among those ranks whose signing key the spec pins
+  (``gateway_keys``): the Secret ``GATEWAY_KEYS_SECRET`` (key
+  ``gateway-<rank>.key`` each), mounted only in an unprivileged init
+  container that copies the pod's own key, if it has one, into its state dir
+  (``podscripts.SIGNING_KEY_SCRIPT``); a rescheduled gateway, whose
+  ``emptyDir`` state dir is new, so signs with its pinned key again.
 
 Pure: dictionaries in, dictionaries out.
 """
@@ -26,13 +32,16 @@ from typing import Any
 
 from vnetd.errors import SpecError
 from vnetd.ranks import format_ranks, parse_ranks
-from vnetd.render.pods import config_name, field_env, resources
-from vnetd.render.podscripts import FORWARDING_SCRIPT
+from vnetd.render.pods import STATE_DIR, config_name, field_env, resources
+from vnetd.render.podscripts import FORWARDING_SCRIPT, SIGNING_KEY_SCRIPT
+from vnetd.render.secretfiles import GATEWAY_KEYS_SECRET
 from vnetd.spec import MeshSpec
 from vnetd.spec.parse import check_etcd_url, check_site_name
 
 Obj = dict[str, Any]
 
+GATEWAY_KEYS_DIR = "/etc/vnetd-gateway-keys"
+"""Where that Secret is mounted, in the copying init container only."""
 PUBLIC_DIR = "/etc/vnetd-public"
 """Where the public endpoints' ConfigMap is mounted: one file per rank, empty for none."""
 POD_INDEX_ENV = "VNETD_POD_INDEX"
@@ -154,6 +163,11 @@ def site_objects(spec: MeshSpec, part: SitePart, objects: list[Obj], image: str)
             container["volumeMounts"].append(
                 {"name": "vnetd-public", "mountPath": PUBLIC_DIR, "readOnly": True}
             )
+    pinned = [rank for rank in part.gateways if spec.pinned_key(rank) is not None]
+    if pinned:
+        vnetd = [c["name"] for c in pod["initContainers"]].index("vnetd")
+        pod["initContainers"].insert(vnetd, _signing_key_container(image, index_path))
+        pod["volumes"].append(_gateway_keys_volume(pinned))
     public = f"{config_name(spec)}-public"
     pod["volumes"].append({"name": "vnetd-public", "configMap": {"name": public}})
     endpoints = {
@@ -210,6 +224,39 @@ def _forwarding_container(spec: MeshSpec, part: SitePart, image: str) -> Obj:
             "runAsNonRoot": False,
             "readOnlyRootFilesystem": True,
         },
+    }
+
+
+def _signing_key_container(image: str, index_path: str) -> Obj:
+    """Copy the pod's pinned signing key, if the Secret has one, into its state dir."""
+    script = ["/bin/sh", "-c", SIGNING_KEY_SCRIPT, "signing-key", GATEWAY_KEYS_DIR,
+              f"$({POD_INDEX_ENV})", STATE_DIR]  # fmt: skip
+    return {
+        "name": "vnetd-signing-key",
+        "image": image,
+        "command": script,
+        "env": [field_env(POD_INDEX_ENV, index_path)],
+        "resources": resources("10m", "16Mi", "32Mi"),
+        "securityContext": {
+            "runAsUser": 0,  # the state dir is vnetd's, and vnetd runs as root
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "vnetd-gateway-keys", "mountPath": GATEWAY_KEYS_DIR, "readOnly": True},
+            {"name": "vnetd-state", "mountPath": STATE_DIR},
+        ],
+    }
+
+
+def _gateway_keys_volume(ranks: list[int]) -> Obj:
+    """The pinned gateways' keys, each one required: a pod does not start without them."""
+    items = [{"key": f"gateway-{rank}.key", "path": f"gateway-{rank}.key"} for rank in ranks]
+    return {
+        "name": "vnetd-gateway-keys",
+        "secret": {"secretName": GATEWAY_KEYS_SECRET, "defaultMode": 0o400, "items": items},
     }
 
 

@@ -166,7 +166,11 @@ def _mtu(value: object, low: int) -> int | str:
     return _int_in("mesh.mtu", value, low, 65535)
 
 
-_WIREGUARD_KEYS: dict[str, type] = {"dataplane": str, "preshared_key_file": str}
+_WIREGUARD_KEYS: dict[str, type] = {
+    "dataplane": str,
+    "preshared_key_file": str,
+    "signing_key_file": str,
+}
 
 
 def _dataplane_spec(table: Mapping[str, Any]) -> DataplaneSpec:
@@ -174,7 +178,11 @@ def _dataplane_spec(table: Mapping[str, Any]) -> DataplaneSpec:
     value = table.get("dataplane", "auto")
     if value not in DATAPLANES:
         raise SpecError(f"wireguard.dataplane: {value!r} is not one of {', '.join(DATAPLANES)}")
-    return DataplaneSpec(dataplane=value, preshared_key_file=table.get("preshared_key_file"))
+    return DataplaneSpec(
+        dataplane=value,
+        preshared_key_file=table.get("preshared_key_file"),
+        signing_key_file=table.get("signing_key_file"),
+    )
 
 
 _SITE_KEYS: dict[str, type] = {"name": str, "public_endpoint": str}

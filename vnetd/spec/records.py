@@ -61,6 +61,9 @@ class DataplaneSpec:
     """auto: the kernel's WireGuard when a link can be created, else wireguard-go."""
     preshared_key_file: str | None = None
     """A file holding the mesh-wide pre-shared key (base64), e.g. a mounted Secret."""
+    signing_key_file: str | None = None
+    """A file holding this node's record signing key (``signing.key``'s format), e.g.
+    a pinned gateway's; None: the state dir's ``signing.key``."""
 
 
 DEFAULT_SITE = "default"

@@ -316,3 +316,41 @@ def test_a_pinned_gateway_key_reaches_every_pod_with_the_spec(options: ManifestO
     ]
     assert configs
     assert all(spec_of(config).pinned_key(32) == PINNED_KEY for config in configs)
+
+
+def test_a_pinned_gateway_gets_its_key_from_a_secret_only_its_copying_container_mounts():
+    """Site b pins gateway 32 (not 33): one unprivileged init container, before vnetd,
+    mounts the Secret's ``gateway-32.key`` and copies the pod's own key, if any, into
+    the state dir; the vnetd container and site a's pods never mount the Secret."""
+    text = BURST_TOML + f'gateway_keys = {{ 32 = "{PINNED_KEY}" }}\n'
+    workload = named(documents(SITE_B, text))[("StatefulSet", "flux")]
+    pod = workload["spec"]["template"]["spec"]
+    names = [c["name"] for c in pod["initContainers"]]
+    assert names == ["vnetd-forwarding", "flux-curve-cert", "vnetd-signing-key", "vnetd"]
+    copy = init_containers(workload)["vnetd-signing-key"]
+    assert copy["command"][3:] == ["signing-key", "/etc/vnetd-gateway-keys",
+                                   "$(VNETD_POD_INDEX)", "/var/lib/vnetd"]  # fmt: skip
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in copy["env"]} == {
+        "VNETD_POD_INDEX": "metadata.labels['apps.kubernetes.io/pod-index']"
+    }
+    security = copy["securityContext"]
+    assert "privileged" not in security and security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False
+    assert [(m["name"], m["mountPath"]) for m in copy["volumeMounts"]] == [
+        ("vnetd-gateway-keys", "/etc/vnetd-gateway-keys"), ("vnetd-state", "/var/lib/vnetd")
+    ]  # fmt: skip
+    (secret,) = [v["secret"] for v in pod["volumes"] if v["name"] == "vnetd-gateway-keys"]
+    assert secret == {"secretName": "vnetd-gateway-signing-keys", "defaultMode": 0o400,
+                      "items": [{"key": "gateway-32.key", "path": "gateway-32.key"}]}  # fmt: skip
+    others = [c for c in pod["initContainers"] + pod["containers"] if c is not copy]
+    mounts = [m["name"] for c in others for m in c.get("volumeMounts", [])]
+    assert mounts and "vnetd-gateway-keys" not in mounts
+    assert "--signing-key-file" not in init_containers(workload)["vnetd"]["args"]
+    # Site a pins nothing: its part is as before.
+    job = named(documents(SITE_A, text))[("Job", "flux")]["spec"]["template"]["spec"]
+    before = named(documents(SITE_A))[("Job", "flux")]["spec"]["template"]["spec"]
+    assert [c["name"] for c in job["initContainers"]] == [
+        c["name"] for c in before["initContainers"]
+    ]  # fmt: skip
+    assert [v["name"] for v in job["volumes"]] == [v["name"] for v in before["volumes"]]
+    assert "vnetd-gateway-signing-keys" not in render_manifests(spec_of(text), text, SITE_A)
