@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from vnetd import __version__
+from vnetd import __version__, gc_pause
 from vnetd.config import Effective, Settings, effective, resolve_exit_file
 from vnetd.control.membership import check_pinned_signer
 from vnetd.control.proof import SIGNING_KEY_FILE, load_or_create_signer
@@ -220,13 +220,26 @@ async def _run_daemon(
                     # The probe service starts once the claim runs: nothing asks it before
                     # the rank is registered, and its import is no start-up cost.
                     probe = partial(_serve_probes, spec, me, config.mtu, dataplane, endpoints)
-                    then = partial(inner.start_soon, probe) if probes else None
+
+                    def then(running: Running) -> None:
+                        inner.start_soon(_resume_gc_when_claimed, running.claim.claimed)
+                        if probes:
+                            inner.start_soon(probe)
+
                     started = Started(task_status, endpoints, then)
                     await run_control_plane(
                         resolved, me, registry, dataplane, on_pass, started, signer
                     )
                     inner.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
+
+
+async def _resume_gc_when_claimed(claimed: trio.Event) -> None:
+    """The collector paused for the start (``vnetd.gc_pause``) runs again once the rank
+    is claimed, or after ``gc_pause.MAX_PAUSE`` s."""
+    with trio.move_on_after(gc_pause.MAX_PAUSE):
+        await claimed.wait()
+    gc_pause.resume()
 
 
 def _endpoints(spec: MeshSpec, me: Member) -> DaemonEndpoints:
