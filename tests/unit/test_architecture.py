@@ -107,6 +107,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.registry.bounds": REGISTRY,
     "vnetd.registry.etcd": REGISTRY,
     "vnetd.registry.etcd_auth": REGISTRY,
+    "vnetd.registry.httpcore_package": REGISTRY,
     "vnetd.registry.etcd_endpoints": REGISTRY,
     "vnetd.registry.etcd_pages": REGISTRY,
     "vnetd.registry.etcd_gateway": REGISTRY,
@@ -198,6 +199,7 @@ ONLY_IMPORTED_BY: dict[str, set[str]] = {
         "vnetd.registry.etcd_security",
         "vnetd.registry.etcd_watch",
     },
+    "httpcore": {"vnetd.registry.httpcore_package"},
     "pyroute2": {name for name, layer in LAYER_OF.items() if name.startswith("vnetd.dataplane")},
     "cryptography": {"vnetd.keys", "vnetd.registry.etcd_security", "vnetd.control.proof"},
 }
@@ -214,6 +216,7 @@ BACKENDS = {
     "vnetd.registry.etcd_pages",
     "vnetd.registry.etcd_security",
     "vnetd.registry.etcd_watch",
+    "vnetd.registry.httpcore_package",
     "vnetd.registry.memory",
     "vnetd.dataplane.fake",
     "vnetd.dataplane.kernel",
