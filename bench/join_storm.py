@@ -5,7 +5,7 @@ A lab of one pod and etcd. The pod runs ``bench/sim_ranks.py`` with one
 daemon, rank 0 of a ``--size`` mesh (a whole ``run_daemon`` with the fake data
 plane, as in ``control_plane.py``); once it has claimed, ``bench/register.py
 storm`` writes the other ``--size`` - 1 ranks' records straight into etcd,
-signed as their claims would be, ``--per-txn`` per transaction at ``--rate``
+signed as their claims would be (``--unsigned``: not), ``--per-txn`` per transaction at ``--rate``
 records per second. The figure is the daemon's CPU from its claim until its
 device holds every peer (``cpu_s``; ``us_per_join``: over the joins), read by
 the daemon's process itself when it saw each (``getrusage``). Much lighter than
@@ -79,7 +79,7 @@ async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
             writer_argv = [
                 sys.executable, str(BENCH / "register.py"), "storm", "--etcd", lab.etcd_url,
                 "--spec", str(spec), "--ranks", f"1-{size - 1}", "--rate", str(args.rate),
-                "--per-txn", str(args.per_txn),
+                "--per-txn", str(args.per_txn), *(["--unsigned"] if args.unsigned else []),
             ]  # fmt: skip
             writer = await lab.start(pod, writer_argv, private_mount=False)
             written_within = (size - 1) / args.rate + BOUND
@@ -115,7 +115,8 @@ async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
 async def main_async(args: Any) -> int:  # noqa: ANN401
     n = runs_for(args.runs)
     runs, failures = await run_repeated(NAME, n, lambda i: one_run(args, i))
-    params = {"size": args.size, "rate": args.rate, "per_txn": args.per_txn, "runs": n}
+    params = {"size": args.size, "rate": args.rate, "per_txn": args.per_txn, "runs": n,
+              "signed": not args.unsigned}  # fmt: skip
     summary = {"cpu_s": spread(r["cpu_s"] for r in runs),
                "us_per_join": spread(r["us_per_join"] for r in runs)}  # fmt: skip
     load = {"runs": [r["load"] for r in runs]}
@@ -129,6 +130,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=25.0, help="records written per second")
     parser.add_argument("--per-txn", type=int, default=1, help="records per etcd transaction")
     parser.add_argument("--profile", type=Path, help="leave the daemon's cProfile here")
+    parser.add_argument("--unsigned", action="store_true",
+                        help="unsigned records (as older versions wrote): the share of the "
+                        "signatures' verification")  # fmt: skip
     args = parser.parse_args()
     check_host(("ip", "unshare", "nsenter", "etcd"))
     started = time.monotonic()

@@ -18,8 +18,9 @@ public keys and endpoints that nobody answers (``--endpoint-base`` plus the
 rank, port from the spec); ``move`` rewrites one record
 with a new endpoint. ``storm`` writes signed records for many ranks as their
 claims would (each with its own Ed25519 signing key, under one lease), ``--per-txn``
-per transaction at ``--rate`` records per second: the joins a daemon takes in a
-storm (``bench/join_storm.py``). Each prints one JSON line.
+per transaction at ``--rate`` records per second (``--unsigned``: as older versions
+wrote them): the joins a daemon takes in a storm (``bench/join_storm.py``). Each
+prints one JSON line.
 """
 
 from __future__ import annotations
@@ -140,10 +141,10 @@ def storm(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any]:
     lease = int(post(client, args.etcd, "/v3/lease/grant", {"TTL": str(args.ttl)})["ID"])
     puts = []
     for rank in ranks:
-        signer, key = Signer.generate(), member_key(spec, rank)
+        signer, key = None if args.unsigned else Signer.generate(), member_key(spec, rank)
         member = Member(rank, random_public_key(), endpoint_of(args.endpoint_base, rank, spec.port),
                         f"bench-storm-{rank}", time.time(), __version__,
-                        signing_key=signer.public_key)  # fmt: skip
+                        signing_key=signer.public_key if signer else "")  # fmt: skip
         value = encode_member(member, signer, key=key, lease=lease)
         puts.append({"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}})
     t_send = time.time()
@@ -182,6 +183,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     storm_cmd.add_argument("--per-txn", type=int, default=1, help="records per transaction")
     storm_cmd.add_argument("--ttl", type=int, default=600, help="the records' lease TTL")
     storm_cmd.add_argument("--endpoint-base", default="198.18.200.0")
+    storm_cmd.add_argument("--unsigned", action="store_true", help="as older versions wrote")
     return parser.parse_args(argv)
 
 
