@@ -15,9 +15,12 @@ from itertools import count
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and ip (namespaces)"
-)
+
+def skip_without_namespaces() -> None:
+    """Skip without root or ``ip``; under ``CI`` (the variable set) run and fail instead,
+    as the other contract cases that need the host do (``conftest.py``)."""
+    if (os.geteuid() != 0 or shutil.which("ip") is None) and not os.environ.get("CI"):
+        pytest.skip("needs root and ip (network namespaces)")
 
 _names = count()
 
@@ -50,6 +53,7 @@ trio.run(main)
 
 @pytest.fixture
 def netns() -> Iterator[str]:
+    skip_without_namespaces()
     name = f"vnls-{os.getpid()}-{next(_names)}"
     subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
     try:
