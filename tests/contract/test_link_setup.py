@@ -22,6 +22,7 @@ def skip_without_namespaces() -> None:
     if (os.geteuid() != 0 or shutil.which("ip") is None) and not os.environ.get("CI"):
         pytest.skip("needs root and ip (network namespaces)")
 
+
 _names = count()
 
 SET_UP = """
