@@ -100,11 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if starts_daemon:
         gc_pause.pause()  # resumed once the daemon has claimed its rank (vnetd.gc_pause)
     else:
-        gc_pause.resume()  # paused by ``python -m vnetd`` for a start that is not this one
+        gc_pause.resume(freeze=False)  # paused by ``python -m vnetd``: not for this command
     try:
         return _run(given, starts_daemon)
     finally:
-        gc_pause.resume()
+        gc_pause.resume(freeze=False)  # a daemon resumed it once claimed (vnetd.gc_pause)
 
 
 def _run(given: list[str], starts_daemon: bool) -> int:

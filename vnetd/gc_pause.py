@@ -29,12 +29,14 @@ def pause() -> None:
         _paused = True
 
 
-def resume() -> None:
-    """Collect, freeze what is left and turn the collector on again, if ``pause``
-    turned it off."""
+def resume(*, freeze: bool = True) -> None:
+    """Turn the collector on again if ``pause`` turned it off; with ``freeze``, first
+    collect and freeze what is left (the daemon, once claimed; a command that is not
+    ``up`` only turns it on)."""
     global _paused
     if _paused:
         _paused = False
-        gc.collect()
-        gc.freeze()
+        if freeze:
+            gc.collect()
+            gc.freeze()
         gc.enable()

@@ -32,6 +32,15 @@ def test_pause_then_resume(collector):
     assert not gc.isenabled()
     gc_pause.resume()
     assert gc.isenabled()
+    assert gc.get_freeze_count() > 0
+
+
+def test_a_command_resumes_without_freezing(collector):
+    gc.unfreeze()
+    gc_pause.pause()
+    gc_pause.resume(freeze=False)
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_collector_turned_off_elsewhere_stays_off(collector):
