@@ -450,6 +450,8 @@ class JsonMesh(MeshLab):
 
     followers: dict[int, LogFollower] = field(default_factory=dict)
     log_level: str = "INFO"
+    program: list[str] = field(default_factory=lambda: [sys.executable, "-m", "vnetd"])
+    """What runs ``vnetd`` (``startup.py --profile``: ``bench/profile_up.py``)."""
 
     @classmethod
     def create(cls, lab: Lab, *, ttl: int = 5) -> JsonMesh:
@@ -459,7 +461,7 @@ class JsonMesh(MeshLab):
     async def start_rank(self, rank: int, *extra: str, config: Path | None = None) -> LabProcess:
         pod = self.pod(rank)
         argv = [
-            sys.executable, "-m", "vnetd", "--log-format", "json", "--log-level", self.log_level,
+            *self.program, "--log-format", "json", "--log-level", self.log_level,
             "up",
             "--config", str(config or self.spec_path),
             "--rank", str(rank),

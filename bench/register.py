@@ -5,6 +5,7 @@
     register.py leave --etcd URL --lease ID
     register.py seed  --etcd URL --spec mesh.toml --ranks 1-1023 [--endpoint-base 198.18.200.0]
     register.py move  --etcd URL --spec mesh.toml --rank R --endpoint IP:PORT
+    register.py storm --etcd URL --spec mesh.toml --ranks 1-1023 [--rate 25] [--per-txn 1]
 
 ``join`` grants a lease and creates ``members/<rank>`` under it with the
 claim's own transaction (create if absent), timing the transaction:
@@ -15,7 +16,11 @@ so that nothing else on a loaded machine sits between the commit and
 ``seed`` puts valid records for many ranks (no lease) with random X25519
 public keys and endpoints that nobody answers (``--endpoint-base`` plus the
 rank, port from the spec); ``move`` rewrites one record
-with a new endpoint. Each prints one JSON line.
+with a new endpoint. ``storm`` writes signed records for many ranks as their
+claims would (each with its own Ed25519 signing key, under one lease), ``--per-txn``
+per transaction at ``--rate`` records per second (``--unsigned``: as older versions
+wrote them): the joins a daemon takes in a storm (``bench/join_storm.py``). Each
+prints one JSON line.
 """
 
 from __future__ import annotations
@@ -128,10 +133,34 @@ def move(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any]:
     return {"event": "move", "rank": args.rank, "t_send": t_send, "t_ack": time.time()}
 
 
+def storm(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any]:
+    from vnetd.control.proof import Signer
+
+    spec = load_spec(args.spec)
+    ranks = parse_ranks(args.ranks, spec.size)
+    lease = int(post(client, args.etcd, "/v3/lease/grant", {"TTL": str(args.ttl)})["ID"])
+    puts = []
+    for rank in ranks:
+        signer, key = None if args.unsigned else Signer.generate(), member_key(spec, rank)
+        member = Member(rank, random_public_key(), endpoint_of(args.endpoint_base, rank, spec.port),
+                        f"bench-storm-{rank}", time.time(), __version__,
+                        signing_key=signer.public_key if signer else "")  # fmt: skip
+        value = encode_member(member, signer, key=key, lease=lease)
+        puts.append({"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}})
+    t_send = time.time()
+    for i, start in enumerate(range(0, len(puts), args.per_txn)):
+        delay = t_send + i * args.per_txn / args.rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        post(client, args.etcd, "/v3/kv/txn", {"success": puts[start : start + args.per_txn]})
+    return {"event": "storm", "ranks": len(ranks), "lease": lease, "t_send": t_send,
+            "t_ack": time.time()}  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("join", "leave", "seed", "move"):
+    for name in ("join", "leave", "seed", "move", "storm"):
         cmd = sub.add_parser(name)
         cmd.add_argument("--etcd", required=True, help="etcd client URL")
         if name != "leave":
@@ -148,12 +177,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     move_cmd = sub.choices["move"]
     move_cmd.add_argument("--rank", type=int, required=True)
     move_cmd.add_argument("--endpoint", required=True)
+    storm_cmd = sub.choices["storm"]
+    storm_cmd.add_argument("--ranks", required=True, help="e.g. 1-1023")
+    storm_cmd.add_argument("--rate", type=float, default=25.0, help="records per second")
+    storm_cmd.add_argument("--per-txn", type=int, default=1, help="records per transaction")
+    storm_cmd.add_argument("--ttl", type=int, default=600, help="the records' lease TTL")
+    storm_cmd.add_argument("--endpoint-base", default="198.18.200.0")
+    storm_cmd.add_argument("--unsigned", action="store_true", help="as older versions wrote")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    commands = {"join": join, "leave": leave, "seed": seed, "move": move}
+    commands = {"join": join, "leave": leave, "seed": seed, "move": move, "storm": storm}
     with httpx.Client(timeout=TIMEOUT) as client:
         result = commands[args.command](client, args)
     sys.stdout.write(json.dumps(result) + "\n")

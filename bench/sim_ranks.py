@@ -10,9 +10,10 @@ state dir (key) and instance name; only the device is the in-memory
 ``FakeDataplane``, wrapped to note when it first holds every other rank of
 the spec. One JSON line per event on stdout (``t``: wall clock, epoch s):
 
-- ``{"event": "claimed", "rank": R, "t": T, "started": S}`` when a daemon's claim is
-  in etcd (``S``: when its ``run_daemon`` was started);
-- ``{"event": "full", "rank": R, "t": T}`` when its device first holds N-1 peers;
+- ``{"event": "claimed", "rank": R, "t": T, "started": S, "cpu": C}`` when a daemon's
+  claim is in etcd (``S``: when its ``run_daemon`` was started; ``C``: this process's
+  CPU seconds when that was seen);
+- ``{"event": "full", "rank": R, "t": T, "cpu": C}`` when its device first holds N-1 peers;
 - ``{"event": "progress", "claimed": n, "full": n, "cpu": s, "t": T}`` every second,
   ``cpu`` being this process's CPU seconds so far.
 
@@ -124,7 +125,7 @@ class CountingDataplane(FakeDataplane):
         if not self.full and len(self.device) >= self.want:
             self.full = True
             self.state.full += 1
-            emit({"event": "full", "rank": self.rank, "t": time.time()})
+            emit({"event": "full", "rank": self.rank, "t": time.time(), "cpu": cpu_seconds()})
 
 
 class Counters:
@@ -185,7 +186,8 @@ async def _one(
             await running.claim.claimed.wait()
         state.claimed += 1
         claimed = running.claim.claimed_at or time.time()
-        emit({"event": "claimed", "rank": rank, "t": claimed, "started": started})
+        emit({"event": "claimed", "rank": rank, "t": claimed, "started": started,
+              "cpu": cpu_seconds()})  # fmt: skip
 
 
 async def _progress(state: Counters, total: int) -> None:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
 from common import (
+    BENCH,
     JSON,
     JsonMesh,
     LoadSampler,
@@ -114,13 +116,15 @@ async def one_start(lab: Lab, mesh: JsonMesh, run: int) -> JSON:
     return result
 
 
-async def one_lab(runs: int) -> JSON:
+async def one_lab(runs: int, profile: Path | None) -> JSON:
     async with open_lab(1) as lab:
         sampler = LoadSampler(own_netns=lab_netns(lab))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sampler.run)
             path = write_spec(lab.workdir / "mesh.toml", SIZE, lab.etcd_url, ttl=10)
             mesh = JsonMesh(lab, path, load_spec(path))
+            if profile is not None:
+                mesh.program = [sys.executable, str(BENCH / "profile_up.py"), str(profile)]
             starts = [await one_start(lab, mesh, i) for i in range(runs)]
             nursery.cancel_scope.cancel()
     return {"starts": starts, "load": sampler.summary()}
@@ -139,9 +143,9 @@ def summarize(starts: list[JSON]) -> JSON:
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
     n = runs_for(args.runs)
-    labs, failures = await run_repeated("startup", 1, lambda _i: one_lab(n))
+    labs, failures = await run_repeated("startup", 1, lambda _i: one_lab(n, args.profile))
     starts = [s for lab in labs for s in lab["starts"]]
-    params = {"runs": n, "mesh_size": SIZE, "lease_ttl_s": 10}
+    params = {"runs": n, "mesh_size": SIZE, "lease_ttl_s": 10, "profiled": bool(args.profile)}
     write_result(NAME, TITLE, params, starts, summarize(starts),
                  merge_load([lab["load"] for lab in labs]), args.out, failures)  # fmt: skip
     return len(failures)
@@ -149,6 +153,8 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
 
 def main() -> None:
     parser = base_parser(__doc__.split("\n")[0], sizes=(1,), runs=7)
+    parser.add_argument("--profile", type=Path, help="run each start under cProfile up to "
+                        "its claim (bench/profile_up.py), leaving DIR/up-<pid>.prof")  # fmt: skip
     args = parser.parse_args()
     check_host()
     sys.exit(1 if trio.run(main_async, args) else 0)

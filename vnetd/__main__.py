@@ -1,5 +1,9 @@
 import sys
 
-from vnetd.cli import main
+from vnetd import gc_pause
+
+gc_pause.pause()  # before the CLI's imports: vnetd.gc_pause
+
+from vnetd.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from vnetd import __version__
+from vnetd import __version__, gc_pause
 from vnetd.commands import up
 from vnetd.errors import VnetdError
 from vnetd.logs import LOG_FORMATS, setup_logging
@@ -96,7 +96,19 @@ def build_parser(only: Sequence[ModuleType] | None = None) -> argparse.ArgumentP
 
 def main(argv: Sequence[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser([up] if command_of(given) == "up" else None).parse_args(given)
+    starts_daemon = command_of(given) == "up"
+    if starts_daemon:
+        gc_pause.pause()  # resumed once the daemon has claimed its rank (vnetd.gc_pause)
+    else:
+        gc_pause.resume(freeze=False)  # paused by ``python -m vnetd``: not for this command
+    try:
+        return _run(given, starts_daemon)
+    finally:
+        gc_pause.resume(freeze=False)  # a daemon resumed it once claimed (vnetd.gc_pause)
+
+
+def _run(given: list[str], starts_daemon: bool) -> int:
+    args = build_parser([up] if starts_daemon else None).parse_args(given)
     setup_logging(args.log_level, args.log_format)
     try:
         status: int = args.run(args)

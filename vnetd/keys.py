@@ -20,7 +20,6 @@ import stat
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from vnetd.errors import IdentityError
 from vnetd.model import KeyPair, key_bytes
@@ -167,7 +166,7 @@ def public_key_of(private_key: str) -> str:
         ValueError: ``private_key`` is not base64 of 32 bytes.
     """
     public = X25519PrivateKey.from_private_bytes(key_bytes(private_key)).public_key()
-    return base64.b64encode(public.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+    return base64.b64encode(public.public_bytes_raw()).decode()
 
 
 PRIVATE_KEY_FLAG = "--private-key-file"

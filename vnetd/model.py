@@ -205,42 +205,59 @@ def check_endpoint(value: str) -> str:
     Raises:
         ValueError: with a message saying what is wrong.
     """
-    shown = ascii(value) if len(value) <= 80 else f"{ascii(value[:80])}..."
+    return parse_endpoint(value)[0]
+
+
+def parse_endpoint(value: str) -> tuple[str, IPv4Address | IPv6Address]:
+    """``check_endpoint``, with the endpoint's address (every reader of a record parses
+    it once, not twice).
+
+    Raises:
+        ValueError: with a message saying what is wrong.
+    """
     host, sep, port = value.rpartition(":")
     if not sep or not is_ascii_number(port) or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{shown} is not HOST:PORT with a port in 1..65535")
+        raise ValueError(f"{_shown(value)} is not HOST:PORT with a port in 1..65535")
     bracketed = host.startswith("[") and host.endswith("]")
     try:
         addr = ip_address(host[1:-1] if bracketed else host)
     except ValueError:
-        raise ValueError(f"{shown}: {ascii(host)} is not an IP address") from None
+        raise ValueError(f"{_shown(value)}: {ascii(host)} is not an IP address") from None
     if addr.version == 6 and addr.scope_id is not None:
         # A zone names an interface of the writer's host: meaningless to a peer,
         # and wireguard-go refuses an unknown one, failing the whole transaction.
-        raise ValueError(f"{shown}: an IPv6 zone (%...) is not allowed in an endpoint")
+        raise ValueError(f"{_shown(value)}: an IPv6 zone (%...) is not allowed in an endpoint")
     if addr.version == 6 and not bracketed:
-        raise ValueError(f"{shown}: an IPv6 address needs brackets, as [{host}]:{port}")
+        raise ValueError(f"{_shown(value)}: an IPv6 address needs brackets, as [{host}]:{port}")
     kind = _not_an_endpoint(addr)
     if kind:
         # Written by anyone, it would aim every peer's handshakes at the peers' own host,
         # a metadata service (169.254.169.254) or a group: never a peer's underlay.
-        raise ValueError(f"{shown}: a {kind} address cannot be a peer's endpoint")
-    return f"[{addr}]:{int(port)}" if addr.version == 6 else f"{addr}:{int(port)}"
+        raise ValueError(f"{_shown(value)}: a {kind} address cannot be a peer's endpoint")
+    canonical = f"[{addr}]:{int(port)}" if addr.version == 6 else f"{addr}:{int(port)}"
+    return canonical, addr
+
+
+def _shown(value: str) -> str:
+    return ascii(value) if len(value) <= 80 else f"{ascii(value[:80])}..."
+
+
+_BROADCAST = IPv4Address("255.255.255.255")
 
 
 def _not_an_endpoint(addr: IPv4Address | IPv6Address) -> str | None:
     """What kind of address ``addr`` is if no peer can be reached at it, else None."""
     if isinstance(addr, IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
-    for kind, test in (
-        ("unspecified", addr.is_unspecified),
-        ("loopback", addr.is_loopback),
-        ("link-local", addr.is_link_local),
-        ("multicast", addr.is_multicast),
-    ):
-        if test:
-            return kind
-    if isinstance(addr, IPv4Address) and addr == IPv4Address("255.255.255.255"):
+    if addr.is_unspecified:
+        return "unspecified"
+    if addr.is_loopback:
+        return "loopback"
+    if addr.is_link_local:
+        return "link-local"
+    if addr.is_multicast:
+        return "multicast"
+    if addr == _BROADCAST:
         return "broadcast"
     return None
 

@@ -514,12 +514,14 @@ def spec(dataplane: str | None = None) -> Any:  # noqa: ANN401
 
 
 def probe_says(monkeypatch: pytest.MonkeyPatch, link: str | None, reason: str | None) -> None:
-    monkeypatch.setattr("vnetd.dataplane.link.link_kind", lambda netns, name: link)
+    async def existing(netns: str | None, name: str) -> str | None:
+        return link
 
     async def unavailable(netns: str | None = None) -> str | None:
         return reason
 
-    monkeypatch.setattr(kernel, "kernel_unavailable", unavailable)
+    monkeypatch.setattr("vnetd.dataplane.link.existing_link_kind", existing)
+    monkeypatch.setattr("vnetd.dataplane.link.kernel_unavailable", unavailable)
 
 
 NO_MODULE = "creating a wireguard link: Operation not supported (no wireguard kernel module)"

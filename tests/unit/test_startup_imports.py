@@ -3,6 +3,8 @@
 A launcher waits on that address, so the modules on its path are only the
 ones the device needs; the rest is imported after it or when configured
 (docs/architecture.md, "Start-up"). Each check runs in a fresh interpreter.
+What the set-up imports when it runs (not only when its modules load) is checked
+against the kernel by ``tests/contract/test_link_setup.py``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ try:
     main(["--log-level", "INFO", "up", "--help"])
 except SystemExit:
     pass
-import trio, vnetd.daemon.root, vnetd.dataplane.uapi, vnetd.dataplane.kernel
+import trio, vnetd.daemon.root, vnetd.dataplane.select, vnetd.dataplane.uapi
 print(" ".join(sorted(sys.modules)))
 """
+KERNEL_PATH = UP_PATH.replace("vnetd.dataplane.uapi", "vnetd.dataplane.kernel")
 
 NOT_BEFORE_THE_ADDRESS = (
     "hypercorn",  # the HTTP server: only with [http] listen
@@ -44,6 +47,11 @@ NOT_BEFORE_THE_ADDRESS = (
     "pyroute2.ndb",  # pyroute2's package __init__ (NDB, IPDB, ...) did not run
     "pyroute2.ipdb",
     "sqlite3",
+    "pyroute2.iproute",  # IPRoute: the set-up goes over link_socket
+    "pyroute2.iproute.linux",
+    "asyncio",  # pyroute2's core, which IPRoute brings
+    "unittest",  # pyroute2's mock module, which IPRoute brings
+    "cryptography.hazmat.primitives.serialization.ssh",  # the keys need raw bytes only
 )
 
 
@@ -56,20 +64,28 @@ def fresh_modules(code: str) -> set[str]:
 
 def test_up_imports_only_what_the_device_needs():
     loaded = fresh_modules(UP_PATH)
-    assert "vnetd.dataplane.link" in loaded and "pyroute2.iproute.linux" in loaded
+    assert "vnetd.dataplane.link_socket" in loaded
     assert sorted(set(NOT_BEFORE_THE_ADDRESS) & loaded) == []
+
+
+def test_the_kernel_data_plane_brings_pyroute2_but_not_the_rest():
+    loaded = fresh_modules(KERNEL_PATH)
+    assert "vnetd.dataplane.wg_netlink" in loaded
+    kernel_needs = {"asyncio", "pyroute2.iproute", "pyroute2.iproute.linux", "unittest"}
+    assert sorted(set(NOT_BEFORE_THE_ADDRESS) - kernel_needs & loaded) == []
 
 
 def test_pyroute2_package_still_imports_whole_when_asked():
     code = """
 import sys
-import vnetd.dataplane.link as link
+import vnetd.dataplane.link
 from vnetd.dataplane.pyroute2_package import package_init_ran
 before = package_init_ran()
+from vnetd.dataplane.pyroute2_package import IPRoute as lazy
 import pyroute2
 from pyroute2 import NDB, IPRoute
 from pyroute2.netlink.generic.wireguard import WireGuard
-print(before, package_init_ran(), IPRoute is link.IPRoute, pyroute2.WireGuard is WireGuard,
+print(before, package_init_ran(), IPRoute is lazy, pyroute2.WireGuard is WireGuard,
       bool(pyroute2.__version__))
 """
     result = subprocess.run(

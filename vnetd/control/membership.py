@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from ipaddress import ip_address
+from dataclasses import asdict, dataclass
 
 from vnetd.control.proof import Signer, verify
 from vnetd.errors import IdentityError, RegistryError, SpecError, SpecMismatch, VnetdError
-from vnetd.model import Member, check_endpoint, check_public_key, is_ascii_number
+from vnetd.model import Member, check_public_key, is_ascii_number, parse_endpoint
+from vnetd.model import check_endpoint as check_endpoint  # the codec's rules, re-exported
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.registry.bounds import dropped_size
 from vnetd.spec import DEFAULT_SITE, MeshSpec, check_site_name
@@ -147,20 +147,21 @@ def decode_member(
                 f"{key}: field {field} is not accepted: "
                 "a member's address comes from its rank through the spec"
             )
-    member = Member(
-        rank=rank,
-        public_key=_public_key(key, record.get("public_key")),
-        endpoint=_endpoint(key, record.get("endpoint"), spec=spec),
-        instance=_text(key, "instance", record.get("instance"), required=True),
-        started=_number(key, "started", record.get("started", 0.0)),
-        version=_text(key, "version", record.get("version", ""), required=False),
-        device_id=_device_id(key, record.get("device_id", "")),
-        site=_site(key, record.get("site", DEFAULT_SITE)),
-        public_endpoint=_endpoint(key, record.get("public_endpoint"), "public_endpoint", spec=spec),
-    )
+    fields = {  # checked in this order, the proof last: its message names the field at fault
+        "public_key": _public_key(key, record.get("public_key")),
+        "endpoint": _endpoint(key, record.get("endpoint"), spec=spec),
+        "instance": _text(key, "instance", record.get("instance"), required=True),
+        "started": _number(key, "started", record.get("started", 0.0)),
+        "version": _text(key, "version", record.get("version", ""), required=False),
+        "device_id": _device_id(key, record.get("device_id", "")),
+        "site": _site(key, record.get("site", DEFAULT_SITE)),
+        "public_endpoint": _endpoint(
+            key, record.get("public_endpoint"), "public_endpoint", spec=spec
+        ),
+    }
     signing_key = _proven_signer(key, raw_key, record, lease, proven)
     _check_pin(spec, key, rank, signing_key)
-    return replace(member, signing_key=signing_key) if signing_key else member
+    return Member(rank=rank, **fields, signing_key=signing_key)  # type: ignore[arg-type]
 
 
 def _check_pin(spec: MeshSpec, key: str, rank: int, signing_key: str) -> None:
@@ -252,8 +253,10 @@ def _endpoint(key: str, value: object, field: str = "endpoint", *, spec: MeshSpe
         return None
     if not isinstance(value, str):
         raise BadEntry(f"{key}: field {field} is not a string")
-    endpoint = _validated(key, f"field {field}: ", value, check_endpoint)
-    host = ip_address(endpoint.rpartition(":")[0].strip("[]"))
+    try:
+        endpoint, host = parse_endpoint(value)
+    except ValueError as exc:
+        raise BadEntry(f"{key}: field {field}: {exc}") from None
     for network in spec.networks:
         if host.version == network.version and host in network:
             raise BadEntry(

@@ -43,7 +43,7 @@ class Started:
         self,
         task_status: trio.TaskStatus[Running],
         endpoints: DaemonEndpoints | None,
-        then: Callable[[], None] | None = None,
+        then: Callable[[Running], None] | None = None,
     ) -> None:
         self.task_status = task_status
         self.endpoints = endpoints
@@ -55,7 +55,7 @@ class Started:
             self.endpoints.attach(running)
         self.task_status.started(running)
         if self.then is not None:
-            self.then()
+            self.then(running)
 
 
 async def run_control_plane(

@@ -20,7 +20,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from vnetd import __version__
+from vnetd import __version__, gc_pause
 from vnetd.config import (
     Effective,
     Settings,
@@ -245,16 +245,41 @@ async def _run_daemon(
                 me = replace(me, device_id=device_id_of(dataplane))
                 on_pass = endpoints.daemon_metrics.observe_pass if endpoints else None
                 async with open_registry(spec.registry) as registry, trio.open_nursery() as inner:
-                    # The probe service starts once the claim runs: nothing asks it before
-                    # the rank is registered, and its import is no start-up cost.
+                    # The probe service starts once the rank is claimed: nothing asks it
+                    # before the rank is registered, and its import is no start-up cost.
                     probe = partial(_serve_probes, spec, me, config.mtu, dataplane, endpoints)
-                    then = partial(inner.start_soon, probe) if probes else None
+
+                    def then(running: Running) -> None:
+                        inner.start_soon(
+                            _after_claim, running.claim.claimed, probe if probes else None, inner
+                        )
+
                     started = Started(task_status, endpoints, then)
                     await run_control_plane(
                         resolved, me, registry, dataplane, on_pass, started, signer
                     )
                     inner.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
+
+
+AFTER_CLAIM = 1.0
+"""Seconds after the claim before the paused collector's one full collection: the
+peers that learn of us then start their handshakes, which we answer first."""
+
+
+async def _after_claim(
+    claimed: trio.Event,
+    probes: Callable[..., Awaitable[None]] | None,
+    nursery: trio.Nursery,
+) -> None:
+    """What waits for the claim, or ``gc_pause.MAX_PAUSE`` s: the probe service, then
+    (``AFTER_CLAIM`` s later) the collector paused for the start (``vnetd.gc_pause``)."""
+    with trio.move_on_after(gc_pause.MAX_PAUSE):
+        await claimed.wait()
+    if probes is not None:
+        nursery.start_soon(probes)
+    await trio.sleep(AFTER_CLAIM)
+    gc_pause.resume()
 
 
 def _endpoints(spec: MeshSpec, me: Member) -> DaemonEndpoints:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import socket
 from ipaddress import IPv4Network, IPv6Network
+from typing import TYPE_CHECKING
 
-from vnetd.dataplane.pyroute2_package import IPRoute
+if TYPE_CHECKING:
+    from vnetd.dataplane.pyroute2_package import IPRoute
 
 log = logging.getLogger("vnetd.dataplane")
 
@@ -28,11 +30,18 @@ def route_unreachable(ipr: IPRoute, network: IPv4Network | IPv6Network) -> None:
     for route in ipr.route("dump", family=family):
         found = (route.get("dst"), route.get("dst_len"), route.get("table"))
         if found == wanted and route.get("type") != RTN_UNREACHABLE:
-            log.warning(
-                "%s: a route to the overlay network via %s (metric %s) was there; routing "
-                "the network unreachable so that no overlay packet leaves by it",
-                network,
-                route.get("gateway") or f"interface index {route.get('oif')}",
-                route.get("priority") or 0,
-            )
+            log_replaced(network, route.get("gateway"), route.get("oif"), route.get("priority"))
     ipr.route("replace", dst=str(network), type="unreachable")
+
+
+def log_replaced(
+    network: IPv4Network | IPv6Network, gateway: str | None, oif: int | None, metric: int | None
+) -> None:
+    """The line about a route to the overlay network that ``replace`` takes over."""
+    log.warning(
+        "%s: a route to the overlay network via %s (metric %s) was there; routing "
+        "the network unreachable so that no overlay packet leaves by it",
+        network,
+        gateway or f"interface index {oif}",
+        metric or 0,
+    )

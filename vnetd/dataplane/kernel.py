@@ -39,7 +39,7 @@ from vnetd.dataplane.link import (
     LinkedDevice,
     configure_link,
     create_wireguard_link,
-    kernel_wireguard_unavailable,
+    kernel_unavailable,
     link_kind,
     remove_link,
     run_netlink,
@@ -381,15 +381,3 @@ async def open_kernel_dataplane(
                     await run_netlink(partial(remove_link, netns, config), CLEANUP_DEADLINE)
                 except DataplaneError as exc:
                     log.error("%s: could not remove link or routes: %s", config.interface, exc)
-
-
-async def kernel_unavailable(netns: str | None = None) -> str | None:
-    """Why the kernel's WireGuard cannot be used here, or None when it can.
-
-    Creates a probe link (a name of its own) and deletes it at once.
-    """
-    name = f"vnetdprobe{secrets.randbelow(100000)}"
-    try:
-        return await run_netlink(lambda: kernel_wireguard_unavailable(netns, name))
-    except DataplaneError as exc:
-        return str(exc)

@@ -10,28 +10,39 @@ route to the device (invariant 9). The unreachable routes stay when the
 link is removed: the overlay fails closed while vnetd is down.
 
 pyroute2's calls here are sync; ``run_netlink`` runs a batch of them in a
-worker thread with a timeout, never on the event loop.
+worker thread with a timeout, never on the event loop. In the daemon's own
+namespace the start's requests (the kernel probe, the link's set-up, whether the
+link exists) go over ``link_socket`` on the event loop instead, so pyroute2's
+``IPRoute`` is imported only when something else needs it (docs/architecture.md,
+"Start-up").
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
+import secrets
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from functools import partial
 from ipaddress import IPv4Interface, IPv6Interface, ip_address, ip_network
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
 from vnetd.dataplane.base import DeviceConfig, LinkState, route_changes
-from vnetd.dataplane.fail_closed import route_unreachable
-from vnetd.dataplane.pyroute2_package import IFA_F_NOPREFIXROUTE, IPRoute, NetlinkError
+from vnetd.dataplane.fail_closed import RTN_UNREACHABLE, log_replaced, route_unreachable
+from vnetd.dataplane.link_socket import IFA_F_NOPREFIXROUTE, LinkSocket
+from vnetd.dataplane.pyroute2_package import NetlinkError
 from vnetd.dataplane.route_socket import RouteSocket
 from vnetd.errors import DataplaneError, VnetdError
 from vnetd.model import DevicePeer, Plan
 from vnetd.spec import MeshSpec
+
+if TYPE_CHECKING:
+    from vnetd.dataplane.pyroute2_package import IPRoute
 
 log = logging.getLogger("vnetd.dataplane")
 daemon_log = logging.getLogger("vnetd.daemon")
@@ -47,7 +58,14 @@ T = TypeVar("T")
 
 
 async def run_netlink(fn: Callable[[], T], timeout: float = NETLINK_TIMEOUT) -> T:  # noqa: ASYNC109
-    """Run a sync pyroute2 batch in a worker thread, bounded by ``timeout`` seconds."""
+    """Run a sync pyroute2 batch in a worker thread, bounded by ``timeout`` seconds.
+
+    The first call imports pyroute2's ``IPRoute`` before, in a thread of its own and
+    outside the bound: the bound is for the kernel's answer, and in the kernel tests'
+    TCG guest that import alone takes seconds.
+    """
+    if "pyroute2.iproute.linux" not in sys.modules:
+        await trio.to_thread.run_sync(_import_iproute)
     try:
         with trio.fail_after(timeout):
             return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
@@ -57,9 +75,81 @@ async def run_netlink(fn: Callable[[], T], timeout: float = NETLINK_TIMEOUT) -> 
         raise DataplaneError(f"netlink: {exc}") from exc
 
 
+def _import_iproute() -> None:
+    from vnetd.dataplane.pyroute2_package import IPRoute  # noqa: F401 (imported for later)
+
+
 def _iproute(netns: str | None) -> IPRoute:
+    from vnetd.dataplane.pyroute2_package import IPRoute  # at first use: the module doc
+
     # flags=0: never create the namespace (pyroute2's default is O_CREAT).
     return IPRoute(netns=netns, flags=0) if netns else IPRoute()
+
+
+async def set_up_link(netns: str | None, config: DeviceConfig) -> tuple[int, bool]:
+    """``configure_link``: over ``link_socket`` in our own namespace, else through
+    pyroute2 in a thread."""
+    if netns is not None:
+        return await run_netlink(lambda: configure_link(netns, config))
+    try:
+        index = socket.if_nametoindex(config.interface)
+    except OSError:
+        raise DataplaneError(f"interface {config.interface}: not found after start") from None
+    with LinkSocket() as link:
+        noprefixroute = True
+        for addr in config.addresses:
+            noprefixroute &= await _add_address_here(link, index, config.interface, addr)
+        await link.set_link_up(index, config.mtu)
+        for network in config.networks:
+            for route in await link.routes_to(network):
+                if route.type != RTN_UNREACHABLE:
+                    log_replaced(network, route.gateway, route.oif, route.priority)
+            await link.route_unreachable(network)
+    return index, noprefixroute
+
+
+async def _add_address_here(
+    link: LinkSocket, index: int, interface: str, addr: IPv4Interface | IPv6Interface
+) -> bool:
+    """``_add_address`` over ``link``."""
+    code = await link.add_address(index, addr, addr.network.prefixlen, IFA_F_NOPREFIXROUTE)
+    if code in (0, errno.EEXIST):
+        return True
+    log.warning(
+        "%s: IFA_F_NOPREFIXROUTE refused (%s); using a host address", interface, os.strerror(code)
+    )
+    code = await link.add_address(index, addr, addr.max_prefixlen, 0)
+    if code not in (0, errno.EEXIST):
+        raise DataplaneError(
+            f"netlink: address {addr.ip}/{addr.max_prefixlen}: {os.strerror(code)}"
+        )
+    return False
+
+
+async def existing_link_kind(netns: str | None, name: str) -> str | None:
+    """``link_kind`` in a thread; in our own namespace, None without netlink when no
+    link has that name (a fresh pod)."""
+    if netns is None:
+        try:
+            socket.if_nametoindex(name)
+        except OSError:
+            return None
+    return await run_netlink(lambda: link_kind(netns, name))
+
+
+async def kernel_unavailable(netns: str | None = None) -> str | None:
+    """Why the kernel's WireGuard cannot be used here, or None when it can.
+
+    Creates a probe link (a name of its own) and deletes it at once.
+    """
+    name = f"vnetdprobe{secrets.randbelow(100000)}"
+    try:
+        if netns is None:
+            with LinkSocket() as link:
+                return await link.wireguard_link_refused(name)
+        return await run_netlink(lambda: kernel_wireguard_unavailable(netns, name))
+    except DataplaneError as exc:
+        return str(exc)
 
 
 def _ignore(codes: tuple[int, ...], call: Callable[[], object]) -> None:

@@ -12,6 +12,7 @@ itself (``from pyroute2 import NDB``, ``pyroute2.__version__``) runs the real
 
 The data plane's modules import pyroute2's names from here (the deferral then
 always comes first); the rest of pyroute2 they import from its own modules.
+``IPRoute`` itself is imported at its first use (a module ``__getattr__``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 PACKAGE = "pyroute2"
 
@@ -49,11 +51,22 @@ def defer_package_init() -> None:
 
 defer_package_init()
 
-from pyroute2.iproute.linux import IPRoute  # noqa: E402 (after the deferral)
-from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
-from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NOPREFIXROUTE  # noqa: E402
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402 (after the deferral)
 
-__all__ = ["IFA_F_NOPREFIXROUTE", "IPRoute", "NetlinkError", "defer_package_init"]
+if TYPE_CHECKING:
+    from pyroute2.iproute.linux import IPRoute
+
+__all__ = ["IPRoute", "NetlinkError", "defer_package_init"]
+
+
+def __getattr__(name: str) -> object:
+    """``IPRoute``, imported at its first use: its modules cost about 35 ms of CPU, and
+    the daemon's start sets its device up without it (``link_socket``)."""
+    if name == "IPRoute":
+        from pyroute2.iproute.linux import IPRoute
+
+        return IPRoute
+    raise AttributeError(name)
 
 
 def package_init_ran(module: ModuleType | None = None) -> bool:

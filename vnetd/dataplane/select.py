@@ -35,13 +35,12 @@ async def choose_dataplane(
     Raises:
         VnetdError: ``kernel`` was asked for and the kernel has no WireGuard.
     """
-    from vnetd.dataplane.kernel import kernel_unavailable
-    from vnetd.dataplane.link import link_kind, run_netlink
+    from vnetd.dataplane.link import existing_link_kind, kernel_unavailable
 
     kind = flag or spec.local.dataplane
     source = "--dataplane" if flag else "[wireguard] dataplane"
     if kind == "auto":
-        existing = await run_netlink(lambda: link_kind(netns, interface))
+        existing = await existing_link_kind(netns, interface)
         if existing in ("wireguard", "tun"):
             kind = "kernel" if existing == "wireguard" else "userspace"
             log.info("data plane: %s (auto: %s already has a %s link)", kind, interface, existing)

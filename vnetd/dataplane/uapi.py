@@ -22,10 +22,10 @@ import trio
 from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, key_to_hex
 from vnetd.dataplane.link import (
     LinkedDevice,
-    configure_link,
-    link_kind,
+    existing_link_kind,
     remove_link,
     run_netlink,
+    set_up_link,
 )
 from vnetd.dataplane.supervise import (
     STOP_GRACE,
@@ -163,9 +163,7 @@ class UapiDataplane(LinkedDevice):
             )
         elif dict(device).get("listen_port") != str(config.listen_port):
             await self.uapi.set([("listen_port", str(config.listen_port))])
-        self.index, self.noprefixroute = await run_netlink(
-            lambda: configure_link(self.netns, config)
-        )
+        self.index, self.noprefixroute = await set_up_link(self.netns, config)
         if device is not None:
             await self._repair_adopted(parse_peers(device).values())
 
@@ -285,7 +283,7 @@ async def adopt_or_start(
     if found.state == "stale":
         remove_stale(found.path)
         log.info("%s: removed stale socket %s (no wireguard-go behind it)", interface, found.path)
-    kind = await run_netlink(lambda: link_kind(netns, interface))
+    kind = await existing_link_kind(netns, interface)
     if kind is not None:
         # A tun is likely a wireguard-go whose socket this mount namespace does
         # not see (/run/wireguard not shared with the previous container).
@@ -318,7 +316,7 @@ async def _check_ours(
             "in another PID namespace, which cannot be supervised from here; stop it, or "
             "share the pod's process namespace"
         )
-    kind = await run_netlink(lambda: link_kind(netns, interface))
+    kind = await existing_link_kind(netns, interface)
     if kind != "tun":
         there = "no link" if kind is None else f"a {kind} link"
         raise DataplaneError(

@@ -56,6 +56,7 @@ from vnetd.registry.etcd_security import (
     tls_problem,
 )
 from vnetd.registry.etcd_watch import QuietHints, resuming_watch
+from vnetd.registry.httpcore_package import import_httpcore
 
 __all__ = [
     "EtcdRegistry",
@@ -108,6 +109,7 @@ class EtcdRegistry:
             verify = shared_tls.context(self._security, tls)
         elif tls:
             verify = self._security.ssl_context()
+        import_httpcore()  # before httpx imports it: see that module
         self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
         self._tokens: dict[str, str] = {}
         """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""One daemon taking a storm of joins: its CPU per join, with real etcd.
+
+A lab of one pod and etcd. The pod runs ``bench/sim_ranks.py`` with one
+daemon, rank 0 of a ``--size`` mesh (a whole ``run_daemon`` with the fake data
+plane, as in ``control_plane.py``); once it has claimed, ``bench/register.py
+storm`` writes the other ``--size`` - 1 ranks' records straight into etcd,
+signed as their claims would be (``--unsigned``: not), ``--per-txn`` per transaction at ``--rate``
+records per second. The figure is the daemon's CPU from its claim until its
+device holds every peer (``cpu_s``; ``us_per_join``: over the joins), read by
+the daemon's process itself when it saw each (``getrusage``). Much lighter than
+the 1024-rank simulation, so a change to the per-join path can be measured
+before and after on a shared machine; ``--profile DIR`` leaves the daemon's
+cProfile in ``DIR/sim-<pid>.prof`` (the whole ``trio.run``: its start too).
+
+    .venv/bin/python bench/join_storm.py [--size 1024] [--rate 25] [--per-txn 1] [--runs 1]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from common import (
+    BENCH,
+    JSON,
+    LoadSampler,
+    base_parser,
+    check_host,
+    lab_netns,
+    run_repeated,
+    runs_for,
+    spread,
+    wait_for,
+    write_result,
+)
+
+from vnetd.lab.cluster import write_spec
+from vnetd.lab.open_lab import LabProcess, open_lab
+
+NAME = "join_storm"
+TITLE = "One daemon taking a storm of joins"
+BOUND = 30.0
+"""Seconds the daemon may take to claim, and to hold every peer after the last write."""
+
+
+def events(process: LabProcess) -> list[JSON]:
+    found = []
+    for line in process.log_text().splitlines():
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return found
+
+
+def first(process: LabProcess, kind: str) -> JSON | None:
+    return next((e for e in events(process) if e.get("event") == kind), None)
+
+
+async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
+    size = args.size
+    async with open_lab(1) as lab:
+        sampler = LoadSampler(own_netns=lab_netns(lab))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sampler.run)
+            spec = write_spec(lab.workdir / "mesh.toml", size, lab.etcd_url, ttl=60)
+            pod = lab.pods[0]
+            env = {"BENCH_PROFILE": str(args.profile)} if args.profile else {}
+            argv = [sys.executable, str(BENCH / "sim_ranks.py"), "--config", str(spec),
+                    "--ranks", "0", "--state-root", str(pod.state_dir)]  # fmt: skip
+            daemon = await lab.start(pod, argv, env, private_mount=False)
+            await wait_for(lambda: first(daemon, "claimed"), "the daemon's claim", BOUND, 0.05)
+            writer_argv = [
+                sys.executable, str(BENCH / "register.py"), "storm", "--etcd", lab.etcd_url,
+                "--spec", str(spec), "--ranks", f"1-{size - 1}", "--rate", str(args.rate),
+                "--per-txn", str(args.per_txn), *(["--unsigned"] if args.unsigned else []),
+            ]  # fmt: skip
+            writer = await lab.start(pod, writer_argv, private_mount=False)
+            written_within = (size - 1) / args.rate + BOUND
+            await wait_for(lambda: first(writer, "storm") or writer.returncode not in (None, 0),
+                           "the writes", written_within, 0.2)  # fmt: skip
+            if first(writer, "storm") is None:
+                raise RuntimeError(f"register.py storm failed:\n{writer.log_text()[-2000:]}")
+            await wait_for(lambda: first(daemon, "full"), "every peer on the device", BOUND, 0.1)
+            claimed, full = first(daemon, "claimed"), first(daemon, "full")
+            wrote = first(writer, "storm")
+            await daemon.stop()
+            nursery.cancel_scope.cancel()
+    assert claimed is not None
+    assert full is not None
+    assert wrote is not None
+    cpu = full["cpu"] - claimed["cpu"]
+    result = {
+        "run": run,
+        "size": size,
+        "joins": size - 1,
+        "cpu_s": round(cpu, 4),
+        "us_per_join": round(cpu / (size - 1) * 1e6, 1),
+        "writes_s": round(wrote["t_ack"] - wrote["t_send"], 2),
+        "full_after_last_write_s": round(full["t"] - wrote["t_ack"], 3),
+        "load": sampler.summary(),
+    }
+    print(f"  run {run + 1}: {size - 1} joins in {result['writes_s']} s: daemon CPU "
+          f"{cpu:.3f} s ({result['us_per_join']} µs a join), full "
+          f"{result['full_after_last_write_s']} s after the last write", flush=True)  # fmt: skip
+    return result
+
+
+async def main_async(args: Any) -> int:  # noqa: ANN401
+    n = runs_for(args.runs)
+    runs, failures = await run_repeated(NAME, n, lambda i: one_run(args, i))
+    params = {"size": args.size, "rate": args.rate, "per_txn": args.per_txn, "runs": n,
+              "signed": not args.unsigned}  # fmt: skip
+    summary = {"cpu_s": spread(r["cpu_s"] for r in runs),
+               "us_per_join": spread(r["us_per_join"] for r in runs)}  # fmt: skip
+    load = {"runs": [r["load"] for r in runs]}
+    write_result(NAME, TITLE, params, runs, summary, load, args.out, failures)
+    return len(failures)
+
+
+def main() -> None:
+    parser = base_parser(__doc__.split("\n")[0], sizes=(1024,), runs=1)
+    parser.add_argument("--size", type=int, default=1024, help="the mesh (joins: size - 1)")
+    parser.add_argument("--rate", type=float, default=25.0, help="records written per second")
+    parser.add_argument("--per-txn", type=int, default=1, help="records per etcd transaction")
+    parser.add_argument("--profile", type=Path, help="leave the daemon's cProfile here")
+    parser.add_argument("--unsigned", action="store_true",
+                        help="unsigned records (as older versions wrote): the share of the "
+                        "signatures' verification")  # fmt: skip
+    args = parser.parse_args()
+    check_host(("ip", "unshare", "nsenter", "etcd"))
+    started = time.monotonic()
+    failed = trio.run(main_async, args)
+    print(f"{NAME}: {time.monotonic() - started:.0f} s", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
