@@ -604,3 +604,16 @@ async def wait_for(
 
 def fmt_s(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def events(process: LabProcess) -> list[JSON]:
+    """The JSON lines (``{...}``) a lab process has written to its log so far: the sim
+    processes' and scrapers' events; other lines are skipped."""
+    found = []
+    for line in process.log_text().splitlines():
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return found

@@ -48,7 +48,6 @@ Run alone: ``.venv/bin/python bench/control_plane.py --sizes 256 --runs 1``.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
@@ -60,6 +59,7 @@ from common import (
     LoadSampler,
     base_parser,
     check_host,
+    events,
     lab_netns,
     merge_load,
     run_each_size,
@@ -83,17 +83,6 @@ CONVERGE_TARGET = 60.0
 CONVERGE_AFTER = 60.0
 """Default for ``--window``: how long after the last scheduled start the mesh may
 take before the run is recorded as not converged."""
-
-
-def events(process: LabProcess) -> list[JSON]:
-    found = []
-    for line in process.log_text().splitlines():
-        if line.startswith("{"):
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-    return found
 
 
 def warnings(processes: list[LabProcess]) -> dict[str, int]:

@@ -18,7 +18,6 @@ cProfile in ``DIR/sim-<pid>.prof`` (the whole ``trio.run``: its start too).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from common import (
     LoadSampler,
     base_parser,
     check_host,
+    events,
     lab_netns,
     run_repeated,
     runs_for,
@@ -46,17 +46,6 @@ NAME = "join_storm"
 TITLE = "One daemon taking a storm of joins"
 BOUND = 30.0
 """Seconds the daemon may take to claim, and to hold every peer after the last write."""
-
-
-def events(process: LabProcess) -> list[JSON]:
-    found = []
-    for line in process.log_text().splitlines():
-        if line.startswith("{"):
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-    return found
 
 
 def first(process: LabProcess, kind: str) -> JSON | None:
