@@ -1,7 +1,8 @@
 """The device's set-up over ``link_socket`` (the daemon's own namespace) against the
 kernel: run in a process inside a namespace this test makes, on a veth link in
 place of wireguard-go's tun, and read back with ``ip``. It also checks that the
-set-up imported no pyroute2 ``IPRoute`` (docs/architecture.md, "Start-up")."""
+set-up imported no pyroute2 ``IPRoute`` (docs/architecture.md, "Start-up"), and that
+what still uses ``IPRoute`` imports it (the default route's address)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,29 @@ def test_set_up_in_own_namespace(netns: str) -> None:
         routes = ip(netns, family, "route", "show", "table", "main", "to", "exact", network)
         assert [(r["type"], r["dst"]) for r in routes] == [("unreachable", network)]
     assert not any(link["ifname"].startswith("vnetdprobe") for link in ip(netns, "link", "show"))
+
+
+DEFAULT_ROUTE = """
+import sys
+from vnetd.dataplane.link import default_route_address
+print(default_route_address())
+"""
+
+
+def test_the_default_route_address_is_read_in_the_namespace(netns: str) -> None:
+    """What ``vnetd up`` advertises when no endpoint or POD_IP is given (the Flux
+    Operator's pods): read with ``IPRoute``, which the module imports at first use."""
+    for command in (
+        ["link", "add", "d0", "type", "veth", "peer", "d1"],
+        ["link", "set", "d0", "up"],
+        ["link", "set", "d1", "up"],
+        ["addr", "add", "198.18.7.2/24", "dev", "d0"],
+        ["route", "add", "default", "via", "198.18.7.1"],
+    ):
+        subprocess.run(["ip", "-n", netns, *command], check=True, timeout=10)
+    result = subprocess.run(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", DEFAULT_ROUTE],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["198.18.7.2"]

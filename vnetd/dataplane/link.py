@@ -419,7 +419,7 @@ def resolve_mtu(spec: MeshSpec, endpoint: str, netns: str | None = None) -> int:
 
 def default_route_address() -> str | None:
     """The first address of the interface that holds the IPv4 (else IPv6) default route."""
-    with IPRoute() as ipr:
+    with _iproute(None) as ipr:
         for family in (socket.AF_INET, socket.AF_INET6):
             for route in ipr.get_default_routes(family=family):
                 oif = route.get("RTA_OIF")
