@@ -125,6 +125,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.dataplane.route_mtu": DATAPLANE,
     "vnetd.dataplane.route_socket": DATAPLANE,
     "vnetd.dataplane.link_socket": DATAPLANE,
+    "vnetd.dataplane.netlink_wire": DATAPLANE,
     "vnetd.dataplane.select": DATAPLANE,
     "vnetd.dataplane.supervise": DATAPLANE,
     "vnetd.dataplane.uapi": DATAPLANE,

@@ -5,7 +5,7 @@ What a launcher waits on is the rank's address on the link, and pyroute2's
 traffic-control and mock modules among them) take about 35 ms of CPU to import,
 and each ``IPRoute`` opened in a worker thread more (docs/architecture.md,
 "Start-up"). The set-up is a handful of fixed requests, so they are packed here
-with ``struct``, as ``route_socket`` packs the peers' routes, and sent from the
+with ``struct`` (``netlink_wire``), as ``route_socket`` packs the peers' routes, and sent from the
 event loop: the probe that asks whether the kernel can make a WireGuard link
 (``wireguard_link_refused``), the address (``add_address``), MTU and up
 (``set_link_up``), the routes to the overlay network (``routes_to``, a dump) and
@@ -22,46 +22,47 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network
 
 import trio
 
+from vnetd.dataplane.netlink_wire import (
+    ERRNO,
+    HEADER,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REPLACE,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    RT_TABLE_MAIN,
+    RTA_DST,
+    RTA_GATEWAY,
+    RTA_OIF,
+    RTA_PRIORITY,
+    RTA_TABLE,
+    RTMSG,
+    RTPROT_STATIC,
+    U32,
+    attribute,
+    attributes,
+    message,
+    messages,
+)
 from vnetd.errors import DataplaneError
 
 LINK_TIMEOUT = 5.0  # one request and its answer, a dump included (invariant 8)
-NLM_F_REQUEST, NLM_F_MULTI, NLM_F_ACK = 0x1, 0x2, 0x4
-NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x100, 0x200, 0x400, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_NEWROUTE, RTM_GETROUTE = 16, 17, 20, 24, 26
 IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_INFO_KIND = 3, 4, 18, 1
 IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
 IFA_F_NOPREFIXROUTE = 0x200
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
-RT_TABLE_MAIN = 254
-RTPROT_STATIC = 4  # what pyroute2's route("replace") writes
 RTN_UNREACHABLE = 7
 IFF_UP = 0x1
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
-_RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, proto,
-# scope, type, flags
-_RTA = struct.Struct("=HH")  # rtattr: length, type
-_U32 = struct.Struct("=I")
-_ERRNO = struct.Struct("=i")
-
-
-def attribute(kind: int, payload: bytes) -> bytes:
-    """One rtattr: length, type, the payload padded to 4 bytes."""
-    length = _RTA.size + len(payload)
-    return _RTA.pack(length, kind) + payload + bytes(-length % 4)
-
-
-def message(kind: int, flags: int, sequence: int, body: bytes) -> bytes:
-    """A netlink request: the header, then ``body`` (the family header and attributes)."""
-    return _HEADER.pack(_HEADER.size + len(body), kind, flags, sequence, 0) + body
 
 
 def new_wireguard_link(name: str, sequence: int) -> bytes:
@@ -80,7 +81,7 @@ def delete_link(index: int, sequence: int) -> bytes:
 
 def link_up(index: int, mtu: int, sequence: int) -> bytes:
     """The link's MTU, and up (``ip link set dev X mtu M up``)."""
-    body = _IFINFO.pack(0, 0, index, IFF_UP, IFF_UP) + attribute(IFLA_MTU, _U32.pack(mtu))
+    body = _IFINFO.pack(0, 0, index, IFF_UP, IFF_UP) + attribute(IFLA_MTU, U32.pack(mtu))
     return message(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, sequence, body)
 
 
@@ -95,7 +96,7 @@ def new_address(
         body += attribute(IFA_LOCAL, packed)
     body += attribute(IFA_ADDRESS, packed)
     if flags:
-        body += attribute(IFA_FLAGS, _U32.pack(flags))
+        body += attribute(IFA_FLAGS, U32.pack(flags))
     return message(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
                    sequence, body)  # fmt: skip
 
@@ -104,9 +105,9 @@ def unreachable_route(network: IPv4Network | IPv6Network, sequence: int) -> byte
     """Route ``network`` ``unreachable`` in the main table, over any route to exactly it
     (``ip route replace unreachable NETWORK``)."""
     family = socket.AF_INET6 if network.version == 6 else socket.AF_INET
-    body = _RTMSG.pack(family, network.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC, 0,
+    body = RTMSG.pack(family, network.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC, 0,
                        RTN_UNREACHABLE, 0)  # fmt: skip
-    body += attribute(RTA_TABLE, _U32.pack(RT_TABLE_MAIN))
+    body += attribute(RTA_TABLE, U32.pack(RT_TABLE_MAIN))
     body += attribute(RTA_DST, network.network_address.packed)
     return message(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
                    sequence, body)  # fmt: skip
@@ -114,7 +115,7 @@ def unreachable_route(network: IPv4Network | IPv6Network, sequence: int) -> byte
 
 def route_dump(family: int, sequence: int) -> bytes:
     return message(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, sequence,
-                   _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))  # fmt: skip
+                   RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,34 +132,10 @@ class Route:
     priority: int
 
 
-def messages(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
-    """``(type, flags, sequence, payload)`` of each netlink message in ``data``."""
-    offset = 0
-    while offset + _HEADER.size <= len(data):
-        length, kind, flags, sequence, _ = _HEADER.unpack_from(data, offset)
-        if length < _HEADER.size or offset + length > len(data):
-            break
-        yield kind, flags, sequence, data[offset + _HEADER.size : offset + length]
-        offset += (length + 3) & ~3
-
-
-def attributes(data: bytes) -> dict[int, bytes]:
-    """The rtattrs of ``data`` by type (flags masked off; the last of a type wins)."""
-    found: dict[int, bytes] = {}
-    offset = 0
-    while offset + _RTA.size <= len(data):
-        length, kind = _RTA.unpack_from(data, offset)
-        if length < _RTA.size:
-            break
-        found[kind & 0x3FFF] = data[offset + _RTA.size : offset + length]
-        offset += (length + 3) & ~3
-    return found
-
-
 def parse_route(payload: bytes) -> Route:
     """One RTM_NEWROUTE message of a dump."""
-    family, dst_len, _, _, table, _, _, kind, _ = _RTMSG.unpack_from(payload)
-    attrs = attributes(payload[_RTMSG.size :])
+    family, dst_len, _, _, table, _, _, kind, _ = RTMSG.unpack_from(payload)
+    attrs = attributes(payload[RTMSG.size :])
 
     def address(key: int) -> str | None:
         value = attrs.get(key)
@@ -166,7 +143,7 @@ def parse_route(payload: bytes) -> Route:
 
     def number(key: int) -> int | None:
         value = attrs.get(key)
-        return _U32.unpack(value[:4])[0] if value and len(value) >= 4 else None
+        return U32.unpack(value[:4])[0] if value and len(value) >= 4 else None
 
     return Route(family, address(RTA_DST), dst_len, number(RTA_TABLE) or table, kind,
                  address(RTA_GATEWAY), number(RTA_OIF), number(RTA_PRIORITY) or 0)  # fmt: skip
@@ -199,10 +176,10 @@ class LinkSocket:
         Raises:
             DataplaneError: no answer within ``timeout`` s, or the socket failed.
         """
-        sequence = _HEADER.unpack_from(data)[3]
+        sequence = HEADER.unpack_from(data)[3]
         for kind, _, seq, payload in await self._exchange(data, what, NLMSG_ERROR):
             if kind == NLMSG_ERROR and seq == sequence:
-                code: int = -_ERRNO.unpack_from(payload)[0]
+                code: int = -ERRNO.unpack_from(payload)[0]
                 return code
         raise AssertionError("unreachable: _exchange returns at the acknowledgement")
 
@@ -215,7 +192,7 @@ class LinkSocket:
         found: list[bytes] = []
         for kind, _, _, payload in await self._exchange(data, what, NLMSG_DONE):
             if kind == NLMSG_ERROR:
-                code = -_ERRNO.unpack_from(payload)[0]
+                code = -ERRNO.unpack_from(payload)[0]
                 raise DataplaneError(f"netlink: {what}: {os.strerror(code)}")
             if kind != NLMSG_DONE:
                 found.append(payload)
@@ -226,7 +203,7 @@ class LinkSocket:
     ) -> list[tuple[int, int, int, bytes]]:
         """Send ``data``; the messages answering it, up to the first of type ``last``
         or an error."""
-        sequence = _HEADER.unpack_from(data)[3]
+        sequence = HEADER.unpack_from(data)[3]
         answers: list[tuple[int, int, int, bytes]] = []
         try:
             with trio.fail_after(self.timeout):

@@ -17,11 +17,23 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import struct
 from collections.abc import Iterable
 
 import trio
 
+from vnetd.dataplane.netlink_wire import (
+    ERRNO,
+    RT_TABLE_MAIN,
+    RTA_DST,
+    RTA_OIF,
+    RTA_TABLE,
+    RTMSG,
+    RTPROT_STATIC,
+    U32,
+    attribute,
+    message,
+    messages,
+)
 from vnetd.dataplane.pyroute2_package import defer_package_init
 from vnetd.errors import DataplaneError
 
@@ -41,18 +53,9 @@ REQUEST_ALLOWANCE = 0.01
 """Seconds more of a batch's bound per route: 1000 took 5.3 s in the TCG guest at a load
 of 90 on 2 cores (a fixed 5 s bound failed them), about 50 ms on a node."""
 WINDOW = 64  # requests in flight before their acknowledgements are read
-_RT_TABLE_MAIN = 254
-_RTPROT_STATIC = 4  # what pyroute2's route("add") writes
 _RT_SCOPE_UNIVERSE = 0
 _RT_SCOPE_NOWHERE = 255  # on a delete: any scope (as ``ip route del``)
 _RTN_UNICAST = 1
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
-_ERRNO = struct.Struct("=i")
-_RTMSG = struct.Struct("=BBBBBBBBI")
-"""rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags."""
-_RTA = struct.Struct("=HH")  # rtattr: length, type
-_U32 = struct.Struct("=I")
-_RTA_DST, _RTA_OIF, _RTA_TABLE = 1, 4, 15
 _ADD_FLAGS = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
 _IGNORED_ON_ADD = (errno.EEXIST,)
 _IGNORED_ON_DEL = (errno.ESRCH, errno.ENOENT)
@@ -72,33 +75,22 @@ def route_message(kind: str, dst: str, oif: int, sequence: int) -> bytes:
     prefixlen = int(prefix) if prefix else 8 * len(packed)
     if kind == "add":
         kind_flags = (RTM_NEWROUTE, _ADD_FLAGS)
-        proto, scope, rtype = _RTPROT_STATIC, _RT_SCOPE_UNIVERSE, _RTN_UNICAST
+        proto, scope, rtype = RTPROT_STATIC, _RT_SCOPE_UNIVERSE, _RTN_UNICAST
     else:
         kind_flags = (RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK)
         proto, scope, rtype = 0, _RT_SCOPE_NOWHERE, 0
-    body = _RTMSG.pack(family, prefixlen, 0, 0, _RT_TABLE_MAIN, proto, scope, rtype, 0)
-    body += _attribute(_RTA_TABLE, _U32.pack(_RT_TABLE_MAIN))
-    body += _attribute(_RTA_DST, packed)
-    body += _attribute(_RTA_OIF, _U32.pack(oif))
-    return _HEADER.pack(_HEADER.size + len(body), *kind_flags, sequence, 0) + body
-
-
-def _attribute(kind: int, payload: bytes) -> bytes:
-    """One rtattr: length, type, the payload padded to 4 bytes."""
-    length = _RTA.size + len(payload)
-    return _RTA.pack(length, kind) + payload + bytes(-length % 4)
+    body = RTMSG.pack(family, prefixlen, 0, 0, RT_TABLE_MAIN, proto, scope, rtype, 0)
+    body += attribute(RTA_TABLE, U32.pack(RT_TABLE_MAIN))
+    body += attribute(RTA_DST, packed)
+    body += attribute(RTA_OIF, U32.pack(oif))
+    return message(*kind_flags, sequence, body)
 
 
 def acknowledgements(data: bytes) -> Iterable[tuple[int, int]]:
     """``(sequence, errno)`` of each NLMSG_ERROR message in ``data`` (errno 0: done)."""
-    offset = 0
-    while offset + _HEADER.size <= len(data):
-        length, kind, _, sequence, _ = _HEADER.unpack_from(data, offset)
-        if length < _HEADER.size:
-            break
+    for kind, _, sequence, payload in messages(data):
         if kind == NLMSG_ERROR:
-            yield sequence, -_ERRNO.unpack_from(data, offset + _HEADER.size)[0]
-        offset += (length + 3) & ~3
+            yield sequence, -ERRNO.unpack_from(payload)[0]
 
 
 class RouteSocket:

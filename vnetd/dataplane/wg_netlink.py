@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from ipaddress import ip_address, ip_network
 from typing import Any
 
+from vnetd.dataplane.netlink_wire import ATTRIBUTE, ERRNO, HEADER, TYPE_MASK, U32, attribute
 from vnetd.dataplane.pyroute2_package import NetlinkError, defer_package_init
 from vnetd.model import DevicePeer
 
@@ -94,27 +95,18 @@ message); the caller's ``run_netlink`` bounds the whole batch."""
 _NETLINK_GENERIC = 16  # not in the socket module's stubs
 _CTRL_ATTR_FAMILY_ID, _CTRL_ATTR_FAMILY_NAME = 1, 2
 _SOL_NETLINK, _NETLINK_CAP_ACK = 270, 10
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
 _GENL = struct.Struct("=BBH")  # genlmsghdr: command, version, reserved
-_NLA = struct.Struct("=HH")  # nlattr: length, type
-_U16, _U32, _U64 = struct.Struct("=H"), struct.Struct("=I"), struct.Struct("=Q")
-_ERRNO = struct.Struct("=i")
+_U16, _U64 = struct.Struct("=H"), struct.Struct("=Q")
 _IN4 = struct.Struct("=H2s4s8x")  # sockaddr_in: family, port (big-endian), address
 _IN6 = struct.Struct("=H2s4s16sI")  # sockaddr_in6: family, port, flowinfo, address, scope
 _TIMESPEC = struct.Struct("=qq")
-_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 
 
 # --- packing ----------------------------------------------------------------------------
 
 
-def _attr(kind: int, payload: bytes) -> bytes:
-    length = _NLA.size + len(payload)
-    return _NLA.pack(length, kind) + payload + bytes(-length % 4)
-
-
 def _nested(kind: int, parts: Iterable[bytes]) -> bytes:
-    return _attr(kind | NLA_F_NESTED, b"".join(parts))
+    return attribute(kind | NLA_F_NESTED, b"".join(parts))
 
 
 def _key(value: str) -> bytes:
@@ -134,9 +126,9 @@ def _allowed_ip(cidr: str) -> bytes:
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     return b"".join(
         (
-            _attr(WGALLOWEDIP_A_FAMILY, _U16.pack(family)),
-            _attr(WGALLOWEDIP_A_IPADDR, socket.inet_pton(family, addr)),
-            _attr(WGALLOWEDIP_A_CIDR_MASK, bytes([int(mask)])),
+            attribute(WGALLOWEDIP_A_FAMILY, _U16.pack(family)),
+            attribute(WGALLOWEDIP_A_IPADDR, socket.inet_pton(family, addr)),
+            attribute(WGALLOWEDIP_A_CIDR_MASK, bytes([int(mask)])),
         )
     )
 
@@ -144,23 +136,23 @@ def _allowed_ip(cidr: str) -> bytes:
 def peer_attributes(peer: Mapping[str, Any]) -> bytes:
     """One peer's attributes (a ``kernel.PeerMessage``), in the order pyroute2's
     ``AsyncWireGuard._wg_set_peer`` writes them."""
-    parts = [_attr(WGPEER_A_PUBLIC_KEY, _key(peer["public_key"]))]
+    parts = [attribute(WGPEER_A_PUBLIC_KEY, _key(peer["public_key"]))]
     if peer.get("remove"):
-        parts.append(_attr(WGPEER_A_FLAGS, _U32.pack(WGPEER_F_REMOVE_ME)))
+        parts.append(attribute(WGPEER_A_FLAGS, U32.pack(WGPEER_F_REMOVE_ME)))
         return b"".join(parts)
     if "endpoint_addr" in peer and "endpoint_port" in peer:
         parts.append(
-            _attr(WGPEER_A_ENDPOINT, _endpoint(peer["endpoint_addr"], peer["endpoint_port"]))
+            attribute(WGPEER_A_ENDPOINT, _endpoint(peer["endpoint_addr"], peer["endpoint_port"]))
         )
     if "preshared_key" in peer:
-        parts.append(_attr(WGPEER_A_PRESHARED_KEY, _key(peer["preshared_key"])))
+        parts.append(attribute(WGPEER_A_PRESHARED_KEY, _key(peer["preshared_key"])))
     if "persistent_keepalive" in peer:
         keepalive = _U16.pack(peer["persistent_keepalive"])
-        parts.append(_attr(WGPEER_A_PERSISTENT_KEEPALIVE_INTERVAL, keepalive))
+        parts.append(attribute(WGPEER_A_PERSISTENT_KEEPALIVE_INTERVAL, keepalive))
     flags = (WGPEER_F_UPDATE_ONLY if peer.get("update_only") else 0) | (
         WGPEER_F_REPLACE_ALLOWEDIPS if peer.get("replace_allowed_ips") else 0
     )
-    parts.append(_attr(WGPEER_A_FLAGS, _U32.pack(flags)))
+    parts.append(attribute(WGPEER_A_FLAGS, U32.pack(flags)))
     if "allowed_ips" in peer:
         ips = peer["allowed_ips"]
         parts.append(
@@ -173,7 +165,7 @@ def peer_attributes(peer: Mapping[str, Any]) -> bytes:
 
 
 def _ifname(interface: str) -> bytes:
-    return _attr(WGDEVICE_A_IFNAME, interface.encode() + b"\0")
+    return attribute(WGDEVICE_A_IFNAME, interface.encode() + b"\0")
 
 
 def device_request(interface: str, private_key: str, listen_port: int) -> bytes:
@@ -182,8 +174,8 @@ def device_request(interface: str, private_key: str, listen_port: int) -> bytes:
         (
             _GENL.pack(WG_CMD_SET_DEVICE, WG_GENL_VERSION, 0),
             _ifname(interface),
-            _attr(WGDEVICE_A_PRIVATE_KEY, _key(private_key)),
-            _attr(WGDEVICE_A_LISTEN_PORT, _U16.pack(listen_port)),
+            attribute(WGDEVICE_A_PRIVATE_KEY, _key(private_key)),
+            attribute(WGDEVICE_A_LISTEN_PORT, _U16.pack(listen_port)),
         )
     )
 
@@ -204,11 +196,11 @@ def set_requests(
 
     for peer in peers:
         attrs = peer_attributes(peer)
-        if batch and size + len(attrs) + _NLA.size > chunk:
+        if batch and size + len(attrs) + ATTRIBUTE.size > chunk:
             close()
             batch, size = [], 0
         batch.append(attrs)
-        size += len(attrs) + _NLA.size
+        size += len(attrs) + ATTRIBUTE.size
     if batch:
         close()
     return requests
@@ -223,22 +215,22 @@ def dump_request(interface: str) -> bytes:
 
 def _attrs(data: bytes, offset: int, end: int) -> Iterator[tuple[int, int, int]]:
     """(type, start of payload, end of payload) of each attribute in data[offset:end]."""
-    while offset + _NLA.size <= end:
-        length, kind = _NLA.unpack_from(data, offset)
-        if length < _NLA.size:
+    while offset + ATTRIBUTE.size <= end:
+        length, kind = ATTRIBUTE.unpack_from(data, offset)
+        if length < ATTRIBUTE.size:
             return
-        yield kind & _TYPE_MASK, offset + _NLA.size, offset + length
+        yield kind & TYPE_MASK, offset + ATTRIBUTE.size, offset + length
         offset += (length + 3) & ~3
 
 
 def _messages(data: bytes) -> Iterator[tuple[int, int, int, int]]:
     """(type, sequence, start of payload, end) of each netlink message in ``data``."""
     offset = 0
-    while offset + _HEADER.size <= len(data):
-        length, kind, _, sequence, _ = _HEADER.unpack_from(data, offset)
-        if length < _HEADER.size:
+    while offset + HEADER.size <= len(data):
+        length, kind, _, sequence, _ = HEADER.unpack_from(data, offset)
+        if length < HEADER.size:
             return
-        yield kind, sequence, offset + _HEADER.size, offset + length
+        yield kind, sequence, offset + HEADER.size, offset + length
         offset += (length + 3) & ~3
 
 
@@ -370,7 +362,7 @@ class WgSocket:
 
     def _send(self, kind: int, flags: int, payload: bytes) -> int:
         self._sequence += 1
-        header = _HEADER.pack(_HEADER.size + len(payload), kind, flags, self._sequence, 0)
+        header = HEADER.pack(HEADER.size + len(payload), kind, flags, self._sequence, 0)
         self._socket.send(header + payload)
         return self._sequence
 
@@ -383,19 +375,19 @@ class WgSocket:
                 if seq != sequence:
                     continue  # a late answer to an earlier request of this socket
                 if kind == NLMSG_ERROR:
-                    code = -_ERRNO.unpack_from(data, start)[0]
+                    code = -ERRNO.unpack_from(data, start)[0]
                     if code:
                         raise NetlinkError(code, os.strerror(code))
                     return
                 if kind == NLMSG_DONE:  # a dump's end: its payload is its errno
-                    code = -_ERRNO.unpack_from(data, start)[0] if end - start >= 4 else 0
+                    code = -ERRNO.unpack_from(data, start)[0] if end - start >= 4 else 0
                     if code > 0:
                         raise NetlinkError(code, os.strerror(code))
                     return
                 yield kind, data, start, end
 
     def _family_id(self) -> int:
-        name = _attr(_CTRL_ATTR_FAMILY_NAME, WG_GENL_NAME.encode() + b"\0")
+        name = attribute(_CTRL_ATTR_FAMILY_NAME, WG_GENL_NAME.encode() + b"\0")
         payload = _GENL.pack(CTRL_CMD_GETFAMILY, 1, 0) + name
         sequence = self._send(GENL_ID_CTRL, NLM_F_REQUEST | NLM_F_ACK, payload)
         family: int | None = None
@@ -425,4 +417,4 @@ class WgSocket:
     def dump(self, interface: str) -> list[bytes]:
         """The device's ``WG_CMD_GET_DEVICE`` dump: its netlink messages, for ``parse_dump``."""
         sequence = self._send(self.family, NLM_F_REQUEST | NLM_F_DUMP, dump_request(interface))
-        return [data[start - _HEADER.size : end] for _, data, start, end in self._answers(sequence)]
+        return [data[start - HEADER.size : end] for _, data, start, end in self._answers(sequence)]
