@@ -73,19 +73,9 @@ def write_new(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all: a fresh 0600 temporary file (never through a
     symlink, never one that was there), synced, then renamed over ``path``."""
     tmp = path.with_suffix(".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # a leftover of a start that died mid-write
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
+    _write_temporary(tmp, text)
     os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    _sync_directory(path.parent)
 
 
 def create_new(path: Path, text: str) -> None:
@@ -98,23 +88,34 @@ def create_new(path: Path, text: str) -> None:
         OSError: anything else the file system refuses.
     """
     tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # a leftover of a run that died mid-write
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write_temporary(tmp, text)
         os.link(tmp, path, follow_symlinks=False)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    _sync_directory(path.parent)
+
+
+def _write_temporary(tmp: Path, text: str) -> None:
+    """``text`` in a fresh 0600 file ``tmp`` (a leftover of a run that died mid-write is
+    removed first; never through a symlink), synced to disk."""
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _sync_directory(directory: Path) -> None:
+    """Sync ``directory``, so a file renamed or linked into it survives a crash."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(directory)
+        os.fsync(fd)
     finally:
-        os.close(directory)
+        os.close(fd)
 
 
 def _read_key(path: Path) -> KeyPair:
