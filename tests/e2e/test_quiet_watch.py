@@ -10,14 +10,13 @@ explain; at 32 ranks under load 10-32 it counted 2, before the fix and after it.
 
 from __future__ import annotations
 
-import re
 import signal
-import sys
 
 import trio
 from bounds import form
+from prometheus_client.parser import text_string_to_metric_families
 
-from vnetd.lab.cluster import MeshLab
+from vnetd.lab.cluster import MeshLab, http_get
 from vnetd.lab.netns import signal_pid
 from vnetd.lab.open_lab import open_lab
 
@@ -31,19 +30,19 @@ LEARNT = 5.0
 """After the formation: two notifications have come, so the gap is known."""
 SETTLE = 2.0
 """After the stop: the resumed daemon's late timer has fired and been answered."""
-_RANGES = re.compile(r'^grpc_server_msg_received_total\{[^}]*grpc_method="Range"[^}]*\} (\S+)$')
-SCRAPE = (
-    "import sys, urllib.request; "
-    "sys.stdout.write(urllib.request.urlopen(sys.argv[1] + '/metrics', timeout=5).read().decode())"
-)
 
 
 async def ranges(mesh: MeshLab) -> float:
     """The Range requests etcd has received (its /metrics, read from pod 1)."""
-    result = await mesh.lab.run(mesh.pod(1), [sys.executable, "-c", SCRAPE, mesh.lab.etcd_url], 10)
-    assert result.returncode == 0, result.stderr.decode()
-    found = [_RANGES.match(line) for line in result.stdout.decode().splitlines()]
-    return sum(float(m.group(1)) for m in found if m)
+    status, body = await http_get(mesh.lab, mesh.pod(1), f"{mesh.lab.etcd_url}/metrics")
+    assert status == 200, body
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == "grpc_server_msg_received_total"
+        and sample.labels.get("grpc_method") == "Range"
+    )
 
 
 async def test_a_daemon_stalled_past_its_quiet_check_costs_etcd_no_read() -> None:
