@@ -141,6 +141,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.control.holders": CONTROL,
     "vnetd.control.retry": CONTROL,
     "vnetd.control.storm": CONTROL,
+    "vnetd.control.rest": CONTROL,
     "vnetd.control.watcher": CONTROL,
     "vnetd.control.member_view": CONTROL,
     "vnetd.control.log_limit": CONTROL,

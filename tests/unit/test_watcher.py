@@ -13,11 +13,13 @@ from resettable import wipe
 from shared import SPEC
 
 from vnetd.control.membership import encode_member, member_key
+from vnetd.control.rest import WATCH_RESTARTS
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import WatchCompacted
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
+from vnetd.spec import parse_spec
 
 
 def member(rank: int) -> Member:
@@ -244,3 +246,34 @@ async def test_periodic_watch_restart_resumes_without_a_list(autojump_clock):
         assert registry.starts == sorted(registry.starts)
         assert registry.starts[-1] <= view.revision
         nursery.cancel_scope.cancel()
+
+
+async def test_a_large_mesh_restarts_its_watch_less_often(autojump_clock):
+    # Every member restarts its watch: at a fixed 60 s, 1024 members cost etcd 17
+    # watch requests a second at rest; spaced by the size, WATCH_RESTARTS at most.
+    spec = parse_spec({"mesh": {"name": "m", "size": 1024, "network": "10.250.0.0/16"}})
+    registry = CountingWatches()
+    for rank in range(1024):
+        await registry.create(member_key(spec, rank), encode_member(wide_member(rank)))
+    view = MemberView()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(sync_members, resync_interval=10.0), registry, spec, view,
+                            RegistryHealth())  # fmt: skip
+        with trio.fail_after(5):
+            while len(view.members) < 1024:
+                await trio.sleep(0.01)
+        await trio.sleep(1024 / WATCH_RESTARTS * 3)
+        # One watch, then one restart per 256 s jittered down by at most a quarter
+        # (at the 10 s floor it would be 76).
+        assert 4 <= len(registry.starts) <= 5, registry.starts
+        assert view.lists == 1
+        nursery.cancel_scope.cancel()
+
+
+def wide_member(rank: int) -> Member:
+    return Member(
+        rank,
+        base64.b64encode(rank.to_bytes(2, "big") * 16).decode(),
+        f"198.18.{rank // 256}.{rank % 256}:51820",
+        f"pod{rank}",
+    )

@@ -81,7 +81,7 @@ class ClaimHolder:
         """How many times another holder took the rank while our lease lived."""
         self.restores = 0
         """How many times our entry, overwritten by another writer, was written back."""
-        self.spec_check = SpecCheck(registry, spec)
+        self.spec_check = SpecCheck(registry, spec, lambda: len(view.members) if view else 1)
         self._lost_with_lease = False
         self._restored = 0  # the view's ``overwritten`` revision last answered
         self._copies_logged: set[int] = set()

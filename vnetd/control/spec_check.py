@@ -3,9 +3,9 @@
 The daemon compares the spec at start (``membership.ensure_spec``) and runs on that
 one for its life; a writer of the mesh's prefix may overwrite the stored spec
 later, after which every new start exits 2. ``SpecCheck.run`` reads it again every
-``SPEC_CHECK_TTLS`` lease TTLs, in a task of its own beside the claim's keepalive
-(never in its loop: a read waiting on a slow member must not delay a renewal), so
-the running daemons
+``SPEC_CHECK_TTLS`` lease TTLs (a large mesh: less often, ``control.rest``), in a
+task of its own beside the claim's keepalive (never in its loop: a read waiting
+on a slow member must not delay a renewal), so the running daemons
 say so (a log line when it changes, ``vnetd_spec_differs``, ``/status``) before a
 restart finds out (docs/security.md, "Threat model").
 """
@@ -13,10 +13,12 @@ restart finds out (docs/security.md, "Threat model").
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import trio
 
 from vnetd.control.membership import ensure_spec, spec_key
+from vnetd.control.rest import SPEC_READS, period
 from vnetd.errors import RegistryError, SpecMismatch
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
@@ -24,21 +26,33 @@ from vnetd.spec import MeshSpec
 log = logging.getLogger("vnetd.claim")
 
 SPEC_CHECK_TTLS = 2
-"""Lease TTLs between reads of the stored spec: one small read per six keepalives."""
+"""Lease TTLs between reads of the stored spec: one small read per six keepalives, for
+a mesh small enough (``control.rest``: a large one spaces them by its size)."""
 
 
 class SpecCheck:
-    """``differs``: the mismatch message while the stored spec differs from ours, else None."""
+    """``differs``: the mismatch message while the stored spec differs from ours, else None.
 
-    def __init__(self, registry: Registry, spec: MeshSpec) -> None:
+    ``members``: how many daemons the mesh has now (each checks), which spaces the
+    checks (``control.rest``); None: one.
+    """
+
+    def __init__(
+        self, registry: Registry, spec: MeshSpec, members: Callable[[], int] | None = None
+    ) -> None:
         self.registry, self.spec, self.key = registry, spec, spec_key(spec)
         self.differs: str | None = None
         self.interval = SPEC_CHECK_TTLS * spec.registry.lease_ttl
+        self._members = members or (lambda: 1)
+
+    def next_wait(self) -> float:
+        """``interval`` s, or longer for a large mesh (``control.rest.period``)."""
+        return period(self.interval, self._members(), SPEC_READS)
 
     async def run(self) -> None:
-        """``check`` every ``interval`` s, the first an ``interval`` after the start."""
+        """``check`` every ``next_wait()`` s, the first one wait after the start."""
         while True:
-            await trio.sleep(self.interval)
+            await trio.sleep(self.next_wait())
             await self.check()
 
     async def check(self) -> None:

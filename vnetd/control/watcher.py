@@ -1,7 +1,8 @@
 """Keep a local view of the members: list, then watch from that revision.
 
 A compaction or a watch error lists again and replaces the view; the watch
-is resumed from the last revision every ``resync_interval``; a store reset
+is resumed from the last revision every ``resync_interval`` (a large mesh:
+less often, ``control.rest``); a store reset
 holds the missing members for a grace period; readers refuse rewrites that
 break the claim rules. The why of each is in docs/architecture.md, "Watch",
 "Store resets" and "Readers enforce the claim rules".
@@ -17,6 +18,7 @@ import trio
 
 from vnetd.control.member_view import COPY_ORDER, RESET_GRACE_TTLS, MemberView
 from vnetd.control.membership import members_prefix
+from vnetd.control.rest import WATCH_RESTARTS, period
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.storm import StormGauge
 from vnetd.errors import RegistryUnavailable, WatchCompacted
@@ -41,7 +43,8 @@ async def sync_members(
     """Keep ``view`` in step with the registry forever.
 
     Args:
-        resync_interval: the watch is restarted (from the last revision seen) this often.
+        resync_interval: the watch is restarted (from the last revision seen) this
+            often, a large mesh less often (``control.rest``).
         reset_grace: how long members missing after a registry reset are
             kept; None means ``RESET_GRACE_TTLS`` lease TTLs.
 
@@ -75,7 +78,9 @@ async def sync_members(
                 # The watch also ends when a held member's grace does: the list
                 # that follows drops it if it has not registered again.
                 held_until = view.held_until()
-                resync_at = trio.current_time() + resync_interval
+                resync_at = trio.current_time() + period(
+                    resync_interval, len(view.members), WATCH_RESTARTS
+                )
                 pause = 0.0
                 with trio.move_on_at(min(resync_at, held_until)) as timer:
                     async with AsyncExitStack() as stack:
