@@ -534,7 +534,7 @@ def base_parser(description: str, sizes: Sequence[int], runs: int) -> argparse.A
     )
     parser.add_argument(
         "--runs",
-        type=_runs,
+        type=per_size,
         default={0: runs},
         help=f"repetitions: N for every size, or SIZE:N,... such as 8:3,64:2 (default {runs})",
     )
@@ -543,15 +543,16 @@ def base_parser(description: str, sizes: Sequence[int], runs: int) -> argparse.A
     return parser
 
 
-def _runs(text: str) -> dict[int, int]:
-    """``3`` → {0: 3} (every size); ``8:3,64:2`` → {8: 3, 64: 2}."""
+def per_size(text: str) -> dict[int, int]:
+    """An option given for every size or per size (``--runs``, control_plane's ``--rest``):
+    ``3`` → {0: 3} (every size); ``8:3,64:2`` → {8: 3, 64: 2}. Read with ``runs_for``."""
     try:
         if ":" not in text:
             return {0: int(text)}
         pairs = (item.split(":") for item in text.split(",") if item.strip())
         return {int(size): int(n) for size, n in pairs}
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--runs: {text!r} is not N or SIZE:N,...") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or SIZE:N,...") from None
 
 
 def runs_for(runs: dict[int, int], size: int = 0) -> int:

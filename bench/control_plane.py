@@ -20,7 +20,11 @@ Figures per run:
   holds all N-1 peers (the latest ``full`` time);
 * ``storm_s``: the first process start → that same moment;
 * ``cpu_s_per_daemon``: CPU seconds of all sim processes from their start to
-  full, divided by N; and at rest (``--rest`` s after full) as a share of a core;
+  full, divided by N, with the signature checks the process's daemons shared
+  (``sim_ranks.SharedProofs``) added back at the rate the process measured
+  for the ones it ran (``proofs``: how many of each, µs a check;
+  ``cpu_s_per_daemon_measured``: without them, what the cores spent); and at
+  rest (``--rest`` s after full) as a share of a core;
 * etcd requests per second (gRPC messages received, by method) during the
   storm and at rest, and etcd's own CPU;
 * ``etcd_us_per_event``: etcd's CPU from the first start to full (all of it:
@@ -62,6 +66,7 @@ from common import (
     events,
     lab_netns,
     merge_load,
+    per_size,
     run_each_size,
     runs_for,
     seeded,
@@ -177,7 +182,9 @@ def series(samples: list[JSON], t0: float) -> list[list[float]]:
     return out
 
 
-async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, window: float) -> JSON:
+async def one_run(
+    size: int, procs: int, rest: float, rate: float, ttl: int, window: float, own_proofs: bool
+) -> JSON:
     timeout = size / rate + window
     async with open_lab(procs) as lab:
         sampler = LoadSampler(own_netns=lab_netns(lab))
@@ -197,7 +204,8 @@ async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, win
                 ranks = ",".join(str(r) for r in range(i, size, procs))
                 argv = [sys.executable, str(BENCH / "sim_ranks.py"), "--config", str(spec),
                         "--ranks", ranks, "--state-root", str(pod.state_dir),
-                        "--stagger", str(procs / rate)]  # fmt: skip
+                        "--stagger", str(procs / rate),
+                        *(["--own-proofs"] if own_proofs else [])]  # fmt: skip
                 sims.append(await lab.start(pod, argv, private_mount=False))
             converged = True
             try:
@@ -218,6 +226,7 @@ async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, win
             claims = [e["t"] for e in all_events if e.get("event") == "claimed"] or [time.time()]
             fulls = [e["t"] for e in all_events if e.get("event") == "full"] or [time.time()]
             cpu_full = sum(_last_cpu(p) for p in sims)
+            proofs = shared_proofs(sims)
             full_at = max(fulls) if converged else time.time()
             await trio.sleep(rest if converged else 0)
             rest_end = time.time()
@@ -230,7 +239,7 @@ async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, win
     waits = [e["t"] - e["started"] for e in all_events
              if e.get("event") == "claimed" and "started" in e]  # fmt: skip
     cost = event_cost(metrics, t0, full_at)
-    cpu_per_daemon = cpu_full / size
+    cpu_per_daemon = (cpu_full + proofs["shared_cpu_s"]) / size
     result = {
         "size": size,
         "procs": procs,
@@ -243,6 +252,8 @@ async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, win
         "registration_span_s": last_claim - min(claims),
         "first_claim_s": min(claims) - t0,
         "cpu_s_per_daemon_to_full": cpu_per_daemon,
+        "cpu_s_per_daemon_measured": cpu_full / size,
+        "proofs": proofs,
         "etcd_events": cost.get("events"),
         "etcd_events_expected": size * (size + 1) // 2,
         "etcd_us_per_event": cost.get("us_per_event"),
@@ -279,8 +290,24 @@ async def one_run(size: int, procs: int, rest: float, rate: float, ttl: int, win
 
 
 def _last_cpu(process: LabProcess) -> float:
+    return float(_last_progress(process).get("cpu", 0.0))
+
+
+def _last_progress(process: LabProcess) -> JSON:
     latest = [e for e in events(process) if e.get("event") == "progress"]
-    return float(latest[-1]["cpu"]) if latest else 0.0
+    return latest[-1] if latest else {}
+
+
+def shared_proofs(sims: list[LabProcess]) -> JSON:
+    """The signature checks the sims' daemons shared and ran up to now, and what
+    the shared ones would have cost each daemon checking its own (s, all sims)."""
+    latest = [_last_progress(p) for p in sims]
+    shared = sum(int(e.get("proofs_shared", 0)) for e in latest)
+    verified = sum(int(e.get("proofs_verified", 0)) for e in latest)
+    cpu = sum(float(e.get("proofs_cpu", 0.0)) for e in latest)
+    per = cpu / verified if verified else 0.0
+    return {"shared": shared, "verified": verified, "us_per_check": round(per * 1e6, 1),
+            "shared_cpu_s": round(shared * per, 3)}  # fmt: skip
 
 
 def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
@@ -312,12 +339,15 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
     seed, _rng = seeded(args.seed)
     runs, failures = await run_each_size(
         "control plane", args.sizes, args.runs,
-        lambda size, _i: one_run(size, args.procs, args.rest, args.rate, args.ttl, args.window),
+        lambda size, _i: one_run(size, args.procs, runs_for(args.rest, size), args.rate,
+                                args.ttl, args.window,
+                                args.own_proofs),
     )  # fmt: skip
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
-              "procs": args.procs, "rest_s": args.rest,
+              "procs": args.procs,
+              "rest_s": {size: runs_for(args.rest, size) for size in args.sizes},
               "rate_per_s": args.rate, "lease_ttl_s": args.ttl, "resync_s": 30,
-              "window_s": args.window,
+              "window_s": args.window, "shared_proofs": not args.own_proofs,
               "seed": seed}  # fmt: skip
     write_result(NAME, TITLE, params, runs, summarize(runs, args.sizes),
                  merge_load([r["load"] for r in runs]), args.out,
@@ -328,12 +358,18 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
 def main() -> None:
     parser = base_parser(__doc__.split("\n")[0], sizes=(256, 1024), runs=2)
     parser.add_argument("--procs", type=int, default=4, help="sim processes (pods), default 4")
-    parser.add_argument("--rest", type=float, default=20.0, help="seconds at rest (default 20)")
+    parser.add_argument("--rest", type=per_size, default={0: 20},
+                        help="seconds at rest after full: N, or SIZE:N,... (default 20); the "
+                        "spaced requests of a large mesh (vnetd.control.rest) come every "
+                        "N / 4 s, so a rest shorter than that misses them")  # fmt: skip
     parser.add_argument("--rate", type=float, default=25.0, help="joins per second (default 25)")
     parser.add_argument("--ttl", type=int, default=10, help="lease TTL, s (default 10)")
     parser.add_argument("--window", type=float, default=CONVERGE_AFTER,
                         help="s after the last scheduled start before a run counts as not "
                         f"converged (default {CONVERGE_AFTER:g})")  # fmt: skip
+    parser.add_argument("--own-proofs", action="store_true",
+                        help="every simulated daemon verifies each record itself "
+                        "(sim_ranks.py's docstring says why they share by default)")  # fmt: skip
     args = parser.parse_args()
     check_host(("ip", "unshare", "etcd"))
     sys.exit(1 if trio.run(main_async, args) else 0)

@@ -40,7 +40,7 @@ def control_plane_section(r: JSON | None) -> tuple[list[str], bool | None]:
         f"all; lease TTL {p['lease_ttl_s']} s (keepalive every {p['lease_ttl_s'] / 3:.1f} s),",
         f"resync every {p['resync_s']} s. *Converge* = last registration acknowledged →",
         "every daemon's device holds all N-1 peers. etcd requests = gRPC messages received",
-        f"(scraped from its /metrics every second); *rest* = {p['rest_s']:g} s after",
+        f"(scraped from its /metrics every second); *rest* = {_rest(p['rest_s'])} after",
         "convergence. Median (min–max) over runs.",
         "",
         *table(
@@ -72,6 +72,13 @@ def control_plane_section(r: JSON | None) -> tuple[list[str], bool | None]:
         *failures_note(r),
     ]
     return out, met
+
+
+def _rest(rest: float | dict[str, float]) -> str:
+    """The rest window: one for every size, or per size (``--rest 256:60,1024:300``)."""
+    if not isinstance(rest, dict):
+        return f"{rest:g} s"
+    return ", ".join(f"{seconds:g} s at {size}" for size, seconds in rest.items())
 
 
 def _control_plane_costs(r: JSON) -> list[str]:
