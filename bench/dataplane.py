@@ -7,7 +7,7 @@ A lab of two pods. Each pod runs, at the same time:
   ``vnet0``, overlay 10.250.0.0/16, port 51820, MTU 1420;
 * a second wireguard-go (the same binary, same environment as vnetd gives
   it) on ``wgb0``, configured by hand with ``wg set`` and ``ip``: overlay
-  10.251.0.0/24, port 51821, MTU 1420, one peer.
+  10.251.0.0/24, port 51830, MTU 1420, one peer.
 
 ``iperf3 -c`` in pod 0 against ``iperf3 -s`` in pod 1 then alternates
 between the two overlays (``--rounds`` times each, ``--seconds`` s per test,
@@ -67,7 +67,10 @@ NAME = "dataplane"
 TITLE = "Data plane"
 SIZE = 1024
 HAND_IF = "wgb0"
-HAND_PORT = 51821
+HAND_PORT = 51830
+"""Neither the mesh's port (51820) nor its doctor port (51821: each daemon's probe
+service binds it on the overlay address, and wireguard-go's wildcard bind then fails
+with "Address already in use")."""
 IPERF_PORT = 5201
 
 

@@ -61,8 +61,9 @@ async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
             spec = write_spec(lab.workdir / "mesh.toml", size, lab.etcd_url, ttl=60)
             pod = lab.pods[0]
             env = {"BENCH_PROFILE": str(args.profile)} if args.profile else {}
+            # One daemon: it checks every record's signature itself, as in production.
             argv = [sys.executable, str(BENCH / "sim_ranks.py"), "--config", str(spec),
-                    "--ranks", "0", "--state-root", str(pod.state_dir)]  # fmt: skip
+                    "--ranks", "0", "--state-root", str(pod.state_dir), "--own-proofs"]  # fmt: skip
             daemon = await lab.start(pod, argv, env, private_mount=False)
             await wait_for(lambda: first(daemon, "claimed"), "the daemon's claim", BOUND, 0.05)
             writer_argv = [

@@ -93,6 +93,7 @@ async def main(args: argparse.Namespace) -> None:
     send, receive = trio.open_memory_channel[None](args.watchers)
     limits = httpx.Limits(max_connections=args.watchers + 10)
     timeout = httpx.Timeout(10, read=None)
+    ready = False
     with trio.move_on_after(args.duration):
         async with (
             httpx.AsyncClient(limits=limits, timeout=timeout) as client,
@@ -111,6 +112,9 @@ async def main(args: argparse.Namespace) -> None:
             for _ in range(args.watchers):
                 await receive.receive()
             print("ready", flush=True)
+            ready = True
+    if not ready:
+        print(f"gave up: the watches were not all open after {args.duration:g} s", flush=True)
 
 
 if __name__ == "__main__":
