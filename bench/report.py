@@ -72,7 +72,7 @@ def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
         "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting", "etcd_transport",
-        "startup", "doctor", "record_proof", "kernel_guest",
+        "startup", "doctor", "record_proof", "kernel_guest", "join_storm",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
