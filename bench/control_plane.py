@@ -360,7 +360,7 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=4, help="sim processes (pods), default 4")
     parser.add_argument("--rest", type=per_size, default={0: 20},
                         help="seconds at rest after full: N, or SIZE:N,... (default 20); the "
-                        "spaced requests of a large mesh (vnetd.control.rest) come every "
+                        "spaced requests of a large mesh (vnetd.pacing) come every "
                         "N / 4 s, so a rest shorter than that misses them")  # fmt: skip
     parser.add_argument("--rate", type=float, default=25.0, help="joins per second (default 25)")
     parser.add_argument("--ttl", type=int, default=10, help="lease TTL, s (default 10)")

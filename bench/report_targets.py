@@ -223,15 +223,18 @@ def num_pct(share: float | None) -> str:
     return "–" if share is None else f"{share * 100:.0f} %"
 
 
+def _runs(r: dict[str, JSON], size: int) -> list[JSON]:
+    """The control-plane runs of ``size`` ranks."""
+    return [x for x in (r.get("control_plane") or {}).get("runs", []) if x.get("size") == size]
+
+
 def _run(r: dict[str, JSON], size: int) -> JSON | None:
-    result = r.get("control_plane")
-    runs = [x for x in (result or {}).get("runs", []) if x.get("size") == size]
+    runs = _runs(r, size)
     return runs[0] if runs else None
 
 
 def _rest_rps(r: dict[str, JSON]) -> float | None:
-    runs = [x for x in (r.get("control_plane") or {}).get("runs", []) if x.get("size") == 1024]
-    rates = [x["etcd_rest"].get("requests_per_s") for x in runs if x.get("converged")]
+    rates = [x["etcd_rest"].get("requests_per_s") for x in _runs(r, 1024) if x.get("converged")]
     rates = [x for x in rates if x is not None]
     return max(rates) if rates else None
 

@@ -8,8 +8,7 @@ import pytest
 import trio
 
 from vnetd.control.membership import ensure_spec, spec_key
-from vnetd.control.rest import SPEC_READS
-from vnetd.control.spec_check import SPEC_CHECK_TTLS, SpecCheck
+from vnetd.control.spec_check import SPEC_CHECK_TTLS, SPEC_READS, SpecCheck
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import parse_spec
 

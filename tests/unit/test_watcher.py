@@ -13,9 +13,8 @@ from resettable import wipe
 from shared import SPEC
 
 from vnetd.control.membership import encode_member, member_key
-from vnetd.control.rest import WATCH_RESTARTS
 from vnetd.control.retry import RegistryHealth
-from vnetd.control.watcher import MemberView, sync_members
+from vnetd.control.watcher import WATCH_RESTARTS, MemberView, sync_members
 from vnetd.errors import WatchCompacted
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry

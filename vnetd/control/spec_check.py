@@ -3,7 +3,7 @@
 The daemon compares the spec at start (``membership.ensure_spec``) and runs on that
 one for its life; a writer of the mesh's prefix may overwrite the stored spec
 later, after which every new start exits 2. ``SpecCheck.run`` reads it again every
-``SPEC_CHECK_TTLS`` lease TTLs (a large mesh: less often, ``control.rest``), in a
+``SPEC_CHECK_TTLS`` lease TTLs (a large mesh: less often, ``vnetd.pacing``), in a
 task of its own beside the claim's keepalive (never in its loop: a read waiting
 on a slow member must not delay a renewal), so the running daemons
 say so (a log line when it changes, ``vnetd_spec_differs``, ``/status``) before a
@@ -18,8 +18,8 @@ from collections.abc import Callable
 import trio
 
 from vnetd.control.membership import ensure_spec, spec_key
-from vnetd.control.rest import SPEC_READS, period
 from vnetd.errors import RegistryError, SpecMismatch
+from vnetd.pacing import period
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
 
@@ -27,14 +27,16 @@ log = logging.getLogger("vnetd.claim")
 
 SPEC_CHECK_TTLS = 2
 """Lease TTLs between reads of the stored spec: one small read per six keepalives, for
-a mesh small enough (``control.rest``: a large one spaces them by its size)."""
+a mesh small enough (``vnetd.pacing``: a large one spaces them by its size)."""
+SPEC_READS = 4.0
+"""Reads of the stored spec per second a whole mesh may cost etcd."""
 
 
 class SpecCheck:
     """``differs``: the mismatch message while the stored spec differs from ours, else None.
 
     ``members``: how many daemons the mesh has now (each checks), which spaces the
-    checks (``control.rest``); None: one.
+    checks (``vnetd.pacing``); None: one.
     """
 
     def __init__(
@@ -46,7 +48,7 @@ class SpecCheck:
         self._members = members or (lambda: 1)
 
     def next_wait(self) -> float:
-        """``interval`` s, or longer for a large mesh (``control.rest.period``)."""
+        """``interval`` s, or longer for a large mesh (``vnetd.pacing.period``)."""
         return period(self.interval, self._members(), SPEC_READS)
 
     async def run(self) -> None:

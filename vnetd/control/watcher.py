@@ -2,7 +2,7 @@
 
 A compaction or a watch error lists again and replaces the view; the watch
 is resumed from the last revision every ``resync_interval`` (a large mesh:
-less often, ``control.rest``); a store reset
+less often, ``vnetd.pacing``); a store reset
 holds the missing members for a grace period; readers refuse rewrites that
 break the claim rules. The why of each is in docs/architecture.md, "Watch",
 "Store resets" and "Readers enforce the claim rules".
@@ -18,16 +18,19 @@ import trio
 
 from vnetd.control.member_view import COPY_ORDER, RESET_GRACE_TTLS, MemberView
 from vnetd.control.membership import members_prefix
-from vnetd.control.rest import WATCH_RESTARTS, period
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.storm import StormGauge
 from vnetd.errors import RegistryUnavailable, WatchCompacted
+from vnetd.pacing import period
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.spec import MeshSpec
 
 __all__ = ["COPY_ORDER", "MemberView", "sync_members"]
 
 log = logging.getLogger("vnetd.watch")
+
+WATCH_RESTARTS = 4.0
+"""Watch restarts per second a whole mesh may cost etcd (``vnetd.pacing``)."""
 
 
 async def sync_members(
@@ -44,7 +47,7 @@ async def sync_members(
 
     Args:
         resync_interval: the watch is restarted (from the last revision seen) this
-            often, a large mesh less often (``control.rest``).
+            often, a large mesh less often (``vnetd.pacing``).
         reset_grace: how long members missing after a registry reset are
             kept; None means ``RESET_GRACE_TTLS`` lease TTLs.
 

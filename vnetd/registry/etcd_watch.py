@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -59,6 +58,7 @@ import httpx
 import trio
 
 from vnetd.errors import RegistryUnavailable
+from vnetd.pacing import period, spaced
 
 log = logging.getLogger("vnetd.registry")
 
@@ -83,11 +83,11 @@ LATE = 0.25
 def quiet_check(watchers: int, progress_gap: float | None) -> float:
     """How long a stream may be quiet before its member is checked: ``watchers``
     daemons watch the prefix; ``progress_gap`` is the member's notification
-    interval as seen, None before one was seen."""
-    spaced = max(QUIET_CHECK, watchers / REST_READS)
+    interval as seen, None before one was seen (unjittered: ``vnetd.pacing``)."""
+    wait = spaced(QUIET_CHECK, watchers, REST_READS)
     if progress_gap is None:
-        return spaced
-    return min(spaced, max(QUIET_CHECK, PROGRESS_MARGIN * progress_gap))
+        return wait
+    return min(wait, max(QUIET_CHECK, PROGRESS_MARGIN * progress_gap))
 
 
 @dataclass
@@ -235,14 +235,14 @@ class _ResumingLines:
             return item
 
     def _quiet_for(self) -> float:
-        """This wait's quiet check; when it is spaced for a large mesh, jittered (by up
-        to a quarter, down) so the checks of daemons that saw the same last event do
-        not come at once (etcd's notifications are spread by its own tickers)."""
+        """This wait's quiet check; when it is spaced for a large mesh, jittered
+        (``vnetd.pacing.period``) so the checks of daemons that saw the same last
+        event do not come at once (etcd's notifications are spread by its own tickers)."""
         watchers, gap = self._hints.watchers, self._hints.progress_gap
         wait = quiet_check(watchers, gap)
-        if wait <= QUIET_CHECK or wait < quiet_check(watchers, None):
+        if wait < quiet_check(watchers, None):  # the notifications' wait
             return wait
-        return wait * random.uniform(0.75, 1.0)
+        return period(QUIET_CHECK, watchers, REST_READS)
 
     async def _move(self, why: str) -> None:
         """Resume on another member from the revision after the last event delivered."""

@@ -1,10 +1,12 @@
-"""control.rest: the periodic requests of a mesh at rest, spaced by its size."""
+"""vnetd.pacing: the periodic requests of a mesh at rest, spaced by its size."""
 
 from __future__ import annotations
 
 import random
 
-from vnetd.control.rest import JITTER, SPEC_READS, WATCH_RESTARTS, period
+from vnetd.control.spec_check import SPEC_READS
+from vnetd.control.watcher import WATCH_RESTARTS
+from vnetd.pacing import JITTER, period
 
 
 def test_a_small_mesh_keeps_its_floor_exactly() -> None:
