@@ -1,6 +1,9 @@
 """Hold this rank's claim in the registry for as long as the daemon runs.
 
-A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL. If
+A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL; a
+keepalive that gets no answer is tried again within a second, backing off to
+a sixth of the TTL, not a whole third later: two missed renewals in a row
+would otherwise cost the lease. If
 the lease is lost (the registry forgot it, or it expired during an
 outage) a new one is granted and the rank claimed again; so is the rank
 when the synced view shows our entry gone (or only held after a registry
@@ -54,6 +57,9 @@ ClaimState = Literal["claiming", "claimed", "waiting", "displaced"]
 claim was never made, or was lost with our lease); ``displaced``: another
 holder took the rank while our lease lived (a forged delete and create, or a
 second daemon for this rank)."""
+
+KEEPALIVE_RETRY = 0.5
+"""Seconds before a keepalive that got no answer is first tried again (then doubling)."""
 
 
 class ClaimHolder:
@@ -225,10 +231,16 @@ class ClaimHolder:
         """Keep the lease alive until the claim is lost; returns why it was.
 
         A changed record (``set_device_id``) is written between renewals, at once.
+        A renewal that failed is retried after ``KEEPALIVE_RETRY`` s, doubling up to
+        a sixth of the TTL: the third renewal after the last good one is due when
+        the lease ends, so waiting a whole interval after each failure loses the
+        lease to two failures in a row (etcd's own client sends a missing
+        renewal again every 0.5 s).
         """
         interval = self.ttl / 3
         lease = self.lease
         renew_at = trio.current_time() + interval
+        retry = Backoff(initial=KEEPALIVE_RETRY, maximum=max(KEEPALIVE_RETRY, interval / 2))
         seen_own = False  # our entry reached the view since the claim
         while True:
             version = self.view.version if self.view is not None else 0
@@ -236,10 +248,16 @@ class ClaimHolder:
             if self._record_changed.is_set():
                 self._record_changed = trio.Event()
             if trio.current_time() >= renew_at:
-                renew_at = trio.current_time() + interval
-                reason = await self._renew(lease)
-                if reason is not None:
-                    return reason
+                started = trio.current_time()
+                try:
+                    reason = await self._renew(lease)
+                except RegistryUnavailable:
+                    renew_at = trio.current_time() + retry.next_delay()
+                else:
+                    retry.reset()
+                    renew_at = started + interval
+                    if reason is not None:
+                        return reason
             elif self.view is not None and self.view.version != version:
                 gone = self._entry_gone()
                 if seen_own and gone:
@@ -301,13 +319,17 @@ class ClaimHolder:
             )
 
     async def _renew(self, lease: int) -> str | None:
-        """One keepalive; why the claim is lost, or None."""
+        """One keepalive; why the claim is lost, or None.
+
+        Raises:
+            RegistryUnavailable: no answer (noted in ``health``).
+        """
         try:
             remaining = await self.registry.keepalive(lease)
             self.health.ok()
         except RegistryUnavailable as exc:
             self.health.failed("keepalive", exc)
-            return None
+            raise
         if remaining <= 0:
             self.lease = 0
             return f"lease {lease:x} expired or unknown to the registry"
