@@ -8,12 +8,26 @@ storm`` writes the other ``--size`` - 1 ranks' records straight into etcd,
 signed as their claims would be (``--unsigned``: not), ``--per-txn`` per transaction at ``--rate``
 records per second. The figure is the daemon's CPU from its claim until its
 device holds every peer (``cpu_s``; ``us_per_join``: over the joins), read by
-the daemon's process itself when it saw each (``getrusage``). Much lighter than
+the daemon's process itself when it saw each (``getrusage``). It is split by
+measurement into three parts:
+
+* ``proofs_cpu_s``: checking the records' signatures (each check timed in the
+  daemon's process, ``sim_ranks.SharedProofs`` with nothing shared);
+* ``rest_share_s``: what the daemon spends whether or not anyone joins (its
+  keepalives, quiet checks, timers), over as long as the storm lasted: its CPU
+  a second over ``--rest`` s after it is full (``rest_cpu_per_s``, all 1023
+  peers held), times the seconds from its claim to full;
+* ``join_path_cpu_s``: the rest, the joins' own work (the watch and its
+  resumes, decoding, the view, the reconciler's passes, the fake device);
+  ``join_path_us``: over the joins.
+
+Much lighter than
 the 1024-rank simulation, so a change to the per-join path can be measured
 before and after on a shared machine; ``--profile DIR`` leaves the daemon's
 cProfile in ``DIR/sim-<pid>.prof`` (the whole ``trio.run``: its start too).
 
-    .venv/bin/python bench/join_storm.py [--size 1024] [--rate 25] [--per-txn 1] [--runs 1]
+    .venv/bin/python bench/join_storm.py [--size 1024] [--rate 25] [--per-txn 1] [--rest 30]
+        [--runs 1]
 """
 
 from __future__ import annotations
@@ -78,37 +92,62 @@ async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
             if first(writer, "storm") is None:
                 raise RuntimeError(f"register.py storm failed:\n{writer.log_text()[-2000:]}")
             await wait_for(lambda: first(daemon, "full"), "every peer on the device", BOUND, 0.1)
+            await trio.sleep(args.rest + 1.5)  # the progress lines of a whole rest window
             claimed, full = first(daemon, "claimed"), first(daemon, "full")
             wrote = first(writer, "storm")
+            rest = rest_window(daemon, full, args.rest)
             await daemon.stop()
             nursery.cancel_scope.cancel()
     assert claimed is not None
     assert full is not None
     assert wrote is not None
     cpu = full["cpu"] - claimed["cpu"]
+    proofs = full["proofs_cpu"] - claimed["proofs_cpu"]
+    rest_rate = (rest[1]["cpu"] - rest[0]["cpu"]) / (rest[1]["t"] - rest[0]["t"])
+    rest_share = rest_rate * (full["t"] - claimed["t"])
+    join_path = cpu - proofs - rest_share
     result = {
         "run": run,
         "size": size,
         "joins": size - 1,
         "cpu_s": round(cpu, 4),
         "us_per_join": round(cpu / (size - 1) * 1e6, 1),
+        "proofs_cpu_s": round(proofs, 4),
+        "rest_cpu_per_s": round(rest_rate, 5),
+        "claim_to_full_s": round(full["t"] - claimed["t"], 2),
+        "rest_share_s": round(rest_share, 4),
+        "join_path_cpu_s": round(join_path, 4),
+        "join_path_us": round(join_path / (size - 1) * 1e6, 1),
         "writes_s": round(wrote["t_ack"] - wrote["t_send"], 2),
         "full_after_last_write_s": round(full["t"] - wrote["t_ack"], 3),
         "load": sampler.summary(),
     }
     print(f"  run {run + 1}: {size - 1} joins in {result['writes_s']} s: daemon CPU "
           f"{cpu:.3f} s ({result['us_per_join']} µs a join), full "
-          f"{result['full_after_last_write_s']} s after the last write", flush=True)  # fmt: skip
+          f"{result['full_after_last_write_s']} s after the last write; of it signatures "
+          f"{proofs:.3f} s, at rest {rest_share:.3f} s ({rest_rate * 1000:.1f} ms/s over "
+          f"{result['claim_to_full_s']} s), the joins' own path {join_path:.3f} s "
+          f"({result['join_path_us']} µs a join)", flush=True)  # fmt: skip
     return result
+
+
+def rest_window(daemon: LabProcess, full: JSON, seconds: float) -> tuple[JSON, JSON]:
+    """The daemon's first and last progress lines of the ``seconds`` after it was full."""
+    after = [e for e in events(daemon) if e.get("event") == "progress" and e["t"] > full["t"]]
+    within = [e for e in after if e["t"] <= after[0]["t"] + seconds] if after else []
+    if len(within) < 2:
+        raise RuntimeError(f"fewer than 2 progress lines in the {seconds:.0f} s after full")
+    return within[0], within[-1]
 
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
     n = runs_for(args.runs)
     runs, failures = await run_repeated(NAME, n, lambda i: one_run(args, i))
     params = {"size": args.size, "rate": args.rate, "per_txn": args.per_txn, "runs": n,
-              "signed": not args.unsigned}  # fmt: skip
-    summary = {"cpu_s": spread(r["cpu_s"] for r in runs),
-               "us_per_join": spread(r["us_per_join"] for r in runs)}  # fmt: skip
+              "signed": not args.unsigned, "rest_s": args.rest}  # fmt: skip
+    summary = {key: spread(r[key] for r in runs) for key in (
+        "cpu_s", "us_per_join", "proofs_cpu_s", "rest_cpu_per_s", "rest_share_s",
+        "join_path_cpu_s", "join_path_us")}  # fmt: skip
     load = {"runs": [r["load"] for r in runs]}
     write_result(NAME, TITLE, params, runs, summary, load, args.out, failures)
     return len(failures)
@@ -120,6 +159,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=25.0, help="records written per second")
     parser.add_argument("--per-txn", type=int, default=1, help="records per etcd transaction")
     parser.add_argument("--profile", type=Path, help="leave the daemon's cProfile here")
+    parser.add_argument("--rest", type=float, default=30.0,
+                        help="seconds its CPU at rest is read over, once full")  # fmt: skip
     parser.add_argument("--unsigned", action="store_true",
                         help="unsigned records (as older versions wrote): the share of the "
                         "signatures' verification")  # fmt: skip

@@ -175,16 +175,23 @@ def _why_launcher(r: dict[str, JSON]) -> str | None:
 def _why_join(r: dict[str, JSON]) -> str | None:
     signed = _get(r, "record_proof", "decode_signed_us")
     unsigned = _get(r, "record_proof", "decode_unsigned_us")
-    total = _get(r, "join_storm", "cpu_s", "median")
-    if signed is None or unsigned is None or total is None:
+    part = {key: _get(r, "join_storm", key, "median") for key in (
+        "cpu_s", "proofs_cpu_s", "rest_share_s", "rest_cpu_per_s", "join_path_cpu_s",
+        "join_path_us")}  # fmt: skip
+    if signed is None or unsigned is None or None in part.values():
         return None
-    proof = (signed - unsigned) * 1023 / 1e6
-    return (f"checking the 1023 records' signatures alone costs {proof * 1000:.0f} ms (a "
-            f"signed record decodes in {signed:.0f} µs, an unsigned one in {unsigned:.0f}: "
-            f"record proofs section), {proof / 0.1:.0%} of the target; the rest of the "
-            f"{total * 1000:.0f} ms (median) is the unsigned join path (watch decoding, the "
-            "view, the reconciler's passes, the fake device). The signatures are what keeps "
-            "a registry writer from taking a live rank (issue 25)")  # fmt: skip
+    proofs = part["proofs_cpu_s"]
+    return (f"of the {_ms(part['cpu_s'])} (medians over the runs), checking the 1023 "
+            f"records' signatures takes {_ms(proofs)}, timed in the daemon: "
+            f"{proofs / 0.1:.0%} of the target alone (a signed record decodes in "
+            f"{signed:.0f} µs, an unsigned one in {unsigned:.0f}: record proofs section). "
+            f"{_ms(part['rest_share_s'])} is what the daemon spends at rest anyway "
+            f"({part['rest_cpu_per_s'] * 1000:.1f} ms a second once full: keepalives, "
+            f"quiet checks, timers) over the storm's length; the joins' own path is "
+            f"{_ms(part['join_path_cpu_s'])}, {part['join_path_us']:.0f} µs a join (the watch "
+            "and its resumes, decoding, the view, the reconciler's passes, the fake device). "
+            "The signatures are what keeps a registry writer from taking a live rank "
+            "(issue 25)")  # fmt: skip
 
 
 def _why_rest(r: dict[str, JSON]) -> str | None:
@@ -211,12 +218,23 @@ def _why_converge(r: dict[str, JSON]) -> str | None:
     projected = (run.get("projection_s") or {}).get("total_s")
     busy = (run.get("load") or {}).get("cpu_busy_mean")
     scheduled = 1024 / r["control_plane"]["params"]["rate_per_s"]
+    storm = run.get("etcd_storm") or {}
+    daemons = (run.get("cpu_s_per_daemon_measured") or 0.0) * 1024
+    etcd = (storm.get("etcd_cpu_share") or 0.0) * (storm.get("window_s") or 0.0)
+    warnings = run.get("warnings") or {}
+    expired = sum(n for line, n in warnings.items() if "expired" in line)
     return (f"the run's 2 cores were {num_pct(busy)} busy on average, and its 1024 "
             f"registrations took {_s(run.get('registration_span_s'), 0)} instead of the "
-            f"{scheduled:.0f} s scheduled: 1024 daemons' and etcd's work on 2 cores. "
-            "Projected from the run's own costs for a core per daemon and a 4-core etcd "
-            "(control-plane scale section): "
-            f"{_s(projected, 1)} to full mesh, all started at once")  # fmt: skip
+            f"{scheduled:.0f} s scheduled: the daemons spent {daemons:.0f} s of CPU and etcd "
+            f"{etcd:.0f} s, against the {2 * scheduled:.0f} core-seconds 2 cores give in the "
+            f"schedule, so the simulation runs saturated, its loops lag, keepalives time out "
+            f"({expired} leases expired) and each re-registration is one more event for every "
+            "watcher: how long after the last registration it converges is then the lab's "
+            "backlog. " + (
+                "Projected from the run's own costs for a core per daemon and a 4-core etcd "
+                f"(control-plane scale section): {_s(projected, 1)} to full mesh, all started "
+                "at once" if projected is not None else
+                "A run that did not converge gives no projection for a cluster"))  # fmt: skip
 
 
 def num_pct(share: float | None) -> str:

@@ -35,7 +35,9 @@ distinct record is verified once per process, and the progress lines carry
 the count of checks answered from the cache (``proofs_shared``), the count
 verified (``proofs_verified``) and their CPU (``proofs_cpu``), so
 ``control_plane.py`` adds the shared checks' cost back, at the measured rate,
-to the CPU a daemon needs.
+to the CPU a daemon needs. With ``--own-proofs`` nothing is shared but every
+check is still timed: the progress lines, and the ``claimed`` and ``full``
+lines, carry ``proofs_cpu`` (``join_storm.py`` splits a daemon's CPU with it).
 """
 
 from __future__ import annotations
@@ -141,25 +143,31 @@ class CountingDataplane(FakeDataplane):
         if not self.full and len(self.device) >= self.want:
             self.full = True
             self.state.full += 1
-            emit({"event": "full", "rank": self.rank, "t": time.time(), "cpu": cpu_seconds()})
+            emit({"event": "full", "rank": self.rank, "t": time.time(), "cpu": cpu_seconds(),
+                  "proofs_cpu": round(self.state.proofs.cpu, 4)})  # fmt: skip
 
 
 class Counters:
-    def __init__(self) -> None:
+    def __init__(self, proofs: SharedProofs) -> None:
         self.claimed = 0
         self.full = 0
+        self.proofs = proofs
 
 
 class SharedProofs:
     """``membership.verify`` for every daemon of this process, each distinct
     (signing key, proof, registry key, lease, record) verified once (module
-    docstring). Only a proof that verifies is kept: a bad one is checked again
+    docstring); ``share=False``: every check verified, as each daemon does alone,
+    and timed. Only a proof that verifies is kept: a bad one is checked again
     each time, as each daemon would. At most ``KEEP`` kept, then started over."""
 
     KEEP = 1 << 16
 
-    def __init__(self, verify: Callable[[str, str, str, int, bytes], bool]) -> None:
+    def __init__(
+        self, verify: Callable[[str, str, str, int, bytes], bool], *, share: bool = True
+    ) -> None:
         self._verify = verify
+        self._share = share
         self._good: set[tuple[str, str, str, int, bytes]] = set()
         self.shared = self.verified = 0
         self.cpu = 0.0
@@ -173,7 +181,7 @@ class SharedProofs:
         good = self._verify(signing_key, proof, key, lease, body)
         self.cpu += time.process_time() - t0
         self.verified += 1
-        if good:
+        if good and self._share:
             if len(self._good) >= self.KEEP:
                 self._good.clear()
             self._good.add(memo)
@@ -189,11 +197,9 @@ def endpoint_ip(rank: int) -> str:
 async def main_async(args: argparse.Namespace) -> None:
     spec = load_spec(args.config)
     ranks = parse_ranks(args.ranks, spec.size)
-    state = Counters()
-    proofs = None
-    if not args.own_proofs:
-        proofs = SharedProofs(membership.verify)
-        membership.verify = proofs  # type: ignore[assignment]  # bench only: module docstring
+    proofs = SharedProofs(membership.verify, share=not args.own_proofs)
+    membership.verify = proofs  # type: ignore[assignment]  # bench only: module docstring
+    state = Counters(proofs)
     opener = sharing_tls()  # one TLS context for every daemon's etcd client
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -237,14 +243,13 @@ async def _one(
         state.claimed += 1
         claimed = running.claim.claimed_at or time.time()
         emit({"event": "claimed", "rank": rank, "t": claimed, "started": started,
-              "cpu": cpu_seconds()})  # fmt: skip
+              "cpu": cpu_seconds(), "proofs_cpu": round(state.proofs.cpu, 4)})  # fmt: skip
 
 
-async def _progress(state: Counters, total: int, proofs: SharedProofs | None) -> None:
+async def _progress(state: Counters, total: int, proofs: SharedProofs) -> None:
     while True:
-        shared = {} if proofs is None else {
-            "proofs_shared": proofs.shared, "proofs_verified": proofs.verified,
-            "proofs_cpu": round(proofs.cpu, 4)}  # fmt: skip
+        shared = {"proofs_shared": proofs.shared, "proofs_verified": proofs.verified,
+                  "proofs_cpu": round(proofs.cpu, 4)}  # fmt: skip
         emit({"event": "progress", "claimed": state.claimed, "full": state.full, "of": total,
               "cpu": round(cpu_seconds(), 3), "t": time.time(), **shared})  # fmt: skip
         await trio.sleep(1.0)
