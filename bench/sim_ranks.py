@@ -37,7 +37,8 @@ verified (``proofs_verified``) and their CPU (``proofs_cpu``), so
 ``control_plane.py`` adds the shared checks' cost back, at the measured rate,
 to the CPU a daemon needs. With ``--own-proofs`` nothing is shared but every
 check is still timed: the progress lines, and the ``claimed`` and ``full``
-lines, carry ``proofs_cpu`` (``join_storm.py`` splits a daemon's CPU with it).
+lines, carry ``proofs_cpu``: the process's total so far, every daemon of it
+(``join_storm.py`` runs one, and splits its CPU with it).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Hold this rank's claim in the registry for as long as the daemon runs.
 
 A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL; a
-keepalive that gets no answer is tried again within a second, backing off to
-a sixth of the TTL, not a whole third later: two missed renewals in a row
-would otherwise cost the lease. If
+keepalive that gets no answer is tried again within half a second, backing
+off to a sixth of the TTL, not a whole third later: two missed renewals in a
+row would otherwise cost the lease. If
 the lease is lost (the registry forgot it, or it expired during an
 outage) a new one is granted and the rank claimed again; so is the rank
 when the synced view shows our entry gone (or only held after a registry
@@ -231,16 +231,18 @@ class ClaimHolder:
         """Keep the lease alive until the claim is lost; returns why it was.
 
         A changed record (``set_device_id``) is written between renewals, at once.
-        A renewal that failed is retried after ``KEEPALIVE_RETRY`` s, doubling up to
-        a sixth of the TTL: the third renewal after the last good one is due when
-        the lease ends, so waiting a whole interval after each failure loses the
-        lease to two failures in a row (etcd's own client sends a missing
-        renewal again every 0.5 s).
+        A renewal that failed is retried ``KEEPALIVE_RETRY`` s after its failure (a
+        sixth of the TTL if that is shorter), doubling up to a sixth of the TTL,
+        and never later than a whole interval after it was sent (a renewal that
+        timed out after longer than that is retried at once): the third renewal
+        after the last good one is due when the lease ends, so waiting a whole
+        interval after each failure loses the lease to two failures in a row
+        (etcd's own client sends a missing renewal again every 0.5 s).
         """
         interval = self.ttl / 3
         lease = self.lease
         renew_at = trio.current_time() + interval
-        retry = Backoff(initial=KEEPALIVE_RETRY, maximum=max(KEEPALIVE_RETRY, interval / 2))
+        retry = Backoff(initial=min(KEEPALIVE_RETRY, interval / 2), maximum=interval / 2)
         seen_own = False  # our entry reached the view since the claim
         while True:
             version = self.view.version if self.view is not None else 0
@@ -252,7 +254,7 @@ class ClaimHolder:
                 try:
                     reason = await self._renew(lease)
                 except RegistryUnavailable:
-                    renew_at = trio.current_time() + retry.next_delay()
+                    renew_at = min(started + interval, trio.current_time() + retry.next_delay())
                 else:
                     retry.reset()
                     renew_at = started + interval
