@@ -182,10 +182,12 @@ def _why_join(r: dict[str, JSON]) -> str | None:
         return None
     if None in part.values():  # results of a join_storm.py that did not split its CPU
         proof = (signed - unsigned) * 1023 / 1e6
-        return (f"checking the 1023 records' signatures alone costs {_ms(proof)} (a signed "
-                f"record decodes in {signed:.0f} µs, an unsigned one in {unsigned:.0f}: "
+        return (f"checking the 1023 records' signatures alone costs {proof * 1000:.0f} ms "
+                f"(a signed record decodes in {signed:.0f} µs, an unsigned one in {unsigned:.0f}: "
                 f"record proofs section), {proof / 0.1:.0%} of the target; the rest of the "
-                f"{_ms(part['cpu_s'])} (median) is the unsigned join path")  # fmt: skip
+                f"{_ms(part['cpu_s'])} (median) is the unsigned join path (watch decoding, the "
+                "view, the reconciler's passes, the fake device). The signatures are what "
+                "keeps a registry writer from taking a live rank (issue 25)")  # fmt: skip
     proofs = part["proofs_cpu_s"]
     return (f"of the {_ms(part['cpu_s'])} (medians over the runs), checking the 1023 "
             f"records' signatures takes {_ms(proofs)}, timed in the daemon: "
@@ -234,8 +236,12 @@ def _why_converge(r: dict[str, JSON]) -> str | None:
                   "saturated and its loops lag")  # fmt: skip
     # The run keeps its most frequent warning lines only: a count, not the total.
     expired = sum(n for line, n in (run.get("warnings") or {}).items() if "expired" in line)
-    churn = (f"; keepalives time out ({expired} lease expiries logged) and each "
-             "re-registration is one more event for every watcher" if expired else "")
+    churn = (
+        f"; keepalives time out ({expired} lease expiries logged) and each "
+        "re-registration is one more event for every watcher"
+        if expired
+        else ""
+    )
     return (f"the run's 2 cores were {num_pct(busy)} busy on average, and its 1024 "
             f"registrations took {_s(run.get('registration_span_s'), 0)} instead of the "
             f"{scheduled:.0f} s scheduled{demand}{churn}: how long after the last "
