@@ -1,4 +1,5 @@
-"""The code conventions that tools can check: ruff (lint and format) and mypy strict."""
+"""The code conventions that tools can check: ruff (lint and format, the whole repository:
+the benches and scripts too) and mypy strict (the package)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ BIN = Path(sys.executable).parent
 @pytest.mark.parametrize(
     "argv",
     [
-        pytest.param(["ruff", "check", "vnetd", "tests"], id="ruff-check"),
-        pytest.param(["ruff", "format", "--check", "vnetd", "tests"], id="ruff-format"),
+        pytest.param(["ruff", "check", "."], id="ruff-check"),
+        pytest.param(["ruff", "format", "--check", "."], id="ruff-format"),
         pytest.param(["mypy", "vnetd"], id="mypy-strict"),
     ],
 )
