@@ -180,26 +180,25 @@ def _why_join(r: dict[str, JSON]) -> str | None:
         "join_path_us")}  # fmt: skip
     if signed is None or unsigned is None or part["cpu_s"] is None:
         return None
+    decodes = (f"a signed record decodes in {signed:.0f} µs, an unsigned one in "
+               f"{unsigned:.0f}: record proofs section")  # fmt: skip
+    why = "The signatures are what keeps a registry writer from taking a live rank (issue 25)"
     if None in part.values():  # results of a join_storm.py that did not split its CPU
         proof = (signed - unsigned) * 1023 / 1e6
         return (f"checking the 1023 records' signatures alone costs {proof * 1000:.0f} ms "
-                f"(a signed record decodes in {signed:.0f} µs, an unsigned one in {unsigned:.0f}: "
-                f"record proofs section), {proof / 0.1:.0%} of the target; the rest of the "
+                f"({decodes}), {proof / 0.1:.0%} of the target; the rest of the "
                 f"{_ms(part['cpu_s'])} (median) is the unsigned join path (watch decoding, the "
-                "view, the reconciler's passes, the fake device). The signatures are what "
-                "keeps a registry writer from taking a live rank (issue 25)")  # fmt: skip
+                f"view, the reconciler's passes, the fake device). {why}")  # fmt: skip
     proofs = part["proofs_cpu_s"]
     return (f"of the {_ms(part['cpu_s'])} (medians over the runs), checking the 1023 "
             f"records' signatures takes {_ms(proofs)}, timed in the daemon: "
-            f"{proofs / 0.1:.0%} of the target alone (a signed record decodes in "
-            f"{signed:.0f} µs, an unsigned one in {unsigned:.0f}: record proofs section). "
+            f"{proofs / 0.1:.0%} of the target alone ({decodes}). "
             f"{_ms(part['rest_share_s'])} is what the daemon spends at rest anyway "
             f"({part['rest_cpu_per_s'] * 1000:.1f} ms a second once full: keepalives, "
             f"quiet checks, timers) over the storm's length; the joins' own path is "
             f"{_ms(part['join_path_cpu_s'])}, {part['join_path_us']:.0f} µs a join (the watch "
-            "and its resumes, decoding, the view, the reconciler's passes, the fake device). "
-            "The signatures are what keeps a registry writer from taking a live rank "
-            "(issue 25)")  # fmt: skip
+            f"and its resumes, decoding, the view, the reconciler's passes, the fake device). "
+            f"{why}")  # fmt: skip
 
 
 def _why_rest(r: dict[str, JSON]) -> str | None:
