@@ -184,6 +184,31 @@ class EtcdCluster:
                 return ids[leader]
         raise ClusterError("no member knows a leader")
 
+    async def move_leader(self, index: int) -> None:
+        """Make member ``index`` the leader (etcd's MoveLeader; nothing if it leads
+        already) and wait until every serving member agrees.
+
+        Raises:
+            ClusterError: etcd refused, or another member leads afterwards.
+            trio.TooSlowError: the members did not agree within the health bound.
+        """
+        if await self.leader() == index:
+            return
+        member_id = {at: member for member, at in (await self._member_ids()).items()}[index]
+        await self.etcdctl("move-leader", f"{member_id:x}")
+        await self.wait_healthy()
+        leader = await self.leader()
+        if leader != index:
+            raise ClusterError(f"member {leader} leads after moving the leadership to {index}")
+
+    async def version(self) -> str:
+        """The etcd version a serving member reports (``endpoint status``), or ""."""
+        for status in (await self.statuses()).values():
+            version = status.get("version")
+            if isinstance(version, str):
+                return version
+        return ""
+
     async def wait_healthy(self, timeout: float = HEALTHY_TIMEOUT) -> None:  # noqa: ASYNC109
         """Wait until every serving member answers and all agree on one serving leader.
 

@@ -10,11 +10,21 @@ began. Probes run between every pair all along (``vnetd.lab.probe``).
 
 Faults, each on member 0 (the one every daemon talks to) unless said:
 ``leader-killed`` (SIGKILL of whichever member leads, restarted at the end),
-``frozen`` (SIGSTOP, SIGCONT at the end), ``partitioned`` (cut from the other
+``frozen`` (a follower: the leadership is moved off member 0 first; SIGSTOP,
+SIGCONT at the end), ``frozen-leader`` (member 0 made the leader first, then
+frozen as ``frozen``), ``partitioned`` (cut from the other
 two members, healed at the end), ``rolling-restart`` (member 0 stopped with
 SIGTERM for the fault, then members 1 and 2 stopped and started one at a
 time), ``replaced`` (``member remove`` at the start, a fresh member added at
 the end).
+
+A frozen leader is its own case because of an etcd bug: a leader that resumes
+after a pause still believes it leads for a moment, finds every lease expired
+by its own clock (the keepalives went to the new leader) and proposes their
+revocation, and etcd before 3.4.31 and 3.5.13 forwards those proposals to the
+new leader, which commits them (etcd-io/etcd#15247, fixed by ignoring a former
+leader's revocations: etcd-io/etcd#16822). Every daemon then sees its entry go
+and claims its rank again; ``FaultRun.claim_losses`` says when and how fast.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +43,7 @@ from vnetd.lab.cluster import MeshLab
 from vnetd.lab.etcd_cluster import EtcdCluster
 from vnetd.lab.open_lab import Lab, open_lab
 
-FAULTS = ("leader-killed", "frozen", "partitioned", "rolling-restart", "replaced")
+FAULTS = ("leader-killed", "frozen", "frozen-leader", "partitioned", "rolling-restart", "replaced")
 PODS = 5
 KEPT = frozenset({0, 1, 2})
 """Ranks meshed before the fault and running throughout: no probe may be lost between them."""
@@ -43,6 +54,31 @@ MISS_AFTER = 1.0
 FORM_TIMEOUT = 30.0
 RESTART_PAUSE = 2.0
 """How long each member is down in a rolling restart (member 0: the fault's duration)."""
+
+
+def old_leader_may_revoke(version: str) -> bool:
+    """Whether etcd ``version`` commits a resumed former leader's lease revocations
+    (before 3.4.31, and 3.5 before 3.5.13; see the module docstring). An unknown
+    version is assumed to."""
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    if found is None:
+        return True
+    major, minor, patch = (int(part) for part in found.groups())
+    fixed_in = {(3, 4): 31, (3, 5): 13}.get((major, minor))
+    if fixed_in is not None:
+        return patch < fixed_in
+    return (major, minor) < (3, 4)
+
+
+@dataclass
+class ClaimLoss:
+    """A claim a running daemon lost and took again (its ``claiming rank N again`` line)."""
+
+    rank: int
+    after_end: float
+    """Seconds from the fault's end (a thaw, a heal, a restart) to the loss; negative before it."""
+    regained_after: float
+    """Seconds from the loss to the next ``claimed rank`` line (nan: none)."""
 
 
 @dataclass
@@ -67,6 +103,10 @@ class FaultRun:
     """The fewest replies any kept pair got over the window: the probes did run."""
     claims: dict[int, int] = field(default_factory=dict)
     """``claimed rank`` lines per running daemon: 1 each when no claim was lost."""
+    claim_losses: list[ClaimLoss] = field(default_factory=list)
+    """Each claim lost and taken again, by the daemons' own log times."""
+    etcd_version: str = ""
+    """What the members report (``endpoint status``)."""
     exited: dict[int, int] = field(default_factory=dict)
     """Daemons that exited (rank -> code), rank 3's killed one left out."""
     watch_moves: int = 0
@@ -114,7 +154,10 @@ async def run_etcd_fault(
             if lab_ready is not None:
                 lab_ready(lab)
             mesh = await _form_mesh(MeshLab.create(lab, ttl=ttl))
-            begin, end = _FAULTS[fault]
+            run.etcd_version = await lab.etcd_cluster.version()
+            prepare, begin, end = _FAULTS[fault]
+            if prepare is not None:
+                await prepare(lab.etcd_cluster)
             fault_at = time.monotonic()
             target = await begin(lab.etcd_cluster)
             await trio.sleep(start_after)
@@ -125,11 +168,18 @@ async def run_etcd_fault(
                 nursery.start_soon(_measure_reach, mesh, run, fault_at)
                 nursery.start_soon(_measure_drop, mesh, run, stopped_at)
             await trio.sleep(max(0.0, fault_at + duration - time.monotonic()))
+            ended_at = time.time()  # the daemons' log times are wall clock
             await end(lab.etcd_cluster, target)
             await lab.etcd_cluster.wait_healthy()
             until = time.monotonic()
             await trio.sleep(MISS_AFTER + 0.5)
             _count(mesh, run, fault_at, stopped_at, until)
+            run.claim_losses = [
+                loss
+                for rank, daemon in sorted(mesh.daemons.items())
+                if rank != STOPPED
+                for loss in claim_losses(rank, daemon.log_text(), ended_at)
+            ]
     run.seconds = time.monotonic() - began
     return run
 
@@ -178,6 +228,40 @@ def _count(mesh: MeshLab, run: FaultRun, fault_at: float, stopped_at: float, unt
         run.outages += log.count("registry unreachable during")
 
 
+_LOG_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) .*?(claiming rank \d+ again|claimed rank \d+ as)",
+    re.MULTILINE,
+)
+
+
+def claim_losses(rank: int, log: str, ended_at: float) -> list[ClaimLoss]:
+    """The claims lost in one daemon's ``log``, timed from ``ended_at`` (epoch seconds)."""
+    losses: list[ClaimLoss] = []
+    lost_at: float | None = None
+    for stamp, what in _LOG_LINE.findall(log):
+        at = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f").timestamp()  # local, as logged
+        if what.startswith("claiming"):
+            if lost_at is not None:
+                losses.append(ClaimLoss(rank, lost_at - ended_at, float("nan")))
+            lost_at = at
+        elif lost_at is not None:
+            losses.append(ClaimLoss(rank, lost_at - ended_at, at - lost_at))
+            lost_at = None
+    if lost_at is not None:
+        losses.append(ClaimLoss(rank, lost_at - ended_at, float("nan")))
+    return losses
+
+
+async def _follower_first(cluster: EtcdCluster) -> None:
+    """Leadership off member 0, so that freezing it freezes a follower."""
+    if await cluster.leader() == 0:
+        await cluster.move_leader(1)
+
+
+async def _leader_first(cluster: EtcdCluster) -> None:
+    await cluster.move_leader(0)
+
+
 async def _kill_leader(cluster: EtcdCluster) -> int:
     leader = await cluster.leader()
     await cluster.kill(leader)
@@ -217,13 +301,15 @@ async def _remove_first(cluster: EtcdCluster) -> int:
     return 0
 
 
+Prepare = Callable[[EtcdCluster], Awaitable[None]]
 Begin = Callable[[EtcdCluster], Awaitable[int]]
 End = Callable[[EtcdCluster, int], Awaitable[None]]
 
-_FAULTS: dict[str, tuple[Begin, End]] = {
-    "leader-killed": (_kill_leader, EtcdCluster.restart),
-    "frozen": (_freeze, _thaw),
-    "partitioned": (_partition, EtcdCluster.heal),
-    "rolling-restart": (_stop_first, _roll_on),
-    "replaced": (_remove_first, EtcdCluster.add_fresh),
+_FAULTS: dict[str, tuple[Prepare | None, Begin, End]] = {
+    "leader-killed": (None, _kill_leader, EtcdCluster.restart),
+    "frozen": (_follower_first, _freeze, _thaw),
+    "frozen-leader": (_leader_first, _freeze, _thaw),
+    "partitioned": (None, _partition, EtcdCluster.heal),
+    "rolling-restart": (None, _stop_first, _roll_on),
+    "replaced": (None, _remove_first, EtcdCluster.add_fresh),
 }
