@@ -63,6 +63,10 @@ GUEST_RUN_TIMEOUT = 1500.0
 machine before the dual-stack and thousand-peer tests, which add about 2.5 and 2-4
 more (8-9 in all on a quiet machine); at a load of 20-60 on 2 cores the whole set
 missed 900 s (each test inside keeps its own timeout)."""
+GUEST_TEST_TIMEOUT = 600.0
+"""pytest-timeout for each test inside the guest, above each one's own hang guard
+(580 s): on a host half as fast as usual (the guest booted in 20-23 s instead of
+9), the three-pod kernel walk took 185 s alone and over 280 s beside the host tests."""
 GUEST_NICE = 5
 """QEMU's niceness while host tests run beside it: they keep most of their timing
 (their bounds are tight, the guest's waits are hang guards) and the guest takes the
@@ -350,7 +354,7 @@ def run_guest(ids: list[str], rootpath: Path, control: GuestControl) -> GuestRun
         return GuestRun(missing=missing)
     argv = [
         sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-        f"--rootdir={rootpath}", "--timeout=300", *ids,
+        f"--rootdir={rootpath}", f"--timeout={GUEST_TEST_TIMEOUT:.0f}", *ids,
     ]  # fmt: skip
     started = time.monotonic()
     try:
