@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -28,7 +29,7 @@ from vnetd.control.membership import (
     member_key,
     try_claim,
 )
-from vnetd.control.proof import Signer
+from vnetd.control.proof import Signer, signed_bytes, verify
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import COPY_ORDER, MemberView
 from vnetd.mesh.peers import desired_peers
@@ -60,6 +61,12 @@ def signed(member: Member, signer: Signer, at: str = KEY1, lease: int = 7) -> by
 # --- the proof --------------------------------------------------------------------------------
 
 
+def with_field(field: str, change: Callable[[str], str]) -> str:
+    """HOLDER's signed record with ``field`` changed by ``change``."""
+    record = json.loads(signed(HOLDER, HOLDER_SIGNER))
+    return json.dumps({**record, field: change(record[field])})
+
+
 def test_a_signed_record_decodes_with_its_signing_key() -> None:
     assert decode_member(SPEC, KEY1, signed(HOLDER, HOLDER_SIGNER), 7) == HOLDER
 
@@ -88,6 +95,12 @@ def test_an_unsigned_record_is_what_older_versions_wrote() -> None:
             json.dumps({**json.loads(signed(HOLDER, HOLDER_SIGNER)), "proof": None}),
             KEY1, 7, id="proof-missing",
         ),
+        pytest.param(with_field("proof", lambda p: p[:-8]), KEY1, 7, id="proof-cut-short"),
+        pytest.param(with_field("proof", lambda p: p + "AAAA"), KEY1, 7, id="proof-too-long"),
+        pytest.param(with_field("proof", lambda p: "*" + p[1:]), KEY1, 7, id="proof-not-base64"),
+        pytest.param(with_field("signing_key", lambda k: k[:-4]), KEY1, 7, id="key-cut-short"),
+        pytest.param(with_field("signing_key", lambda k: "A" * 43 + "="), KEY1, 7,
+                     id="key-all-zero"),
     ],
 )  # fmt: skip
 def test_a_proof_that_does_not_verify_is_a_bad_entry(
@@ -103,6 +116,20 @@ def test_signed_for_another_rank_does_not_verify_here() -> None:
     copy["rank"] = 2
     with pytest.raises(BadEntry, match="proof does not verify"):
         decode_member(SPEC, KEY2, json.dumps(copy).encode(), 7)
+
+
+def test_a_proof_made_by_cryptography_verifies() -> None:
+    """The signer (cryptography) and the readers (libsodium) are two implementations of
+    one standard: a record signed by one verifies under the other, and a change of one
+    byte does not."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    private = Ed25519PrivateKey.generate()
+    public = base64.b64encode(private.public_key().public_bytes_raw()).decode()
+    body = b'{"rank":1}'
+    proof = base64.b64encode(private.sign(signed_bytes(KEY1, 7, body))).decode()
+    assert verify(public, proof, KEY1, 7, body)
+    assert not verify(public, proof, KEY1, 7, b'{"rank":2}')
 
 
 def test_a_signer_never_shows_its_private_key() -> None:
