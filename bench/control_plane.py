@@ -9,7 +9,8 @@ and instance name, and a ``FakeDataplane`` as its device. The processes
 start together and start their daemons at a steady pace, ``--rate`` joins
 per second in all (a Kubernetes Job's pods appear at a few tens per
 second): the join storm. The spec is the production default (lease TTL
-10 s, keepalive every 3.3 s; resync every 30 s) unless ``--ttl`` says
+10 s, keepalive every 3.3 s, less often above 107 ranks: ``control.claim``;
+resync every 30 s) unless ``--ttl`` says
 otherwise. ``bench/etcd_metrics.py`` scrapes etcd's /metrics every second
 from pod 0.
 
@@ -75,6 +76,7 @@ from common import (
     write_result,
 )
 
+from vnetd.control.claim import renewal_interval
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.open_lab import LabProcess, open_lab
 
@@ -347,6 +349,7 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
               "procs": args.procs,
               "rest_s": {size: runs_for(args.rest, size) for size in args.sizes},
               "rate_per_s": args.rate, "lease_ttl_s": args.ttl, "resync_s": 30,
+              "keepalive_s": {size: renewal_interval(args.ttl, size) for size in args.sizes},
               "window_s": args.window, "shared_proofs": not args.own_proofs,
               "seed": seed}  # fmt: skip
     write_result(NAME, TITLE, params, runs, summarize(runs, args.sizes),

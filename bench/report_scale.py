@@ -37,7 +37,7 @@ def control_plane_section(r: JSON | None) -> tuple[list[str], bool | None]:
         "reconciler), each with its own etcd client, key and instance, and an in-memory",
         f"`FakeDataplane`, packed into {p['procs']} processes (one per lab pod, ranks",
         f"interleaved), against one real etcd. Daemons start at {p['rate_per_s']:g} joins/s in",
-        f"all; lease TTL {p['lease_ttl_s']} s (keepalive every {p['lease_ttl_s'] / 3:.1f} s),",
+        f"all; lease TTL {p['lease_ttl_s']} s ({_renewals(p)}),",
         f"resync every {p['resync_s']} s. *Converge* = last registration acknowledged →",
         "every daemon's device holds all N-1 peers. etcd requests = gRPC messages received",
         f"(scraped from its /metrics every second); *rest* = {_rest(p['rest_s'])} after",
@@ -190,3 +190,12 @@ def _control_plane_plot(ax: Any, r: JSON) -> None:  # noqa: ANN401
     twin.set_ylabel("etcd requests/s (dotted)")
     ax.set_title("Join storm: registrations, convergence, etcd load (first run)")
     ax.legend(fontsize=7, loc="center right")
+
+
+def _renewals(p: JSON) -> str:
+    """How often each size's daemons renewed their leases: as the run recorded it, or
+    a third of the TTL (results from before ``control.claim.renewal_interval``)."""
+    ttl, by = p["lease_ttl_s"], p.get("keepalive_s")
+    if not by:
+        return f"keepalive every {ttl / 3:.1f} s"
+    return "keepalive " + ", ".join(f"every {v:.1f} s at {size}" for size, v in by.items())

@@ -208,11 +208,13 @@ def _why_rest(r: dict[str, JSON]) -> str | None:
     rates = (run.get("etcd_rest") or {}).get("received_per_s") or {}
     keepalive = rates.get("LeaseKeepAlive")
     total = (run.get("etcd_rest") or {}).get("requests_per_s")
-    ttl = r["control_plane"]["params"]["lease_ttl_s"]
+    params = r["control_plane"]["params"]
+    ttl = params["lease_ttl_s"]
+    every = (params.get("keepalive_s") or {}).get("1024", ttl / 3)
     if keepalive is None or total is None:
         return None
     return (f"{keepalive:.1f} req/s of the {total:.1f} are lease keepalives, one per daemon "
-            f"every TTL / 3 ({1024 * 3 / ttl:.1f} a second for 1024 leases of {ttl} s; etcd "
+            f"every {every:g} s ({1024 / every:.1f} a second for 1024 leases of {ttl} s; etcd "
             f"renews one lease per request); everything else is {total - keepalive:.1f} "
             "req/s. Fewer keepalives need a longer TTL, and the TTL is how long a dead "
             "rank's entry stays")  # fmt: skip

@@ -6,7 +6,8 @@ for 2.6 s, from just before the first renewal: the renewals at 2 s and 4 s
 fail. Renewing a whole interval after each failure would next try at 6 s,
 when the lease has ended; retrying within a second renews it in time.
 A keepalive that times out after longer than the interval is tried again at
-once. Virtual time.
+once. A large mesh renews less often, by half its TTL at the latest, and still
+rides out an outage of nearly that long. Virtual time.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ import pytest
 import trio
 import trio.testing
 from shared import byte_key as key
+from shared import wide_key
 
-from vnetd.control.claim import KEEPALIVE_RETRY, ClaimHolder
+from vnetd.control import retry
+from vnetd.control.claim import KEEPALIVE_RETRY, ClaimHolder, renewal_interval
+from vnetd.control.membership import encode_member, member_key
 from vnetd.control.retry import RegistryHealth
+from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import RegistryUnavailable
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
@@ -31,8 +36,8 @@ TTL = 6
 ME = Member(1, key(1), "198.18.1.1:51820", "pod1", 100.0, "1.0")
 
 
-def spec_with(ttl: int) -> MeshSpec:
-    return parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"},
+def spec_with(ttl: int, size: int = 4) -> MeshSpec:
+    return parse_spec({"mesh": {"name": "m", "size": size, "network": "10.250.0.0/16"},
                        "registry": {"lease_ttl": ttl}})  # fmt: skip
 
 
@@ -120,3 +125,56 @@ async def test_retries_stay_within_a_sixth_of_the_ttl(autojump_clock, ttl):
     assert len(gaps) >= 3, "retried during the outage"
     assert max(gaps) <= ttl / 6 + 1e-9
     assert gaps[0] <= min(KEEPALIVE_RETRY, ttl / 6) + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("ttl", "members", "interval"),
+    [
+        pytest.param(6, 4, 2.0, id="small-mesh-a-third"),
+        pytest.param(60, 640, 20.0, id="up-to-the-rate-a-third"),
+        pytest.param(60, 800, 25.0, id="spaced-by-the-rate"),
+        pytest.param(60, 1024, 30.0, id="at-most-half"),
+        pytest.param(10, 1024, 5.0, id="short-ttl-at-most-half"),
+    ],
+)
+def test_renewal_interval(ttl: int, members: int, interval: float) -> None:
+    assert renewal_interval(ttl, members) == pytest.approx(interval)
+
+
+async def test_a_large_mesh_renews_at_half_its_ttl_and_rides_out_an_outage(
+    autojump_clock, monkeypatch
+):
+    """1024 members at a 60 s TTL: a renewal every 30 s (34 a second for the mesh, not
+    51), and an outage from just before a renewal until 3 s before the lease ends
+    still keeps it: the retries (0.5, 1, 2, 4, 8 s apart, then halfway to the end)
+    close in on the end instead of waiting out a sixth of the TTL past it. No jitter,
+    so the tries fall where the rule puts them."""
+    monkeypatch.setattr(retry.random, "uniform", lambda low, high: high)
+    spec = spec_with(60, size=1024)
+    registry = Keepalives()
+    others = await registry.grant(3600)
+    for rank in range(1024):
+        if rank != ME.rank:
+            other = Member(rank, wide_key(rank + 2000), f"198.18.{rank // 256}.{rank % 256}:51820",
+                           f"pod{rank}", 100.0, "1.0")  # fmt: skip
+            await registry.create(member_key(spec, rank), encode_member(other), others)
+    view, health = MemberView(), RegistryHealth()
+    claim = ClaimHolder(registry, spec, ME, health, view)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sync_members, registry, spec, view, health)
+        nursery.start_soon(claim.run)
+        await claim.claimed.wait()
+        lease, start = claim.lease, trio.current_time()
+        await trio.sleep(2 * 30 + 1)
+        renewals = list(registry.sent)
+        await trio.sleep_until(start + 3 * 30 - 0.1)
+        registry.fail()
+        await trio.sleep(27)
+        registry.fail(False)
+        await trio.sleep(2 * 60)
+        nursery.cancel_scope.cancel()
+    assert [round(t - start, 3) for t in renewals] == [30.0, 60.0]
+    tries = [round(t - start, 2) for t in registry.sent[2:9]]
+    assert tries == [90.0, 90.5, 91.5, 93.5, 97.5, 105.5, 112.75], "then 116.38 and 118.19"
+    assert claim.claims == 1, "the lease ended during the outage"
+    assert claim.lease == lease

@@ -1,9 +1,11 @@
 """Hold this rank's claim in the registry for as long as the daemon runs.
 
-A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL; a
-keepalive that gets no answer is tried again within half a second, backing
-off to a sixth of the TTL, not a whole third later: two missed renewals in a
-row would otherwise cost the lease. If
+A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL; in a
+large mesh less often (``renewal_interval``: its renewals cost etcd at most
+``KEEPALIVES`` a second), never later than half the TTL. A keepalive that
+gets no answer is tried again within half a second, backing off to a sixth
+of the TTL, never more than a third of the TTL after it was sent: two missed
+renewals in a row would otherwise cost the lease. If
 the lease is lost (the registry forgot it, or it expired during an
 outage) a new one is granted and the rank claimed again; so is the rank
 when the synced view shows our entry gone (or only held after a registry
@@ -47,6 +49,7 @@ from vnetd.control.spec_check import SpecCheck
 from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.model import Member, check_endpoint
+from vnetd.pacing import spaced
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
 
@@ -60,6 +63,17 @@ second daemon for this rank)."""
 
 KEEPALIVE_RETRY = 0.5
 """Seconds before a keepalive that got no answer is first tried again (then doubling)."""
+KEEPALIVES = 32.0
+"""Lease renewals per second a whole mesh may cost etcd (``vnetd.pacing``), as long as
+each daemon still renews by half its TTL."""
+
+
+def renewal_interval(ttl: float, members: int) -> float:
+    """Seconds between a daemon's renewals of its ``ttl`` s lease in a mesh of ``members``:
+    a third of the TTL, or longer so that the mesh's renewals cost etcd ``KEEPALIVES`` a
+    second, at most half the TTL (the rest of the lease is for retries). Every daemon
+    renews on its own claim's clock, so the renewals are spread without jitter."""
+    return min(spaced(ttl / 3, members, KEEPALIVES), ttl / 2)
 
 
 class ClaimHolder:
@@ -231,18 +245,24 @@ class ClaimHolder:
         """Keep the lease alive until the claim is lost; returns why it was.
 
         A changed record (``set_device_id``) is written between renewals, at once.
+        Renewals come every ``renewal_interval`` (the mesh as the view has it at each).
         A renewal that failed is retried ``KEEPALIVE_RETRY`` s after its failure (a
         sixth of the TTL if that is shorter), doubling up to a sixth of the TTL,
-        and never later than a whole interval after it was sent (a renewal that
+        and never later than a third of the TTL after it was sent (a renewal that
         timed out after longer than that is retried at once): the third renewal
         after the last good one is due when the lease ends, so waiting a whole
         interval after each failure loses the lease to two failures in a row
-        (etcd's own client sends a missing renewal again every 0.5 s).
+        (etcd's own client sends a missing renewal again every 0.5 s). Nor later
+        than halfway to the lease's end (at least that first delay after the
+        failure), so the tries close in on the end and an outage that ends a
+        second or two before it still keeps the lease.
         """
-        interval = self.ttl / 3
         lease = self.lease
-        renew_at = trio.current_time() + interval
-        retry = Backoff(initial=min(KEEPALIVE_RETRY, interval / 2), maximum=interval / 2)
+        renew_at = trio.current_time() + self._renewal_interval()
+        expires = self._renewed_at + self.ttl  # at the latest: granted or renewed then
+        retry_within = self.ttl / 3
+        first_retry = min(KEEPALIVE_RETRY, self.ttl / 6)
+        retry = Backoff(initial=first_retry, maximum=self.ttl / 6)
         seen_own = False  # our entry reached the view since the claim
         while True:
             version = self.view.version if self.view is not None else 0
@@ -254,10 +274,13 @@ class ClaimHolder:
                 try:
                     reason = await self._renew(lease)
                 except RegistryUnavailable:
-                    renew_at = min(started + interval, trio.current_time() + retry.next_delay())
+                    now = trio.current_time()
+                    delay = min(retry.next_delay(), max(first_retry, (expires - now) / 2))
+                    renew_at = min(started + retry_within, now + delay)
                 else:
                     retry.reset()
-                    renew_at = started + interval
+                    expires = started + self.ttl
+                    renew_at = started + self._renewal_interval()
                     if reason is not None:
                         return reason
             elif self.view is not None and self.view.version != version:
@@ -270,6 +293,9 @@ class ClaimHolder:
                 reason = await self._update_record(lease)
                 if reason is not None:
                     return reason
+
+    def _renewal_interval(self) -> float:
+        return renewal_interval(self.ttl, len(self.view.members) if self.view else 1)
 
     async def _wait(self, deadline: float, version: int) -> None:
         """Until ``deadline``, a record change, or (with a view) a change of the view.
