@@ -178,3 +178,27 @@ async def test_a_large_mesh_renews_at_half_its_ttl_and_rides_out_an_outage(
     assert tries == [90.0, 90.5, 91.5, 93.5, 97.5, 105.5, 112.75], "then 116.38 and 118.19"
     assert claim.claims == 1, "the lease ended during the outage"
     assert claim.lease == lease
+
+
+class SlowCreate(Keepalives):
+    """A claim transaction that takes ``slow`` s to answer (a loaded etcd)."""
+
+    slow = 0.0
+
+    async def create(self, key: str, value: bytes, lease: int = 0):  # noqa: ANN201
+        await trio.sleep(self.slow)
+        return await super().create(key, value, lease)
+
+
+async def test_the_first_renewal_counts_from_the_grant_not_the_claim(autojump_clock):
+    """A claim that took 4.5 s of a 6 s lease granted just before it is renewed at once
+    (its renewal was due 2 s after the grant), not 2 s after the claim: past the end."""
+    registry = SlowCreate()
+    registry.slow = 4.5
+    start = trio.current_time()
+    async with holding(registry) as claim:
+        lease = claim.lease
+        await trio.sleep(3 * TTL)
+    assert registry.sent[0] - start == pytest.approx(registry.slow)
+    assert claim.claims == 1, "the lease ended right after the claim"
+    assert claim.lease == lease

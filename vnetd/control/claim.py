@@ -258,8 +258,7 @@ class ClaimHolder:
         second or two before it still keeps the lease.
         """
         lease = self.lease
-        renew_at = trio.current_time() + self._renewal_interval()
-        expires = self._renewed_at + self.ttl  # at the latest: granted or renewed then
+        renew_at = self._renewed_at + self._renewal_interval()  # granted or renewed then
         retry_within = self.ttl / 3
         first_retry = min(KEEPALIVE_RETRY, self.ttl / 6)
         retry = Backoff(initial=first_retry, maximum=self.ttl / 6)
@@ -275,11 +274,12 @@ class ClaimHolder:
                     reason = await self._renew(lease)
                 except RegistryUnavailable:
                     now = trio.current_time()
+                    expires = self._renewed_at + self.ttl  # at the latest
                     delay = min(retry.next_delay(), max(first_retry, (expires - now) / 2))
                     renew_at = min(started + retry_within, now + delay)
                 else:
                     retry.reset()
-                    expires = started + self.ttl
+                    self._renewed_at = started
                     renew_at = started + self._renewal_interval()
                     if reason is not None:
                         return reason
