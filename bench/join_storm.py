@@ -20,8 +20,12 @@ measurement into three parts:
   at TTL 60), times the seconds from its claim to full;
 * ``join_path_cpu_s``: the rest, the joins' own work (the watch and its
   resumes, decoding, the view, the reconciler's passes, the fake device);
-  ``join_path_us``: over the joins. The summary gives each part's median over
-  the runs, so the medians need not add up.
+  ``join_path_us``: over the joins. Of it ``device_cpu_s`` is the fake
+  device's ``apply``, timed in the daemon's process (where a real daemon
+  writes to wireguard-go or the kernel instead), and the daemon counts the
+  member watch streams it opened (``watch_opens``: each batch of a storm is a
+  resume) and its reconciler passes (``passes``) meanwhile. The summary gives
+  each part's median over the runs, so the medians need not add up.
 
 Much lighter than
 the 1024-rank simulation, so a change to the per-join path can be measured
@@ -109,6 +113,7 @@ async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
     rest_rate = (rest[1]["cpu"] - rest[0]["cpu"]) / (rest[1]["t"] - rest[0]["t"])
     rest_share = rest_rate * (full["t"] - claimed["t"])
     join_path = cpu - proofs - rest_share
+    device = full["device_cpu"] - claimed["device_cpu"]
     result = {
         "run": run,
         "size": size,
@@ -121,6 +126,9 @@ async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
         "rest_share_s": round(rest_share, 4),
         "join_path_cpu_s": round(join_path, 4),
         "join_path_us": round(join_path / (size - 1) * 1e6, 1),
+        "device_cpu_s": round(device, 4),
+        "watch_opens": full["watch_opens"] - claimed["watch_opens"],
+        "passes": full["passes"] - claimed["passes"],
         "writes_s": round(wrote["t_ack"] - wrote["t_send"], 2),
         "full_after_last_write_s": round(full["t"] - wrote["t_ack"], 3),
         "load": sampler.summary(),
@@ -130,7 +138,9 @@ async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
           f"{result['full_after_last_write_s']} s after the last write; of it signatures "
           f"{proofs:.3f} s, at rest {rest_share:.3f} s ({rest_rate * 1000:.1f} ms/s over "
           f"{result['claim_to_full_s']} s), the joins' own path {join_path:.3f} s "
-          f"({result['join_path_us']} µs a join)", flush=True)  # fmt: skip
+          f"({result['join_path_us']} µs a join; the fake device {device:.3f} s, "
+          f"{result['watch_opens']} watch opens, {result['passes']} passes)",
+          flush=True)  # fmt: skip
     return result
 
 
@@ -158,7 +168,7 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
               "signed": not args.unsigned, "rest_s": args.rest}  # fmt: skip
     summary = {key: spread(r[key] for r in runs) for key in (
         "cpu_s", "us_per_join", "proofs_cpu_s", "rest_cpu_per_s", "rest_share_s",
-        "join_path_cpu_s", "join_path_us")}  # fmt: skip
+        "join_path_cpu_s", "join_path_us", "device_cpu_s", "watch_opens", "passes")}  # fmt: skip
     load = {"runs": [r["load"] for r in runs]}
     write_result(NAME, TITLE, params, runs, summary, load, args.out, failures)
     return len(failures)

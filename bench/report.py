@@ -27,6 +27,10 @@ from report_targets import cost_rows, target_rows
 from report_transport import etcd_transport_section
 
 DOC = ROOT / "docs" / "benchmarks.md"
+SPEED_BEFORE = (12.25, "2026-12-03", "Intel(R) Xeon(R) Processor")
+"""An unsigned member record's decode (µs, ``record_proof.py``: pure CPU, one core) on
+the host of the page that stood before: CPU figures are comparable across pages only
+as this figure is (the hosts this runs on vary)."""
 
 
 # --- sections ---------------------------------------------------------------------------
@@ -49,6 +53,12 @@ def machine_section(results: dict[str, JSON]) -> list[str]:
         ["commit", f"`{m['commit']}`"],
         ["date", f"{dates[0]} to {dates[-1]} (UTC)"],
     ]
+    decode = ((results.get("record_proof") or {}).get("summary") or {}).get("decode_unsigned_us")
+    if decode is not None:
+        before, day, cpu = SPEED_BEFORE
+        rows.append(["CPU speed", f"an unsigned member record decodes in {decode:.1f} µs "
+                     f"(record proofs section: pure CPU), {decode / before:.1f}× the {before} µs "
+                     f"of the host of {day}'s page ({cpu})"])  # fmt: skip
     return table(["", "machine"], rows)
 
 

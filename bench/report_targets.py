@@ -178,6 +178,8 @@ def _why_join(r: dict[str, JSON]) -> str | None:
     part = {key: _get(r, "join_storm", key, "median") for key in (
         "cpu_s", "proofs_cpu_s", "rest_share_s", "rest_cpu_per_s", "join_path_cpu_s",
         "join_path_us")}  # fmt: skip
+    inside = {key: _get(r, "join_storm", key, "median") for key in (
+        "device_cpu_s", "watch_opens", "passes")}  # fmt: skip
     if signed is None or unsigned is None or part["cpu_s"] is None:
         return None
     decodes = (f"a signed record decodes in {signed:.0f} µs, an unsigned one in "
@@ -197,8 +199,17 @@ def _why_join(r: dict[str, JSON]) -> str | None:
             f"({part['rest_cpu_per_s'] * 1000:.1f} ms a second once full: keepalives, "
             f"quiet checks, timers) over the storm's length; the joins' own path is "
             f"{_ms(part['join_path_cpu_s'])}, {part['join_path_us']:.0f} µs a join (the watch "
-            f"and its resumes, decoding, the view, the reconciler's passes, the fake device). "
-            f"{why}")  # fmt: skip
+            f"and its resumes, decoding, the view, the reconciler's passes, the fake device"
+            f"{_join_parts(inside)}). {why}")  # fmt: skip
+
+
+def _join_parts(inside: dict[str, float | None]) -> str:
+    """What the join path's split says of it (results from before it: nothing)."""
+    if None in inside.values():
+        return ""
+    return (f": {_ms(inside['device_cpu_s'])} of it in the fake device, where a real daemon "
+            f"writes to its device instead; {inside['watch_opens']:.0f} watch streams "
+            f"opened, one a batch, and {inside['passes']:.0f} passes")  # fmt: skip
 
 
 def _why_rest(r: dict[str, JSON]) -> str | None:

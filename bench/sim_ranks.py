@@ -38,7 +38,11 @@ verified (``proofs_verified``) and their CPU (``proofs_cpu``), so
 to the CPU a daemon needs. With ``--own-proofs`` nothing is shared but every
 check is still timed: the progress lines, and the ``claimed`` and ``full``
 lines, carry ``proofs_cpu``: the process's total so far, every daemon of it
-(``join_storm.py`` runs one, and splits its CPU with it).
+(``join_storm.py`` runs one, and splits its CPU with it). They also carry the
+CPU the fake devices' ``apply`` took (``device_cpu``: a real daemon makes the
+UAPI or netlink write there instead), the member watch streams opened
+(``watch_opens``: a storm's batches are one resume each) and the reconciler
+passes (``passes``) so far.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from collections.abc import Set as AbstractSet
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from functools import partial
 from ipaddress import ip_network
@@ -71,6 +75,7 @@ from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Plan
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener, sharing_tls
+from vnetd.registry.etcd import EtcdRegistry
 from vnetd.spec import load_spec
 
 
@@ -136,16 +141,18 @@ class CountingDataplane(FakeDataplane):
         return self._owner.keys()
 
     async def apply(self, plan: Plan) -> None:
+        started = time.process_time()
         for removed in plan.remove:
             held = self.device.get(removed.public_key)
             if held is not None:
                 self._release(removed.public_key, held.allowed_ips)
-        await super().apply(plan)
+        await super().apply(plan)  # all in memory: it never waits
+        self.state.device_cpu += time.process_time() - started
         if not self.full and len(self.device) >= self.want:
             self.full = True
             self.state.full += 1
             emit({"event": "full", "rank": self.rank, "t": time.time(), "cpu": cpu_seconds(),
-                  "proofs_cpu": round(self.state.proofs.cpu, 4)})  # fmt: skip
+                  **self.state.costs()})  # fmt: skip
 
 
 class Counters:
@@ -153,6 +160,17 @@ class Counters:
         self.claimed = 0
         self.full = 0
         self.proofs = proofs
+        self.device_cpu = 0.0
+        """CPU seconds the fake devices' ``apply`` took, every daemon of the process."""
+        self.watch_opens = 0
+        """Member watch streams opened (each resume of a storm's batches is one)."""
+        self.running: list[Running] = []
+
+    def costs(self) -> dict[str, float | int]:
+        """What the progress, claimed and full lines carry of the process's work so far."""
+        return {"proofs_cpu": round(self.proofs.cpu, 4), "device_cpu": round(self.device_cpu, 4),
+                "watch_opens": self.watch_opens,
+                "passes": sum(r.reconciler.stats.runs for r in self.running)}  # fmt: skip
 
 
 class SharedProofs:
@@ -189,6 +207,20 @@ class SharedProofs:
         return good
 
 
+def count_watch_opens(state: Counters) -> None:
+    """Count every member watch stream the process's daemons open (bench only, like
+    ``SharedProofs``: the counter wraps ``EtcdRegistry.open_watch_stream``)."""
+    opener = EtcdRegistry.open_watch_stream
+
+    async def counted(
+        self: EtcdRegistry, stack: AsyncExitStack, body: dict[str, object]
+    ) -> tuple[str, AsyncIterator[str]]:
+        state.watch_opens += 1
+        return await opener(self, stack, body)
+
+    EtcdRegistry.open_watch_stream = counted  # type: ignore[method-assign]
+
+
 def endpoint_ip(rank: int) -> str:
     """A distinct underlay address per rank, inside 198.18.0.0/15 (only registered, never
     sent to: the data plane is fake)."""
@@ -201,6 +233,7 @@ async def main_async(args: argparse.Namespace) -> None:
     proofs = SharedProofs(membership.verify, share=not args.own_proofs)
     membership.verify = proofs  # type: ignore[assignment]  # bench only: module docstring
     state = Counters(proofs)
+    count_watch_opens(state)
     opener = sharing_tls()  # one TLS context for every daemon's etcd client
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -242,15 +275,16 @@ async def _one(
         with trio.fail_after(600):
             await running.claim.claimed.wait()
         state.claimed += 1
+        state.running.append(running)
         claimed = running.claim.claimed_at or time.time()
         emit({"event": "claimed", "rank": rank, "t": claimed, "started": started,
-              "cpu": cpu_seconds(), "proofs_cpu": round(state.proofs.cpu, 4)})  # fmt: skip
+              "cpu": cpu_seconds(), **state.costs()})  # fmt: skip
 
 
 async def _progress(state: Counters, total: int, proofs: SharedProofs) -> None:
     while True:
         shared = {"proofs_shared": proofs.shared, "proofs_verified": proofs.verified,
-                  "proofs_cpu": round(proofs.cpu, 4)}  # fmt: skip
+                  **state.costs()}  # fmt: skip
         emit({"event": "progress", "claimed": state.claimed, "full": state.full, "of": total,
               "cpu": round(cpu_seconds(), 3), "t": time.time(), **shared})  # fmt: skip
         await trio.sleep(1.0)
