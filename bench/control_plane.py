@@ -48,6 +48,14 @@ Figures per run:
   takes events while etcd sends the rest. ``claim_min`` is the least
   start → claim of the run, the one least delayed by the packed cores.
 
+``--paced SIZE:RATE`` adds one run of SIZE ranks at RATE joins per second,
+summarised apart (``paced``): a storm whose work is more than the lab's cores
+give (1024 ranks at 25 a second on 2 cores) keeps the daemons' loops behind,
+their calls time out and leases expire, and it may not converge within the
+window at all; at a rate the cores keep up with, the same mesh shows what a
+storm hides: its rest, and how soon it is full after the last registration
+when nothing waits for CPU.
+
 Run alone: ``.venv/bin/python bench/control_plane.py --sizes 256 --runs 1``.
 """
 
@@ -55,6 +63,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -244,6 +253,7 @@ async def one_run(
     cpu_per_daemon = (cpu_full + proofs["shared_cpu_s"]) / size
     result = {
         "size": size,
+        "rate_per_s": rate,
         "procs": procs,
         "ranks_per_proc": size // procs,
         "converged": converged,
@@ -339,21 +349,30 @@ def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
 
 async def main_async(args: Any) -> int:  # noqa: ANN401
     seed, _rng = seeded(args.seed)
-    runs, failures = await run_each_size(
-        "control plane", args.sizes, args.runs,
-        lambda size, _i: one_run(size, args.procs, runs_for(args.rest, size), args.rate,
-                                args.ttl, args.window,
-                                args.own_proofs),
-    )  # fmt: skip
+
+    def run(rate: float) -> Callable[[int, int], Awaitable[JSON]]:
+        return lambda size, _i: one_run(size, args.procs, runs_for(args.rest, size), rate,
+                                        args.ttl, args.window, args.own_proofs)  # fmt: skip
+
+    runs, failures = await run_each_size("control plane", args.sizes, args.runs, run(args.rate))
+    paced: list[JSON] = []
+    for size, rate in args.paced.items():
+        done, failed = await run_each_size(f"control plane at {rate}/s", [size], 1, run(rate))
+        paced += done
+        failures += failed
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
               "procs": args.procs,
               "rest_s": {size: runs_for(args.rest, size) for size in args.sizes},
               "rate_per_s": args.rate, "lease_ttl_s": args.ttl, "resync_s": 30,
               "keepalive_s": {size: renewal_interval(args.ttl, size) for size in args.sizes},
               "window_s": args.window, "shared_proofs": not args.own_proofs,
+              "paced": {size: rate for size, rate in args.paced.items()},
               "seed": seed}  # fmt: skip
-    write_result(NAME, TITLE, params, runs, summarize(runs, args.sizes),
-                 merge_load([r["load"] for r in runs]), args.out,
+    params["keepalive_s"].update({size: renewal_interval(args.ttl, size) for size in args.paced})
+    summary = summarize(runs, args.sizes)
+    summary["paced"] = summarize(paced, list(args.paced))["by_size"]
+    write_result(NAME, TITLE, params, runs + [{**r, "paced": True} for r in paced], summary,
+                 merge_load([r["load"] for r in runs + paced]), args.out,
                  failures)  # fmt: skip
     return len(failures)
 
@@ -366,6 +385,9 @@ def main() -> None:
                         "spaced requests of a large mesh (vnetd.pacing) come every "
                         "N / 4 s, so a rest shorter than that misses them")  # fmt: skip
     parser.add_argument("--rate", type=float, default=25.0, help="joins per second (default 25)")
+    parser.add_argument("--paced", type=per_size, default={},
+                        help="SIZE:RATE,...: one more run of SIZE ranks at RATE joins/s each "
+                        "(module docstring)")  # fmt: skip
     parser.add_argument("--ttl", type=int, default=10, help="lease TTL, s (default 10)")
     parser.add_argument("--window", type=float, default=CONVERGE_AFTER,
                         help="s after the last scheduled start before a run counts as not "

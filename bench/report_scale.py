@@ -16,9 +16,13 @@ def control_plane_section(r: JSON | None) -> tuple[list[str], bool | None]:
     s = r["summary"]["by_size"]
     p = r["params"]
     rows = []
-    for size, v in by_size(s):
+    paced = r["summary"].get("paced") or {}
+    rates = r["params"].get("paced") or {}
+    labelled = [(size, size, v) for size, v in by_size(s)]
+    labelled += [(f"{size} at {rates.get(size, '?')}/s", size, v) for size, v in by_size(paced)]
+    for label, size, v in labelled:
         rows.append([
-            size, f"{v['procs']} × {int(size) // (v['procs'] or 1)}",
+            label, f"{v['procs']} × {int(size) // (v['procs'] or 1)}",
             f"{v['converged']}/{v['runs']}", mmm(v["converge_s"]), mmm(v["storm_s"]),
             mmm(v["cpu_s_per_daemon_to_full"], 3),
             mmm(v["cpu_share_per_daemon_rest"], 3, 100, " %"),
@@ -37,7 +41,7 @@ def control_plane_section(r: JSON | None) -> tuple[list[str], bool | None]:
         "reconciler), each with its own etcd client, key and instance, and an in-memory",
         f"`FakeDataplane`, packed into {p['procs']} processes (one per lab pod, ranks",
         f"interleaved), against one real etcd. Daemons start at {p['rate_per_s']:g} joins/s in",
-        f"all; lease TTL {p['lease_ttl_s']} s ({_renewals(p)}),",
+        f"all{_paced_note(p)}; lease TTL {p['lease_ttl_s']} s ({_renewals(p)}),",
         f"resync every {p['resync_s']} s. *Converge* = last registration acknowledged →",
         "every daemon's device holds all N-1 peers. etcd requests = gRPC messages received",
         f"(scraped from its /metrics every second); *rest* = {_rest(p['rest_s'])} after",
@@ -143,9 +147,12 @@ def _control_plane_why(r: JSON) -> list[str]:
         at_rest = ", ".join(f"{k} {v:g}" for k, v in sorted(rest.items()) if v)
         events = storm.get("mvcc_per_s", {}).get("events")
         etcd_cpu = (storm.get("etcd_cpu_share") or 0) * 100
+        rate = run.get("rate_per_s", r["params"]["rate_per_s"])
+        paced = f" at {rate:g}/s" if run.get("paced") else ""
         lines.append(
-            f"{run['size']} ranks: registrations took {num(run['registration_span_s'], 0)} s "
-            f"(scheduled: {num(run['size'] / r['params']['rate_per_s'], 0)} s); the mesh "
+            f"{run['size']} ranks{paced}: registrations took "
+            f"{num(run['registration_span_s'], 0)} s (scheduled: {num(run['size'] / rate, 0)} s); "
+            "the mesh "
             f"{state}; etcd delivered {num(events, 0)} watch events/s using "
             f"{num(etcd_cpu, 0)} % of a core; at rest it received (req/s) "
             f"{at_rest or 'nothing'}. The daemons logged: {top or 'nothing'}."
@@ -173,7 +180,7 @@ def _control_plane_why(r: JSON) -> list[str]:
 def _control_plane_plot(ax: Any, r: JSON) -> None:  # noqa: ANN401
     twin = ax.twinx()
     for size, _ in by_size(r["summary"]["by_size"]):
-        runs = [x for x in r["runs"] if str(x["size"]) == size]
+        runs = [x for x in r["runs"] if str(x["size"]) == size and not x.get("paced")]
         if not runs:
             continue
         run = runs[0]
@@ -199,3 +206,15 @@ def _renewals(p: JSON) -> str:
     if not by:
         return f"keepalive every {ttl / 3:.1f} s"
     return "keepalive " + ", ".join(f"every {v:.1f} s at {size}" for size, v in by.items())
+
+
+def _paced_note(p: JSON) -> str:
+    """The paced runs (``control_plane.py --paced``), if any, in the set-up's sentence."""
+    paced = p.get("paced") or {}
+    if not paced:
+        return ""
+    each = ", ".join(f"{size} ranks at {rate}/s" for size, rate in paced.items())
+    return (
+        f", and once more for {each} (rows *at N/s*: a rate these 2 cores keep up "
+        "with, for the rest and the convergence a saturated storm hides)"
+    )

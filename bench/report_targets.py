@@ -137,6 +137,8 @@ class CostTarget:
     unit: str
     measure: Callable[[dict[str, JSON]], float | None]
     why: Callable[[dict[str, JSON]], str | None]
+    how: Callable[[dict[str, JSON]], str | None] = lambda r: None
+    """What a reader needs to know of how the figure was taken, met or not."""
 
 
 def _ms(value: float | None) -> str:
@@ -213,9 +215,10 @@ def _join_parts(inside: dict[str, float | None]) -> str:
 
 
 def _why_rest(r: dict[str, JSON]) -> str | None:
-    run = _run(r, 1024)
-    if run is None:
+    runs = _rest_runs(r)
+    if not runs:
         return None
+    run = runs[0]
     rates = (run.get("etcd_rest") or {}).get("received_per_s") or {}
     keepalive = rates.get("LeaseKeepAlive")
     total = (run.get("etcd_rest") or {}).get("requests_per_s")
@@ -254,34 +257,91 @@ def _why_converge(r: dict[str, JSON]) -> str | None:
         if expired
         else ""
     )
+    registered = "" if run.get("claimed", 1024) >= 1024 else f" ({run['claimed']} of them)"
+    paced = _run(r, 1024, paced=True)
     return (f"the run's 2 cores were {num_pct(busy)} busy on average, and its 1024 "
-            f"registrations took {_s(run.get('registration_span_s'), 0)} instead of the "
-            f"{scheduled:.0f} s scheduled{demand}{churn}: how long after the last "
-            "registration it converges is then the lab's backlog. " + (
-                "Projected from the run's own costs for a core per daemon and a 4-core etcd "
-                f"(control-plane scale section): {_s(projected, 1)} to full mesh, all started "
-                "at once" if projected is not None else
-                "A run that did not converge gives no projection for a cluster"))  # fmt: skip
+            f"registrations{registered} took {_s(run.get('registration_span_s'), 0)} instead "
+            f"of the {scheduled:.0f} s scheduled{demand}{churn}: how long after the last "
+            "registration it converges is then the lab's backlog. "
+            f"{_paced_converge(paced)}{_projection(projected, paced)}")  # fmt: skip
+
+
+def _paced_converge(paced: JSON | None) -> str:
+    """The paced run's convergence, where there is one (``control_plane.py --paced``)."""
+    if paced is None:
+        return ""
+    if not paced.get("converged"):
+        return (f"At {paced['rate_per_s']:g} a second it did not converge in the window "
+                "either. ")  # fmt: skip
+    return (
+        f"At {paced['rate_per_s']:g} a second, which the 2 cores kept up with "
+        f"({num_pct((paced.get('load') or {}).get('cpu_busy_mean'))} busy), the same mesh "
+        f"was full {_s(paced.get('converge_s'), 1)} after the last registration. "
+    )
+
+
+def _projection(projected: float | None, paced: JSON | None) -> str:
+    """The projection for a cluster: the storm run's, else the paced run's."""
+    how = "the run's own costs"
+    if projected is None and paced is not None:
+        projected = (paced.get("projection_s") or {}).get("total_s")
+        how = f"the costs of the run at {paced['rate_per_s']:g} a second"
+    if projected is None:
+        return "A run that did not converge gives no projection for a cluster"
+    return (
+        f"Projected from {how} for a core per daemon and a 4-core etcd (control-plane "
+        f"scale section): {_s(projected, 1)} to full mesh, all started at once"
+    )
 
 
 def num_pct(share: float | None) -> str:
     return "–" if share is None else f"{share * 100:.0f} %"
 
 
-def _runs(r: dict[str, JSON], size: int) -> list[JSON]:
-    """The control-plane runs of ``size`` ranks."""
-    return [x for x in (r.get("control_plane") or {}).get("runs", []) if x.get("size") == size]
+def _runs(r: dict[str, JSON], size: int, *, paced: bool = False) -> list[JSON]:
+    """The control-plane runs of ``size`` ranks at the storm's rate (``paced``: the runs
+    at a rate the lab keeps up with, ``control_plane.py --paced``)."""
+    runs = (r.get("control_plane") or {}).get("runs", [])
+    return [x for x in runs if x.get("size") == size and bool(x.get("paced")) == paced]
 
 
-def _run(r: dict[str, JSON], size: int) -> JSON | None:
-    runs = _runs(r, size)
+def _run(r: dict[str, JSON], size: int, *, paced: bool = False) -> JSON | None:
+    runs = _runs(r, size, paced=paced)
     return runs[0] if runs else None
 
 
+def _rest_runs(r: dict[str, JSON]) -> list[JSON]:
+    """The 1024-rank runs that reached a rest: the storm's, else the paced ones."""
+    for paced in (False, True):
+        rested = [x for x in _runs(r, 1024, paced=paced) if x.get("converged")]
+        if rested:
+            return rested
+    return []
+
+
 def _rest_rps(r: dict[str, JSON]) -> float | None:
-    rates = [x["etcd_rest"].get("requests_per_s") for x in _runs(r, 1024) if x.get("converged")]
+    rates = [x["etcd_rest"].get("requests_per_s") for x in _rest_runs(r)]
     rates = [x for x in rates if x is not None]
     return max(rates) if rates else None
+
+
+def _how_rest(r: dict[str, JSON]) -> str | None:
+    """Where the rest was measured, when the storm's own run had none."""
+    runs = _rest_runs(r)
+    if not runs or not runs[0].get("paced"):
+        return None
+    run = runs[0]
+    rates = (run.get("etcd_rest") or {}).get("received_per_s") or {}
+    parts = ", ".join(f"{k} {v:g}" for k, v in sorted(rates.items()) if v)
+    return (f"at rest after the 1024 ranks registered at {run['rate_per_s']:g} a second (at "
+            f"{r['control_plane']['params']['rate_per_s']:g} this host's 2 cores did not "
+            f"converge: last row), over {_rest_window(r)}: {parts} req/s")  # fmt: skip
+
+
+def _rest_window(r: dict[str, JSON]) -> str:
+    rest = r["control_plane"]["params"].get("rest_s")
+    seconds = rest.get("1024", rest.get("0")) if isinstance(rest, dict) else rest
+    return f"{seconds:g} s" if seconds is not None else "the rest window"
 
 
 COST_TARGETS = (
@@ -315,6 +375,8 @@ def cost_rows(results: dict[str, JSON]) -> list[tuple[list[str], bool | None]]:
         now = t.measure(results)
         met = None if now is None else now <= t.limit
         why = "" if met or now is None else (t.why(results) or "not explained by these runs")
+        how = t.how(results)
+        why = "; ".join(part for part in (how, why) if part)
         rows.append(([t.figure, t.before, f"≤ {t.limit:g} {t.unit}", _shown(now, t.unit), why],
                      met))  # fmt: skip
     return rows
