@@ -200,12 +200,15 @@ def _control_plane_plot(ax: Any, r: JSON) -> None:  # noqa: ANN401
 
 
 def _renewals(p: JSON) -> str:
-    """How often each size's daemons renewed their leases: as the run recorded it, or
-    a third of the TTL (results from before ``control.claim.renewal_interval``)."""
+    """How often the daemons renewed their leases: a third of the TTL, and at rest as the
+    run recorded it for each size (``control.claim.renewal_interval``)."""
     ttl, by = p["lease_ttl_s"], p.get("keepalive_s")
-    if not by:
-        return f"keepalive every {ttl / 3:.1f} s"
-    return "keepalive " + ", ".join(f"every {v:.1f} s at {size}" for size, v in by.items())
+    every = f"keepalive every {ttl / 3:.1f} s"
+    spaced = {size: v for size, v in (by or {}).items() if v > ttl / 3}
+    if not spaced:
+        return every
+    at_rest = ", ".join(f"every {v:.1f} s at {size}" for size, v in spaced.items())
+    return f"{every}; at rest {at_rest}"
 
 
 def _paced_note(p: JSON) -> str:

@@ -228,8 +228,8 @@ def _why_rest(r: dict[str, JSON]) -> str | None:
     if keepalive is None or total is None:
         return None
     return (f"{keepalive:.1f} req/s of the {total:.1f} are lease keepalives, one per daemon "
-            f"every {every:g} s ({1024 / every:.1f} a second for 1024 leases of {ttl} s; etcd "
-            f"renews one lease per request); everything else is {total - keepalive:.1f} "
+            f"every {every:g} s at rest ({1024 / every:.1f} a second for 1024 leases of {ttl} "
+            f"s; etcd renews one lease per request); everything else is {total - keepalive:.1f} "
             "req/s. Fewer keepalives need a longer TTL, and the TTL is how long a dead "
             "rank's entry stays")  # fmt: skip
 

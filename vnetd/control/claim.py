@@ -1,8 +1,8 @@
 """Hold this rank's claim in the registry for as long as the daemon runs.
 
 A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL; in a
-large mesh less often (``renewal_interval``: its renewals cost etcd at most
-``KEEPALIVES`` a second), never later than half the TTL. A keepalive that
+large mesh at rest less often (``renewal_interval``: its renewals cost etcd
+at most ``KEEPALIVES`` a second), never later than half the TTL. A keepalive that
 gets no answer is tried again within half a second, backing off to a sixth
 of the TTL, never more than a third of the TTL after it was sent: two missed
 renewals in a row would otherwise cost the lease. If
@@ -245,7 +245,8 @@ class ClaimHolder:
         """Keep the lease alive until the claim is lost; returns why it was.
 
         A changed record (``set_device_id``) is written between renewals, at once.
-        Renewals come every ``renewal_interval`` (the mesh as the view has it at each).
+        Renewals come every third of the TTL, or every ``renewal_interval`` once no
+        member changed since the last renewal (``_renewal_interval``).
         A renewal that failed is retried ``KEEPALIVE_RETRY`` s after its failure (a
         sixth of the TTL if that is shorter), doubling up to a sixth of the TTL,
         and never later than a third of the TTL after it was sent (a renewal that
@@ -258,7 +259,8 @@ class ClaimHolder:
         second or two before it still keeps the lease.
         """
         lease = self.lease
-        renew_at = self._renewed_at + self._renewal_interval()  # granted or renewed then
+        renew_at = self._renewed_at + self.ttl / 3  # granted or renewed then
+        quiet_since = self._view_version()  # the view as of the last renewal
         retry_within = self.ttl / 3
         first_retry = min(KEEPALIVE_RETRY, self.ttl / 6)
         retry = Backoff(initial=first_retry, maximum=self.ttl / 6)
@@ -280,7 +282,8 @@ class ClaimHolder:
                 else:
                     retry.reset()
                     self._renewed_at = started
-                    renew_at = started + self._renewal_interval()
+                    renew_at = started + self._renewal_interval(quiet_since)
+                    quiet_since = self._view_version()
                     if reason is not None:
                         return reason
             elif self.view is not None and self.view.version != version:
@@ -294,8 +297,17 @@ class ClaimHolder:
                 if reason is not None:
                     return reason
 
-    def _renewal_interval(self) -> float:
-        return renewal_interval(self.ttl, len(self.view.members) if self.view else 1)
+    def _view_version(self) -> int:
+        return self.view.version if self.view is not None else 0
+
+    def _renewal_interval(self, quiet_since: int) -> float:
+        """``renewal_interval`` for the mesh as the view has it when no member changed
+        since the view's ``quiet_since`` version (the last renewal), else a third of the
+        TTL: a storm, when a loaded etcd or event loop may delay a renewal, keeps the
+        wider margin, and the mesh at rest costs etcd fewer requests."""
+        if self.view is None or self.view.version != quiet_since:
+            return self.ttl / 3
+        return renewal_interval(self.ttl, len(self.view.members))
 
     async def _wait(self, deadline: float, version: int) -> None:
         """Until ``deadline``, a record change, or (with a view) a change of the view.
