@@ -172,14 +172,20 @@ async def watch_cost(args: argparse.Namespace) -> None:
             moves = len(why)
             if why:
                 print(f"  moves: {sorted(set(why))[:5]}", flush=True)
+            reopened = [line.removeprefix("reopened: ")[:120]
+                        for load in loads for line in load.log_text().splitlines()
+                        if line.startswith("reopened: ")]  # fmt: skip
+            if reopened:
+                print(f"  reopened: {sorted(set(reopened))[:3]}", flush=True)
             for load in loads:
                 await load.stop()
             rps = rest.get("requests_per_s")
             print(f"  {n} {mode} watches: etcd CPU {cpu:.3f} s/s, {rps} req/s "
-                  f"{rest.get('received_per_s')}, {moves} watch moves", flush=True)  # fmt: skip
+                  f"{rest.get('received_per_s')}, {moves} watch moves, {len(reopened)} "
+                  "reopened", flush=True)  # fmt: skip
             runs.append({"mode": mode, "watchers": n, "etcd_cpu_per_s": cpu,
                          "requests_per_s": rps, "received_per_s": rest.get("received_per_s"),
-                         "watch_moves": moves,
+                         "watch_moves": moves, "watch_reopens": len(reopened),
                          "progress_notify": PROGRESS_INTERVAL})  # fmt: skip
             await trio.sleep(3)
         await scraper.stop()

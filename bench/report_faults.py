@@ -53,12 +53,31 @@ def etcd_faults_section(r: JSON | None, cost: JSON | None) -> tuple[list[str], b
             " (its CPU, share of a core, over "
             f"{cost['params']['window_s']:g} s): plain watches "
             f"{100 * c['plain']:.1f} %, leader-required {100 * c['leader']:.1f} %, as the "
-            f"daemons keep them (leader-required, and a linearizable read per quiet watch "
-            f"every 3 s) {100 * c['checked']:.1f} %; with a serializable read instead "
+            f"daemons keep them (leader-required, and a linearizable read when a watch is "
+            f'quiet past its check: docs/architecture.md, "Watch") {100 * c["checked"]:.1f} %'
+            f"{_checked_churn(cost)}; with a serializable read instead "
             f"{100 * c.get('serializable', math.nan):.1f} %.",
             "",
         ]
     return out + failures_note(r), met
+
+
+def _checked_churn(cost: JSON) -> str:
+    """The checked watches' requests, moves and re-opens (``watch_load.py``), if any."""
+    run = next((x for x in cost["runs"] if x.get("mode") == "checked"), None)
+    if run is None:
+        return ""
+    rps = run.get("requests_per_s")
+    parts = [f"{rps:g} requests a second over the window" if rps is not None else ""]
+    if run.get("watch_moves"):
+        parts.append(f"{run['watch_moves']} moves")
+    if run.get("watch_reopens"):
+        parts.append(
+            f"{run['watch_reopens']} watches opened again after a check got no "
+            "answer (the loaded host's false alarms; a daemon lists and watches again)"
+        )
+    shown = "; ".join(part for part in parts if part)
+    return f" ({shown})" if shown else ""
 
 
 def bursting_section(r: JSON | None) -> list[str]:
