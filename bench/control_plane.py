@@ -357,7 +357,7 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
     runs, failures = await run_each_size("control plane", args.sizes, args.runs, run(args.rate))
     paced: list[JSON] = []
     for size, rate in args.paced.items():
-        done, failed = await run_each_size(f"control plane at {rate}/s", [size], 1, run(rate))
+        done, failed = await run_each_size(f"control plane at {rate}/s", [size], {0: 1}, run(rate))
         paced += done
         failures += failed
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},

@@ -358,7 +358,7 @@ COST_TARGETS = (
                "0.191 s (1024 simulated ranks)", 0.1, "s",
                lambda r: _get(r, "join_storm", "cpu_s", "max"), _why_join),
     CostTarget("1024 simulated ranks: etcd requests at rest", "367 req/s", 50.0, "req/s",
-               _rest_rps, _why_rest),
+               _rest_rps, _why_rest, _how_rest),
     CostTarget("a frozen etcd member: a join reached after the fault, every run", "–", 10.0,
                "s", lambda r: _get(r, "etcd_faults", "frozen", "reached_after_fault_s", "max"),
                lambda r: None),
