@@ -23,14 +23,10 @@ from report_host import dataplane_section, footprint_section, startup_section
 from report_kernel import kernel_guest_section
 from report_proof import record_proof_section
 from report_scale import control_plane_section
-from report_targets import cost_rows, target_rows
+from report_targets import SPEED_BEFORE, cost_rows, slower_than_before, target_rows
 from report_transport import etcd_transport_section
 
 DOC = ROOT / "docs" / "benchmarks.md"
-SPEED_BEFORE = (12.25, "2026-12-03", "Intel(R) Xeon(R) Processor")
-"""An unsigned member record's decode (µs, ``record_proof.py``: pure CPU, one core) on
-the host of the page that stood before: CPU figures are comparable across pages only
-as this figure is (the hosts this runs on vary)."""
 
 
 # --- sections ---------------------------------------------------------------------------
@@ -60,6 +56,21 @@ def machine_section(results: dict[str, JSON]) -> list[str]:
                      f"(record proofs section: pure CPU), {decode / before:.1f}× the {before} µs "
                      f"of the host of {day}'s page ({cpu})"])  # fmt: skip
     return table(["", "machine"], rows)
+
+
+def host_speed_note(results: dict[str, JSON]) -> list[str]:
+    """A line under issue 16's table when this host is much slower than the one of the
+    page before (these figures depend on CPU; the table has no column for why)."""
+    slower = slower_than_before(results)
+    if slower is None or slower < 1.5:
+        return []
+    return [
+        f"This page's host is {slower:.1f}× slower at pure CPU than the one of "
+        f"{SPEED_BEFORE[1]}'s page (machine table, CPU speed): the figures above that "
+        "depend on CPU are slower in about that proportion (that page's are in this "
+        "file's history).",
+        "",
+    ]
 
 
 def numbered(lines: list[str]) -> list[str]:
@@ -126,6 +137,7 @@ def render(results_dir: Path, doc: Path) -> None:
             ["figure", "before", "target", "now", "result"],
             [[*row, verdict(met)] for row, met in issue16],
         ),
+        *host_speed_note(results),
         "What a daemon costs, the figures issue 28 set (before: as the issue was filed);",
         "where one is missed, what these runs measured that says why, and how a figure was",
         "taken where that matters:",
