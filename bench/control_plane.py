@@ -61,6 +61,7 @@ Run alone: ``.venv/bin/python bench/control_plane.py --sizes 256 --runs 1``.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -322,6 +323,18 @@ def shared_proofs(sims: list[LabProcess]) -> JSON:
             "shared_cpu_s": round(shared * per, 3)}  # fmt: skip
 
 
+def size_rates(text: str) -> dict[int, float]:
+    """``--paced``: ``SIZE:RATE,...`` (a rate may be fractional: ``1024:1.5``)."""
+    try:
+        pairs = (item.split(":") for item in text.split(",") if item.strip())
+        rates = {int(size): float(rate) for size, rate in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not SIZE:RATE,...") from None
+    if any(rate <= 0 for rate in rates.values()):
+        raise argparse.ArgumentTypeError(f"{text!r}: a rate is joins per second, above 0")
+    return rates
+
+
 def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
     by_size: JSON = {}
     for size in sizes:
@@ -385,7 +398,7 @@ def main() -> None:
                         "spaced requests of a large mesh (vnetd.pacing) come every "
                         "N / 4 s, so a rest shorter than that misses them")  # fmt: skip
     parser.add_argument("--rate", type=float, default=25.0, help="joins per second (default 25)")
-    parser.add_argument("--paced", type=per_size, default={},
+    parser.add_argument("--paced", type=size_rates, default={},
                         help="SIZE:RATE,...: one more run of SIZE ranks at RATE joins/s each "
                         "(module docstring)")  # fmt: skip
     parser.add_argument("--ttl", type=int, default=10, help="lease TTL, s (default 10)")
