@@ -38,8 +38,10 @@ def record_proof_section(r: JSON | None) -> list[str]:
         f"{load['loadavg_1m_before']:.0f} before, {load['loadavg_1m_after']:.0f} after).",
         "",
         *table(["", "unsigned", "signed", "difference"], rows),
-        "A signed join costs each reader one Ed25519 verification more; a re-list verifies",
-        "only records it has not verified at that key and lease. CPU time is less disturbed",
+        "A signed join costs each reader one Ed25519 verification more (libsodium's, through",
+        "PyNaCl; results from before 2026-12-04 are cryptography's, about twice the CPU); a",
+        "re-list verifies only records it has not verified at that key and lease. CPU time is",
+        "less disturbed",
         "by a loaded machine than wall time, not immune to it (shared caches and cores).",
         "",
     ]
