@@ -84,7 +84,8 @@ async def one_run(args: Any, run: int) -> JSON:  # noqa: ANN401
             env = {"BENCH_PROFILE": str(args.profile)} if args.profile else {}
             # One daemon: it checks every record's signature itself, as in production.
             argv = [sys.executable, str(BENCH / "sim_ranks.py"), "--config", str(spec),
-                    "--ranks", "0", "--state-root", str(pod.state_dir), "--own-proofs"]  # fmt: skip
+                    "--ranks", "0", "--state-root", str(pod.state_dir), "--own-proofs",
+                    "--resync", str(args.resync)]  # fmt: skip
             daemon = await lab.start(pod, argv, env, private_mount=False)
             await wait_for(lambda: first(daemon, "claimed"), "the daemon's claim", BOUND, 0.05)
             writer_argv = [
@@ -165,7 +166,7 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
     n = runs_for(args.runs)
     runs, failures = await run_repeated(NAME, n, lambda i: one_run(args, i))
     params = {"size": args.size, "rate": args.rate, "per_txn": args.per_txn, "runs": n,
-              "signed": not args.unsigned, "rest_s": args.rest}  # fmt: skip
+              "signed": not args.unsigned, "rest_s": args.rest, "resync_s": args.resync}  # fmt: skip
     summary = {key: spread(r[key] for r in runs) for key in (
         "cpu_s", "us_per_join", "proofs_cpu_s", "rest_cpu_per_s", "rest_share_s",
         "join_path_cpu_s", "join_path_us", "device_cpu_s", "watch_opens", "passes")}  # fmt: skip
@@ -182,6 +183,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="leave the daemon's cProfile here")
     parser.add_argument("--rest", type=at_least_2, default=30.0,
                         help="seconds its CPU at rest is read over, once full")  # fmt: skip
+    parser.add_argument("--resync", type=float, default=30.0,
+                        help="the daemon's full pass, s (default 30, the daemon's default): "
+                        "what its passes add to the rest figure")  # fmt: skip
     parser.add_argument("--unsigned", action="store_true",
                         help="unsigned records (as older versions wrote): the share of the "
                         "signatures' verification")  # fmt: skip
