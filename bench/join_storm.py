@@ -166,7 +166,8 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
     n = runs_for(args.runs)
     runs, failures = await run_repeated(NAME, n, lambda i: one_run(args, i))
     params = {"size": args.size, "rate": args.rate, "per_txn": args.per_txn, "runs": n,
-              "signed": not args.unsigned, "rest_s": args.rest, "resync_s": args.resync}  # fmt: skip
+              "signed": not args.unsigned, "rest_s": args.rest,
+              "resync_s": args.resync}  # fmt: skip
     summary = {key: spread(r[key] for r in runs) for key in (
         "cpu_s", "us_per_join", "proofs_cpu_s", "rest_cpu_per_s", "rest_share_s",
         "join_path_cpu_s", "join_path_us", "device_cpu_s", "watch_opens", "passes")}  # fmt: skip
