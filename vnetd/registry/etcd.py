@@ -59,12 +59,23 @@ from vnetd.registry.etcd_watch import QuietHints, resuming_watch
 from vnetd.registry.httpcore_package import import_httpcore
 
 __all__ = [
+    "IDLE_KEPT",
     "EtcdRegistry",
     "EtcdSecurity",
     "RegistryAccessError",
     "SharedTls",
     "open_etcd_registry",
 ]
+
+IDLE_KEPT = 300.0
+"""Seconds an idle connection to etcd is kept for the next call. httpx's default, 5 s,
+is shorter than the gaps between a daemon's calls at rest (renewals every TTL / 3 or
+more, quiet checks and spec reads spaced by the mesh's size), so each of those opened
+a new connection, and with TLS made both sides do a handshake: 3 connects a minute
+for one daemon at rest with 1023 peers (``bench/join_storm.py``, strace). A kept
+connection that etcd closed is seen closed when it is next taken and a new one is
+opened (httpcore); one to a member that stopped answering fails its call's bound, as
+a new one would."""
 
 
 class EtcdRegistry:
@@ -110,7 +121,11 @@ class EtcdRegistry:
         elif tls:
             verify = self._security.ssl_context()
         import_httpcore()  # before httpx imports it: see that module
-        self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
+        # httpx's default limits but for how long an idle connection is kept.
+        limits = httpx.Limits(
+            max_connections=100, max_keepalive_connections=20, keepalive_expiry=IDLE_KEPT
+        )
+        self._client = httpx.AsyncClient(timeout=timeout, verify=verify, limits=limits)
         self._tokens: dict[str, str] = {}
         """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
         self._resumes = ListResumes()  # lists that stopped, resumed by the next (etcd_pages)
