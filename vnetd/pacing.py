@@ -14,7 +14,9 @@ quarter, never below its floor (``period``), so that daemons started in one
 storm, or woken by one event, do not all ask in one burst; the jitter raises
 the rate by up to a third (a seventh on average). N is what the daemon sees of
 the mesh (the keys under the members prefix, or its view's members), so the
-spacing follows the mesh as it grows.
+spacing follows the mesh as it grows. The reconciler's safety-net pass is spaced
+the same way for a local cost, its CPU, which grows with the mesh
+(``daemon.reconciler.FULL_PASS_PEERS``).
 """
 
 from __future__ import annotations

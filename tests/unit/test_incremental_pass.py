@@ -21,7 +21,7 @@ from shared import wide_key as key
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.watcher import MemberView
-from vnetd.daemon.reconciler import Reconciler
+from vnetd.daemon.reconciler import FULL_PASS_PEERS, Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
@@ -240,4 +240,24 @@ async def test_the_full_pass_comes_every_resync_interval_after_an_incremental_on
         registry.batch(member(7, port=51900))  # an incremental pass, 1 s before the resync
         await trio.sleep(5)
         assert device.peer_reads == reads + 1, "no full pass a resync interval after the last"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_large_mesh_spaces_its_safety_net_pass_by_its_size(autojump_clock):
+    """1024 members: the periodic full pass comes every 1024 / 8 = 128 s, not every 30 s,
+    and still puts back a peer removed from the device behind the daemon's back."""
+    reconciler, device, _registry = setup()
+    assert reconciler.resync_period() == SIZE / FULL_PASS_PEERS == 128
+    assert setup(range(16))[0].resync_period() == reconciler.resync_interval == 30
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reconciler.run)
+        await trio.sleep(10)  # the first pass, and its peers' first handshakes checked
+        assert len(device.device) == SIZE - 1 and not reconciler.handshakes.awaiting
+        reads = device.peer_reads
+        del device.device[key(9)]  # behind our back
+        await trio.sleep(100)  # three of a small mesh's intervals
+        assert device.peer_reads == reads, "a read of the device before N / 8 s"
+        assert key(9) not in device.device
+        await trio.sleep(19)  # 129 s from the first pass
+        assert key(9) in device.device, "no safety-net pass N / 8 s after the last"
         nursery.cancel_scope.cancel()

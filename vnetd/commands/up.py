@@ -77,8 +77,8 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         type=float,
         default=DEFAULT_RESYNC_INTERVAL,
         metavar="SECONDS",
-        help="full reconcile with no event at least this often "
-        f"(default {DEFAULT_RESYNC_INTERVAL:g})",
+        help="full reconcile with no event this often, or every N/8 s in a mesh of N "
+        f"members over 8 x SECONDS (default {DEFAULT_RESYNC_INTERVAL:g})",
     )
     up.add_argument(
         "--http-listen",

@@ -3,7 +3,8 @@
 A pass computes the peers of the ranks that changed (``MemberView.changed_since``)
 and diffs them against what it applied (``mesh.AppliedPeers``); a full pass
 computes everything and reads the device, at start and every
-``resync_interval``. Only a non-empty plan is applied. Between passes it
+``resync_interval`` (spaced by the mesh's size: ``FULL_PASS_PEERS``). Only a
+non-empty plan is applied. Between passes it
 checks the few peers whose first handshake is due (``initiator.HandshakeWatch``).
 The rules it keeps (O(change) passes, one initiator per pair, restarted
 peers, resync requests) are in docs/architecture.md, "Reconciler".
@@ -35,9 +36,19 @@ from vnetd.mesh.peers import (
     written_after,
 )
 from vnetd.model import DevicePeer, Member, Peer, Plan
+from vnetd.pacing import spaced
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.reconcile")
+
+FULL_PASS_PEERS = 8.0
+"""Members a second the safety-net full pass may compute while nothing changes. A pass
+costs CPU in proportion to the mesh (about 10 ms at 1023 peers on the 2026-12-04 lab
+host, a quarter of a daemon's CPU at rest: ``bench/join_storm.py --resync``), so a mesh
+larger than ``resync_interval`` times this (240 members at 30 s) takes it every N / 8 s
+instead (128 s at 1024), and the pass costs a daemon the same CPU a second whatever
+the mesh's size. Every other full pass (the first, after a list, a requested resync, a
+changed rule of ours, a failed pass) comes when it is due, as before."""
 
 
 @dataclass
@@ -126,7 +137,7 @@ class Reconciler:
         seen = -1
         backoff = Backoff(initial=0.1, maximum=5.0)
         task_status.started()
-        next_resync = trio.current_time() + self.resync_interval
+        next_resync = trio.current_time() + self.resync_period()
         while True:
             if not self.view.synced:
                 # No list yet, so an empty view says nothing: a device adopted
@@ -148,12 +159,12 @@ class Reconciler:
                         await self.check_handshakes()
                         continue
                 seen = self.view.version
-                next_resync = trio.current_time() + self.resync_interval
+                next_resync = trio.current_time() + self.resync_period()
                 self._resync_reason = None
                 after, self._after_resync = self._after_resync, []
                 await self.reconcile_once(resync=resync)
                 # The safety net counts from the last full pass, not from any pass.
-                next_resync = self._full_at + self.resync_interval
+                next_resync = self._full_at + self.resync_period()
                 backoff.reset()
                 for call in after:
                     call()
@@ -166,6 +177,10 @@ class Reconciler:
                 log.error("applying the plan failed: %s; retrying in %.1f s", exc, delay)
                 seen = -1  # make the next pass run even without a new event
                 await trio.sleep(delay)
+
+    def resync_period(self) -> float:
+        """Seconds from one safety-net full pass to the next (``FULL_PASS_PEERS``)."""
+        return spaced(self.resync_interval, len(self.view.members), FULL_PASS_PEERS)
 
     async def reconcile_once(self, *, resync: str | None = None) -> Plan:
         """One pass; returns the plan it applied (possibly empty).
@@ -192,7 +207,7 @@ class Reconciler:
             self._full_due
             or bool(self.spec.gateways)  # a gateway's peer carries other ranks' routes
             or resync is not None
-            or now >= self._full_at + self.resync_interval
+            or now >= self._full_at + self.resync_period()
             or rule != self._rule
         )
         self._rule = rule
