@@ -48,12 +48,14 @@ Figures per run:
   takes events while etcd sends the rest. ``claim_min`` is the least
   start → claim of the run, the one least delayed by the packed cores.
 
-``--resync S`` sets every daemon's full pass (the reconciler's safety net: it
-reads the device and diffs every peer, and asks etcd nothing) to every S
-seconds instead of the daemon's default 30. It is a measuring knob, not a
-cure: at 1023 peers ``join_storm.py --resync 300`` put a daemon's rest at
-0.9 ms of CPU a second against 1.2 at 30 (one run each, 2026-12-04), so the
-passes are about a quarter of what a daemon spends at rest.
+``--resync S`` sets every daemon's ``--resync-interval`` (the reconciler's
+safety-net full pass: it reads the device and diffs every peer, and asks etcd
+nothing) to S seconds instead of the daemon's default 30; a mesh of more than
+8 × S members spaces it to N / 8 s (``vnetd.daemon.reconciler.FULL_PASS_PEERS``).
+It is a measuring knob: at 1023 peers, before that spacing,
+``join_storm.py --resync 300`` put a daemon's rest at 0.9 ms of CPU a second
+against 1.2 at 30 (one run each, 2026-12-04), so the passes were about a
+quarter of what a daemon spends at rest.
 
 ``--paced SIZE:RATE`` adds one run of SIZE ranks at RATE joins per second,
 summarised apart (``paced``): a storm whose work is more than the lab's cores
@@ -94,8 +96,10 @@ from common import (
 )
 
 from vnetd.control.claim import renewal_interval
+from vnetd.daemon.reconciler import FULL_PASS_PEERS
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.open_lab import LabProcess, open_lab
+from vnetd.pacing import spaced
 
 NAME = "control_plane"
 TITLE = "Control-plane scale (simulated ranks)"
@@ -397,6 +401,8 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
               "paced": {size: rate for size, rate in args.paced.items()},
               "seed": seed}  # fmt: skip
     params["keepalive_s"].update({size: renewal_interval(args.ttl, size) for size in args.paced})
+    params["resync_every_s"] = {size: spaced(args.resync, size, FULL_PASS_PEERS)
+                                for size in [*args.sizes, *args.paced]}  # fmt: skip
     summary = summarize(runs, args.sizes)
     summary["paced"] = summarize(paced, list(args.paced))["by_size"]
     write_result(NAME, TITLE, params, runs + [{**r, "paced": True} for r in paced], summary,

@@ -24,8 +24,9 @@ members would add: their handshakes and the keepalives their initiators send
 After each step's start the bench waits until the daemon's log shows every
 peer, lets it settle, and reads VmRSS (and PSS) of the vnetd process and of
 its wireguard-go child separately. At 1023 peers it then reads the CPU both
-use over ``--idle`` s with nothing changing (keepalives every 3.3 s, a full
-resync every 30 s, the watch restarted from its last revision every 60 s).
+use over ``--idle`` s with nothing changing (at 1023 peers a daemon renews every
+5 s at rest, takes its full pass every 128 s and restarts its watch from its last
+revision every 256 s or up to a quarter sooner: the params record each).
 The 1023 step's start is also reported as the restart with 1023 peers
 registered: the time to all peers and its first pass's duration.
 
@@ -60,9 +61,13 @@ from common import (
     write_result,
 )
 
+from vnetd.control.claim import renewal_interval
+from vnetd.control.watcher import WATCH_RESTARTS
+from vnetd.daemon.reconciler import FULL_PASS_PEERS
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.netns import child_pid
 from vnetd.lab.open_lab import Lab, open_lab
+from vnetd.pacing import spaced
 from vnetd.spec import load_spec
 
 NAME = "footprint"
@@ -168,7 +173,11 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
     n = runs_for(args.runs)
     runs, failures = await run_repeated("footprint", n, lambda _i: one_run(args.idle))
     params = {"runs": n, "idle_s": args.idle, "steps": list(STEPS), "mesh_size": SIZE,
-              "lease_ttl_s": 10, "resync_s": 30}  # fmt: skip
+              "lease_ttl_s": 10, "resync_s": 30,
+              # at 1023 peers, at rest: what the page says the idle CPU covers
+              "keepalive_s": renewal_interval(10, SIZE),
+              "resync_every_s": spaced(30, SIZE, FULL_PASS_PEERS),
+              "watch_restart_s": spaced(60, SIZE, WATCH_RESTARTS)}  # fmt: skip
     write_result(NAME, TITLE, params, runs, summarize(runs),
                  merge_load([r["load"] for r in runs]), args.out,
                  failures)  # fmt: skip

@@ -42,7 +42,7 @@ def control_plane_section(r: JSON | None) -> tuple[list[str], bool | None]:
         f"`FakeDataplane`, packed into {p['procs']} processes (one per lab pod, ranks",
         f"interleaved), against one real etcd. Daemons start at {p['rate_per_s']:g} joins/s in",
         f"all{_paced_note(p)}; lease TTL {p['lease_ttl_s']} s ({_renewals(p)}),",
-        f"resync every {p['resync_s']} s. *Converge* = last registration acknowledged →",
+        f"{_resyncs(p)}. *Converge* = last registration acknowledged →",
         "every daemon's device holds all N-1 peers. etcd requests = gRPC messages received",
         f"(scraped from its /metrics every second); *rest* = {_rest(p['rest_s'])} after",
         "convergence. Median (min–max) over runs.",
@@ -209,6 +209,17 @@ def _renewals(p: JSON) -> str:
         return every
     at_rest = ", ".join(f"every {v:.1f} s at {size}" for size, v in spaced.items())
     return f"{every}; at rest {at_rest}"
+
+
+def _resyncs(p: JSON) -> str:
+    """How often the daemons took their safety-net full pass, as the run recorded it for
+    each size (``daemon.reconciler.FULL_PASS_PEERS``)."""
+    every = f"resync every {p['resync_s']:g} s"
+    spaced = {size: v for size, v in (p.get("resync_every_s") or {}).items()
+              if v > p["resync_s"]}  # fmt: skip
+    if not spaced:
+        return every
+    return every + "; " + ", ".join(f"every {v:g} s at {size}" for size, v in spaced.items())
 
 
 def _paced_note(p: JSON) -> str:
