@@ -95,6 +95,7 @@ from common import (
     write_result,
 )
 
+from vnetd.config import DEFAULT_RESYNC_INTERVAL
 from vnetd.control.claim import renewal_interval
 from vnetd.daemon.reconciler import FULL_PASS_PEERS
 from vnetd.lab.cluster import write_spec
@@ -213,7 +214,7 @@ async def one_run(
     ttl: int,
     window: float,
     own_proofs: bool,
-    resync: float = 30.0,
+    resync: float,
 ) -> JSON:
     timeout = size / rate + window
     async with open_lab(procs) as lab:
@@ -392,17 +393,17 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
         done, failed = await run_each_size(f"control plane at {rate}/s", [size], {0: 1}, run(rate))
         paced += done
         failures += failed
+    every_size = [*args.sizes, *args.paced]
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
               "procs": args.procs,
               "rest_s": {size: runs_for(args.rest, size) for size in args.sizes},
               "rate_per_s": args.rate, "lease_ttl_s": args.ttl, "resync_s": args.resync,
-              "keepalive_s": {size: renewal_interval(args.ttl, size) for size in args.sizes},
+              "keepalive_s": {size: renewal_interval(args.ttl, size) for size in every_size},
+              "resync_every_s": {size: spaced(args.resync, size, FULL_PASS_PEERS)
+                                 for size in every_size},
               "window_s": args.window, "shared_proofs": not args.own_proofs,
               "paced": {size: rate for size, rate in args.paced.items()},
               "seed": seed}  # fmt: skip
-    params["keepalive_s"].update({size: renewal_interval(args.ttl, size) for size in args.paced})
-    params["resync_every_s"] = {size: spaced(args.resync, size, FULL_PASS_PEERS)
-                                for size in [*args.sizes, *args.paced]}  # fmt: skip
     summary = summarize(runs, args.sizes)
     summary["paced"] = summarize(paced, list(args.paced))["by_size"]
     write_result(NAME, TITLE, params, runs + [{**r, "paced": True} for r in paced], summary,
@@ -423,9 +424,10 @@ def main() -> None:
                         help="SIZE:RATE,...: one more run of SIZE ranks at RATE joins/s each "
                         "(module docstring)")  # fmt: skip
     parser.add_argument("--ttl", type=int, default=10, help="lease TTL, s (default 10)")
-    parser.add_argument("--resync", type=float, default=30.0,
-                        help="each daemon's full pass, s (default 30, the daemon's default; "
-                        "module docstring)")  # fmt: skip
+    parser.add_argument("--resync", type=float, default=DEFAULT_RESYNC_INTERVAL,
+                        help="each daemon's --resync-interval, s (default "
+                        f"{DEFAULT_RESYNC_INTERVAL:g}, the daemon's; module "
+                        "docstring)")  # fmt: skip
     parser.add_argument("--window", type=float, default=CONVERGE_AFTER,
                         help="s after the last scheduled start before a run counts as not "
                         f"converged (default {CONVERGE_AFTER:g})")  # fmt: skip

@@ -61,6 +61,7 @@ from common import (
     write_result,
 )
 
+from vnetd.config import DEFAULT_RESYNC_INTERVAL
 from vnetd.control.claim import renewal_interval
 from vnetd.control.watcher import WATCH_RESTARTS
 from vnetd.daemon.reconciler import FULL_PASS_PEERS
@@ -173,10 +174,10 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
     n = runs_for(args.runs)
     runs, failures = await run_repeated("footprint", n, lambda _i: one_run(args.idle))
     params = {"runs": n, "idle_s": args.idle, "steps": list(STEPS), "mesh_size": SIZE,
-              "lease_ttl_s": 10, "resync_s": 30,
+              "lease_ttl_s": 10, "resync_s": DEFAULT_RESYNC_INTERVAL,
               # at 1023 peers, at rest: what the page says the idle CPU covers
               "keepalive_s": renewal_interval(10, SIZE),
-              "resync_every_s": spaced(30, SIZE, FULL_PASS_PEERS),
+              "resync_every_s": spaced(DEFAULT_RESYNC_INTERVAL, SIZE, FULL_PASS_PEERS),
               "watch_restart_s": spaced(60, SIZE, WATCH_RESTARTS)}  # fmt: skip
     write_result(NAME, TITLE, params, runs, summarize(runs),
                  merge_load([r["load"] for r in runs]), args.out,

@@ -60,6 +60,7 @@ from common import (
     write_result,
 )
 
+from vnetd.config import DEFAULT_RESYNC_INTERVAL
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.open_lab import LabProcess, open_lab
 
@@ -184,9 +185,10 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="leave the daemon's cProfile here")
     parser.add_argument("--rest", type=at_least_2, default=30.0,
                         help="seconds its CPU at rest is read over, once full")  # fmt: skip
-    parser.add_argument("--resync", type=float, default=30.0,
-                        help="the daemon's full pass, s (default 30, the daemon's default): "
-                        "what its passes add to the rest figure")  # fmt: skip
+    parser.add_argument("--resync", type=float, default=DEFAULT_RESYNC_INTERVAL,
+                        help="the daemon's --resync-interval, s (default "
+                        f"{DEFAULT_RESYNC_INTERVAL:g}, the daemon's): what its full passes add "
+                        "to the rest figure")  # fmt: skip
     parser.add_argument("--unsigned", action="store_true",
                         help="unsigned records (as older versions wrote): the share of the "
                         "signatures' verification")  # fmt: skip

@@ -66,7 +66,7 @@ from typing import ClassVar
 
 import trio
 
-from vnetd.config import Settings
+from vnetd.config import DEFAULT_RESYNC_INTERVAL, Settings
 from vnetd.control import membership
 from vnetd.daemon.root import run_daemon
 from vnetd.daemon.running import Running
@@ -302,7 +302,8 @@ def main() -> int:
     parser.add_argument("--ranks", required=True, help="e.g. 0-255")
     parser.add_argument("--state-root", type=Path, required=True)
     parser.add_argument("--stagger", type=float, default=0.0, help="seconds between starts")
-    parser.add_argument("--resync", type=float, default=30.0, help="--resync-interval")
+    parser.add_argument("--resync", type=float, default=DEFAULT_RESYNC_INTERVAL,
+                        help="--resync-interval")  # fmt: skip
     parser.add_argument("--own-proofs", action="store_true",
                         help="each daemon checks every record itself (docstring)")  # fmt: skip
     args = parser.parse_args()

@@ -59,7 +59,6 @@ from vnetd.registry.etcd_watch import QuietHints, resuming_watch
 from vnetd.registry.httpcore_package import import_httpcore
 
 __all__ = [
-    "IDLE_KEPT",
     "EtcdRegistry",
     "EtcdSecurity",
     "RegistryAccessError",
