@@ -51,10 +51,11 @@ def machine_section(results: dict[str, JSON]) -> list[str]:
     ]
     decode = ((results.get("record_proof") or {}).get("summary") or {}).get("decode_unsigned_us")
     if decode is not None:
-        before, day, cpu = SPEED_BEFORE
+        b = SPEED_BEFORE
         rows.append(["CPU speed", f"an unsigned member record decodes in {decode:.1f} µs "
-                     f"(record proofs section: pure CPU), {decode / before:.1f}× the {before} µs "
-                     f"of the host of {day}'s page ({cpu})"])  # fmt: skip
+                     f"(record proofs section: pure CPU), {decode / b.decode_unsigned_us:.1f}× "
+                     f"the {b.decode_unsigned_us} µs of the host of {b.date}'s page "
+                     f"({b.cpu})"])  # fmt: skip
     return table(["", "machine"], rows)
 
 
@@ -66,7 +67,7 @@ def host_speed_note(results: dict[str, JSON]) -> list[str]:
         return []
     return [
         f"This page's host is {slower:.1f}× slower at pure CPU than the one of "
-        f"{SPEED_BEFORE[1]}'s page (machine table, CPU speed): the figures above that "
+        f"{SPEED_BEFORE.date}'s page (machine table, CPU speed): the figures above that "
         "depend on CPU are slower in about that proportion (that page's are in this "
         "file's history).",
         "",

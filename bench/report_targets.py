@@ -126,16 +126,26 @@ def target_rows(results: dict[str, JSON]) -> list[tuple[list[str], bool | None]]
     return rows
 
 
-SPEED_BEFORE = (12.25, "2026-12-03", "Intel(R) Xeon(R) Processor")
-"""An unsigned member record's decode (µs, ``record_proof.py``: pure CPU, one core) on
-the host of the page that stood before: CPU figures are comparable across pages only
-as this figure is (the hosts this runs on vary)."""
+@dataclass(frozen=True)
+class PageBefore:
+    """What the page that stood before measured that this page's texts compare with."""
+
+    decode_unsigned_us: float
+    """An unsigned member record's decode (``record_proof.py``: pure CPU, one core): CPU
+    figures are comparable across pages only as this figure is (the hosts vary)."""
+    date: str
+    cpu: str
+    propagation_p99_ms: float
+    """Steady propagation at 64 pods, p99 (issue 28's table), on that page."""
+
+
+SPEED_BEFORE = PageBefore(12.25, "2026-12-03", "Intel(R) Xeon(R) Processor", 149)
 
 
 def slower_than_before(r: dict[str, JSON]) -> float | None:
     """How many times slower at pure CPU this page's host is than ``SPEED_BEFORE``'s."""
     decode = _get(r, "record_proof", "decode_unsigned_us")
-    return None if decode is None else decode / SPEED_BEFORE[0]
+    return None if decode is None else decode / SPEED_BEFORE.decode_unsigned_us
 
 
 def _why_propagation(r: dict[str, JSON]) -> str | None:
@@ -148,7 +158,8 @@ def _why_propagation(r: dict[str, JSON]) -> str | None:
     return (f"the 64-pod runs kept the 2 cores {min(busy) * 100:.0f}–{max(busy) * 100:.0f} % "
             f"busy on average (64 daemons and their wireguard-go; a join cost each daemon "
             f"{per_join:.1f} ms of CPU, median), on a host {slower:.1f}× slower at pure CPU "
-            f"than the one of {SPEED_BEFORE[1]}'s page, where this figure was met (149 ms): "
+            f"than the one of {SPEED_BEFORE.date}'s page, where this figure was met "
+            f"({SPEED_BEFORE.propagation_p99_ms:g} ms): "
             "machine table, CPU speed")  # fmt: skip
 
 
