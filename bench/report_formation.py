@@ -253,10 +253,12 @@ def launcher_section(r: JSON | None) -> tuple[list[str], bool | None]:
         "listened (workers that retried, above). vnetd's is the last daemon becoming ready "
         "(its start costs CPU: Python imports, the key, wireguard-go, the first list, and it "
         "queues behind the other daemons still starting on the same cores) plus, for the "
-        "slowest worker, the time from ready to hello: a worker's first handshake to rank 0 "
-        "can leave before rank 0's daemon has added the worker; it is dropped and the tunnel "
-        "waits for the initiator's re-add (0.4–1 s) and the next TCP SYN retransmission "
-        "(1 s, then 2 s, ...).",
+        "slowest worker, the time from ready to hello: rank 0's daemon learns of the worker "
+        "from its watch and adds it, its handshake completes, and the worker's broker "
+        "connects. A hello about 1 s after ready is one TCP SYN retransmission: until the "
+        "handshakes waited for the peers' routes (docs/architecture.md, \"Data plane and "
+        "routing\"), rank 0 could start one before the worker's route was in, and its "
+        "SYN-ACK then met the overlay's unreachable route.",
         "",
         *failures_note(r),
     ]

@@ -584,6 +584,47 @@ async def test_only_the_peers_a_plan_starts_a_handshake_with_send_one(uapi_devic
     assert peers[held.public_key].endpoint is None
 
 
+async def test_a_handshake_starts_only_once_the_peers_route_is_in(
+    real_kind: str, netns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handshake between two pods completes in well under a millisecond, and the peer
+    then sends what it held for us (a TCP SYN); our answer, routed before the peer's
+    route is in, meets the overlay's ``unreachable`` route and is lost for TCP's one
+    second retransmission. So the plan's handshakes start after its routes: with the
+    route step held, no initiation leaves; released, it does. Endpoint on the
+    namespace's loopback: nothing leaves it."""
+    await trio.run_process(["ip", "-n", netns, "link", "set", "lo", "up"])
+    config = device_config(next(_names))
+    peer = Peer(public_key(), (A_IP,), "127.0.0.1:40011", rank=1, keepalive=25)
+    reached, release = trio.Event(), trio.Event()
+
+    async def sent() -> int:
+        return (await read_device(config.interface, netns=netns)).peers[peer.public_key].tx_bytes
+
+    with trio.fail_after(hang_guard(30)):
+        async with open_device(real_kind, config, netns) as dp:
+            change_routes = dp._change_routes
+
+            async def held_routes(gone: set[str], new: set[str]) -> None:
+                reached.set()
+                await release.wait()
+                await change_routes(gone, new)
+
+            monkeypatch.setattr(dp, "_change_routes", held_routes)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(dp.apply, Plan(add=(peer,), handshake=(peer.public_key,)))
+                await reached.wait()
+                await trio.sleep(0.3)  # what the old order sent within the write, and more
+                before = await sent()
+                release.set()
+            await trio.sleep(0.3)
+            after = await sent()
+            routes = await dp.routes()
+    assert before == 0, "a handshake initiation left before the peer's route was in"
+    assert after >= 148, "no handshake initiation went out"
+    assert routes == {A_IP}
+
+
 async def test_a_big_plan_is_applied_in_bounded_transactions(
     uapi_device: Device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -605,7 +646,8 @@ async def test_a_big_plan_is_applied_in_bounded_transactions(
         held = await uapi_device.dp.peers()
         routes = await uapi_device.dp.routes()
     adds = [sum(line == ("replace_allowed_ips", "true") for line in lines) for lines in seen]
-    assert adds == [MAX_ADDS_PER_SET, MAX_ADDS_PER_SET, 6]
+    # Each transaction of adds is followed (after its routes) by one starting their handshakes.
+    assert adds == [MAX_ADDS_PER_SET, 0, MAX_ADDS_PER_SET, 0, 6, 0]
     assert set(held) == {p.public_key for p in peers}
     assert all(held[p.public_key].tx_bytes >= 148 for p in peers), "a handshake did not go out"
     assert routes == {p.allowed_ips[0] for p in peers}

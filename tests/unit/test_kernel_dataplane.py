@@ -651,11 +651,13 @@ async def test_a_socket_that_times_out_is_a_dataplane_error(
         await dp.apply(Plan(add=THOUSAND_PEERS[:1]))
 
 
-async def test_a_plan_goes_to_the_socket_as_one_batch_with_its_handshakes(
+async def test_a_plan_goes_to_the_socket_as_one_batch_and_its_handshakes_as_another(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One ``set_peers`` for the whole plan (packed many peers to a message), not one
-    call per peer: 1000 adds and the three keepalive steps of one handshake."""
+    call per peer: 1000 adds; then, once the routes are in, one for the three
+    keepalive steps of one handshake (tests/contract/test_dataplane.py checks that
+    order against the kernel)."""
     no_route_moves(monkeypatch)
     fakes: list[FakeWireGuard] = []
 
@@ -666,4 +668,4 @@ async def test_a_plan_goes_to_the_socket_as_one_batch_with_its_handshakes(
     dp = KernelDataplane(config(), None, factory)
     with trio.fail_after(30):
         await dp.apply(Plan(add=THOUSAND_PEERS, handshake=(THOUSAND_PEERS[0].public_key,)))
-    assert [fake.batches for fake in fakes] == [[1003]]
+    assert [fake.batches for fake in fakes] == [[1000], [3]]

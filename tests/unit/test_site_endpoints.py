@@ -166,12 +166,14 @@ def test_data_planes_set_the_peer_keepalive_also_after_a_handshake():
     plan = Plan(add=tuple(sorted(peers.values())), handshake=(key(2), key(3)))
     ending = handshake_keepalives(plan, 0)
     lines = plan_lines(plan, 0) + handshake_lines(plan.handshake, 0, ending)
-    # Every added peer writes its keepalive, 0 too (wireguard-go's carry-over, invariant 10).
+    # Every added peer writes its keepalive, 0 too (wireguard-go's carry-over, invariant 10);
+    # one whose handshake the plan starts is added with it off, and the handshake's steps,
+    # sent once the routes are in, end at its 25.
     assert [v for k, v in lines if k == "persistent_keepalive_interval"] == [
-        "25", "0", "0", "1", "25", "0", "1", "0",
+        "0", "0", "0", "1", "25", "0", "1", "0",
     ]  # fmt: skip
     msgs = peer_messages(plan, 0) + handshake_messages(plan.handshake, 0, ending)
-    assert [m.get("persistent_keepalive") for m in msgs] == [25, None, 0, 1, 25, 0, 1, 0]
+    assert [m.get("persistent_keepalive") for m in msgs] == [None, None, 0, 1, 25, 0, 1, 0]
 
 
 def test_wg_quick_for_a_host_in_another_site_uses_public_endpoints():

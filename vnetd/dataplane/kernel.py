@@ -150,9 +150,12 @@ def peer_messages(
     """One message per peer change of ``plan``: removes, then updates, then adds.
 
     The same semantics as the UAPI lines: updates are ``update_only``; adds
-    replace the peer's allowed IPs, so re-adding an existing peer is exact.
+    replace the peer's allowed IPs, so re-adding an existing peer is exact; a
+    peer whose handshake the plan starts is added with its keepalive off (its
+    ``handshake_messages`` turn it on once the routes are in).
     """
     messages: list[PeerMessage] = []
+    started = set(plan.handshake)
     for peer in plan.remove:
         messages.append({"public_key": _key(peer.public_key), "remove": True})
     for upd in plan.update:
@@ -170,7 +173,7 @@ def peer_messages(
         msg["replace_allowed_ips"] = True
         msg["allowed_ips"] = list(peer.allowed_ips)
         keepalive = keepalive_of(peer, persistent_keepalive)
-        if keepalive:
+        if keepalive and peer.public_key not in started:
             msg["persistent_keepalive"] = keepalive
         messages.append(msg)
     return messages
@@ -260,7 +263,8 @@ class KernelDataplane(LinkedDevice):
         return {ip for peer in self._info()[2].values() for ip in peer.allowed_ips}
 
     async def apply(self, plan: Plan) -> None:
-        """Apply ``plan`` in one netlink batch, then move the routes.
+        """Apply ``plan`` in one netlink batch, then move the routes, then start the
+        plan's handshakes in a second batch (``_apply_then_route``).
 
         The kernel applies the peer changes in order: a refused one leaves the
         earlier ones applied; the next full resync heals it.
@@ -272,7 +276,7 @@ class KernelDataplane(LinkedDevice):
             return
         keepalive = self.config.persistent_keepalive
         messages = peer_messages(plan, keepalive, self.config.preshared_key)
-        messages += handshake_messages(
+        handshakes = handshake_messages(
             plan.handshake, keepalive, handshake_keepalives(plan, keepalive)
         )
         self.known_peers += len(plan.add)  # an upper bound until the next dump
@@ -282,7 +286,11 @@ class KernelDataplane(LinkedDevice):
             within = bound + (self._dump_bound() if reread else 0.0)
             return run_netlink(lambda: self._send(messages, reread), within)
 
-        await self._apply_then_route(plan, write)
+        def start_handshakes() -> Awaitable[set[str]]:
+            within = NETLINK_TIMEOUT + SET_ALLOWANCE * len(handshakes)
+            return run_netlink(lambda: self._send(handshakes, False), within)
+
+        await self._apply_then_route(plan, write, start_handshakes if handshakes else None)
 
     async def open(self) -> bool:
         """Create (or adopt) the link, set key and port, configure the link.

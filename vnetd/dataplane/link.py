@@ -447,10 +447,21 @@ class LinkedDevice:
     """A change failed part-way: peers may be on the device without their routes."""
 
     async def _apply_then_route(
-        self, plan: Plan, write: Callable[[bool], Awaitable[set[str]]]
+        self,
+        plan: Plan,
+        write: Callable[[bool], Awaitable[set[str]]],
+        start_handshakes: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
-        """Under the lock: ``write`` the plan to the device, then add and delete routes
-        to match (``route_changes``).
+        """Under the lock: ``write`` the plan to the device, add and delete routes to
+        match (``route_changes``), then ``start_handshakes`` (the plan's ``handshake``).
+
+        The handshakes start only once the routes are in: a handshake completes in
+        well under a millisecond between two pods, and the peer then sends what it
+        held for us at once (a TCP SYN, say); our answer (the SYN-ACK) routed while
+        the peer's route is not yet in meets the ``unreachable`` overlay route and is
+        dropped, and TCP sends it again a second later (seen in bench/launcher.py:
+        one such second for 5 of 31 workers at 32 pods, each counted as
+        ``IpOutNoRoutes`` on rank 0).
 
         ``write(True)`` returns the allowed IPs the device then holds: asked only
         when the plan removes a peer or moves allowed IPs, where a route may have
@@ -471,6 +482,8 @@ class LinkedDevice:
             if gone or new:
                 await self._change_routes(gone, new)
             self._routes_unsure = False
+            if start_handshakes is not None:
+                await start_handshakes()
             elapsed = (trio.current_time() - start) * 1000
         log.debug(
             "%s: applied %s (routes -%d +%d) in %.1f ms",

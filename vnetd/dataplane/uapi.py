@@ -116,7 +116,8 @@ class UapiDataplane(LinkedDevice):
 
     async def apply(self, plan: Plan) -> None:
         """Apply ``plan`` as UAPI ``set`` transactions of at most ``MAX_ADDS_PER_SET``
-        adds each (``split_plan``), each followed by its routes.
+        adds each (``split_plan``), each followed by its routes and then by a ``set``
+        that starts its handshakes (``_apply_then_route``).
 
         Each ``set`` may take ``SEND_ALLOWANCE`` s longer per peer it adds.
         wireguard-go applies the lines in order and stops at the first error,
@@ -132,9 +133,14 @@ class UapiDataplane(LinkedDevice):
         for part in split_plan(plan):
             lines = plan_lines(part, keepalive, self.config.preshared_key)
             ending = handshake_keepalives(part, keepalive)
-            lines += handshake_lines(part.handshake, keepalive, ending)
+            handshakes = handshake_lines(part.handshake, keepalive, ending)
             within = self.uapi.timeout + SEND_ALLOWANCE * len(part.add)
-            await self._apply_then_route(part, partial(self._set, lines, within))
+            start = self.uapi.timeout + SEND_ALLOWANCE * len(part.handshake)
+            await self._apply_then_route(
+                part,
+                partial(self._set, lines, within),
+                partial(self._set, handshakes, start, False) if handshakes else None,
+            )
 
     async def _set(self, lines: list[tuple[str, str]], within: float, reread: bool) -> set[str]:
         """``set`` (bounded by ``within`` s); then, when asked, the allowed IPs the device
@@ -240,8 +246,8 @@ def handshake_lines(
     once when a peer's persistent keepalive goes from off to on, and with no
     session that keepalive starts a handshake (checked here with wireguard-go
     0.0.20220316). So each peer's is turned off, on, and back to its value
-    (``ending``, else ``persistent_keepalive``), in the same transaction as the
-    plan.
+    (``ending``, else ``persistent_keepalive``), in a ``set`` of their own once
+    the plan's peers and routes are in.
     """
     lines: list[tuple[str, str]] = []
     for key in keys:

@@ -172,9 +172,13 @@ def plan_lines(
     ``replace_allowed_ips`` so re-adding an existing peer is exact, not a union,
     and the mesh's pre-shared key (base64) when there is one. A peer's own
     ``keepalive`` wins over ``persistent_keepalive``; a peer's held endpoint is
-    not sent (the other side's handshake teaches it).
+    not sent (the other side's handshake teaches it). A peer whose handshake the
+    plan starts is added with its keepalive off: turned on, it would start the
+    handshake inside this ``set``, before the peer's route is in; ``handshake_lines``
+    turns it on after the routes.
     """
     lines: Lines = []
+    started = set(plan.handshake)
     for peer in plan.remove:
         lines += [("public_key", key_to_hex(peer.public_key)), ("remove", "true")]
     for upd in plan.update:
@@ -196,7 +200,6 @@ def plan_lines(
         # turned on" flag of the previous peer of a ``set`` until a peer writes this key,
         # so a peer added after one whose keepalive turned on would send a keepalive, and
         # start a handshake, at once (seen in the lab: a responder initiating).
-        lines.append(
-            ("persistent_keepalive_interval", str(keepalive_of(peer, persistent_keepalive)))
-        )
+        keepalive = 0 if peer.public_key in started else keepalive_of(peer, persistent_keepalive)
+        lines.append(("persistent_keepalive_interval", str(keepalive)))
     return lines
