@@ -135,6 +135,7 @@ async def vnetd_side(lab: Lab, size: int, order: list[int], gaps: list[float]) -
                        SIDE_TIMEOUT, 0.1)  # fmt: skip
         said = hellos(brokers[0])
         claims = {r: claim_time(mesh.log(r), r) for r in range(size)}
+        counters = {r: await ip_counters(mesh.pod(r).netns) for r in range(size)}
     finally:
         await stop_all([*brokers.values(), *mesh.daemons.values()])
     ready = {r: clock.to_monotonic(t) for r, t in claims.items() if t is not None}
@@ -148,7 +149,30 @@ async def vnetd_side(lab: Lab, size: int, order: list[int], gaps: list[float]) -
         "start_to_ready": latency([ready[r] - created[r] for r in ready]),
         "last_ready_after_last_pod": max(ready.values()) - last if ready else None,
         "ready_to_hello": latency([said[r] - both[r] for r in both if r in said]),
+        # A worker's hello about 1 s late is a lost SYN or SYN-ACK: TCP sends it again
+        # a second later. Rank 0 counts an answer it had no route for.
+        "syn_resent_workers": sum(counters[r]["TcpExtTCPSynRetrans"] > 0 for r in workers),
+        "rank0_no_route": counters[0]["IpOutNoRoutes"],
     }
+
+
+COUNTERS = ("IpOutNoRoutes", "TcpExtTCPSynRetrans")
+"""What a pod's kernel counted that says a TCP connection's first packets were lost."""
+
+
+async def ip_counters(netns: str) -> dict[str, int]:
+    """``COUNTERS`` of the pod's network namespace (``/proc/net/snmp`` and ``netstat``:
+    pairs of a header line of names and a line of values, each prefixed ``Ip:``, ...)."""
+    argv = ["ip", "netns", "exec", netns, "cat", "/proc/net/snmp", "/proc/net/netstat"]
+    with trio.fail_after(10):
+        out = await trio.run_process(argv, capture_stdout=True)
+    lines = out.stdout.decode().splitlines()
+    values: dict[str, int] = {}
+    for names, numbers in zip(lines[::2], lines[1::2], strict=False):
+        prefix = names.split(":")[0]
+        for name, number in zip(names.split()[1:], numbers.split()[1:], strict=False):
+            values[prefix + name] = int(number)
+    return {name: values.get(name, 0) for name in COUNTERS}
 
 
 def write_hosts(lab: Lab, names: dict[int, str]) -> None:
@@ -245,7 +269,9 @@ async def one_run(size: int, rng: Any, max_gap: float, launcher_first: bool) -> 
         f"first pod); {sides['launcher']['workers_retried']} workers retried; vnetd: last ready "
         f"{sides['vnetd']['last_ready_after_last_pod']:.2f} s after the last pod, ready → hello "
         f"p50 {sides['vnetd']['ready_to_hello']['p50']:.2f} max "
-        f"{sides['vnetd']['ready_to_hello']['max']:.2f} s",
+        f"{sides['vnetd']['ready_to_hello']['max']:.2f} s; workers whose SYN was sent again: "
+        f"{sides['vnetd']['syn_resent_workers']} (rank 0's answers with no route: "
+        f"{sides['vnetd']['rank0_no_route']})",
         flush=True,
     )
     return result
@@ -267,6 +293,7 @@ def figures(size: int, mine: list[JSON]) -> JSON:
         "vnetd_start_to_ready_p50": spread(r["vnetd"]["start_to_ready"]["p50"] for r in mine),
         "vnetd_ready_to_hello_p50": spread(r["vnetd"]["ready_to_hello"]["p50"] for r in mine),
         "vnetd_ready_to_hello_max": spread(r["vnetd"]["ready_to_hello"]["max"] for r in mine),
+        "vnetd_syn_resent_workers": spread(r["vnetd"]["syn_resent_workers"] for r in mine),
         "launcher_workers_retried": spread(r["launcher"]["workers_retried"] for r in mine),
     }
 

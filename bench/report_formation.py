@@ -212,6 +212,7 @@ def launcher_section(r: JSON | None) -> tuple[list[str], bool | None]:
             mmm(v.get("vnetd_last_ready_after_last_pod"), 2),
             f"{mmm(v.get('vnetd_ready_to_hello_p50'), 2)} / "
             f"{mmm(v.get('vnetd_ready_to_hello_max'), 2)}",
+            mmm(v.get("vnetd_syn_resent_workers"), 0),
         ])  # fmt: skip
     ratios = [v["ratio_from_last_pod"]["min"] for v in s.values() if v["ratio_from_last_pod"]["n"]]
     met = min(ratios) >= r["summary"]["target_ratio"] if ratios else None
@@ -239,6 +240,7 @@ def launcher_section(r: JSON | None) -> tuple[list[str], bool | None]:
                 "workers that retried",
                 "vnetd: last daemon ready, after last pod",
                 "vnetd: worker and rank 0 ready → hello, p50 / max",
+                "vnetd: workers whose SYN was sent again",
             ],
             rows,
         ),  # fmt: skip
@@ -255,10 +257,11 @@ def launcher_section(r: JSON | None) -> tuple[list[str], bool | None]:
         "queues behind the other daemons still starting on the same cores) plus, for the "
         "slowest worker, the time from ready to hello: rank 0's daemon learns of the worker "
         "from its watch and adds it, its handshake completes, and the worker's broker "
-        "connects. A hello about 1 s after ready is one TCP SYN retransmission: until the "
-        "handshakes waited for the peers' routes (docs/architecture.md, \"Data plane and "
-        "routing\"), rank 0 could start one before the worker's route was in, and its "
-        "SYN-ACK then met the overlay's unreachable route.",
+        "connects. A hello about 1 s after ready is one TCP SYN retransmission (the workers "
+        "whose SYN was sent again, counted by each pod's kernel; – where the run did not "
+        "count them): until the handshakes waited for the peers' routes "
+        '(docs/architecture.md, "Data plane and routing"), rank 0 could start one before '
+        "the worker's route was in, and its SYN-ACK then met the overlay's unreachable route.",
         "",
         *failures_note(r),
     ]
