@@ -135,11 +135,11 @@ class UapiDataplane(LinkedDevice):
             ending = handshake_keepalives(part, keepalive)
             handshakes = handshake_lines(part.handshake, keepalive, ending)
             within = self.uapi.timeout + SEND_ALLOWANCE * len(part.add)
-            start = self.uapi.timeout + SEND_ALLOWANCE * len(part.handshake)
+            handshakes_within = self.uapi.timeout + SEND_ALLOWANCE * len(part.handshake)
             await self._apply_then_route(
                 part,
                 partial(self._set, lines, within),
-                partial(self._set, handshakes, start, False) if handshakes else None,
+                partial(self._set, handshakes, handshakes_within, False) if handshakes else None,
             )
 
     async def _set(self, lines: list[tuple[str, str]], within: float, reread: bool) -> set[str]:
