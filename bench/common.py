@@ -268,7 +268,7 @@ def machine_info() -> JSON:
 # --- load on the machine while a bench runs ---------------------------------------------
 
 
-def _cpu_jiffies() -> tuple[int, int]:
+def cpu_jiffies() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs since boot."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]
@@ -301,10 +301,10 @@ class LoadSampler:
     loadavg: list[float] = field(default_factory=list)
 
     async def run(self) -> None:
-        before = _cpu_jiffies()
+        before = cpu_jiffies()
         while True:
             await trio.sleep(self.interval)
-            now = _cpu_jiffies()
+            now = cpu_jiffies()
             total = now[1] - before[1]
             if total > 0:
                 self.busy.append((now[0] - before[0]) / total)

@@ -31,6 +31,11 @@ creation (``from_first_pod``: the whole start-up a user waits for, the
 creation span included, which is the same on both sides). The ratio is
 launcher / vnetd.
 
+**The last pod** (vnetd side): its daemon's start → ready, its own CPU when
+it logged its claim (``/proc/<pid>/stat``, polled every 10 ms), and how busy
+the machine's cores were from its start until then (``/proc/stat``): whether
+a late last daemon did its own work or waited for a core.
+
 Run alone: ``.venv/bin/python bench/launcher.py --sizes 8 --runs 1``.
 """
 
@@ -54,9 +59,11 @@ from common import (
     base_parser,
     check_host,
     claim_time,
+    cpu_jiffies,
     lab_netns,
     latency,
     merge_load,
+    proc_cpu_seconds,
     run_each_size,
     runs_for,
     seeded,
@@ -118,18 +125,23 @@ async def vnetd_side(lab: Lab, size: int, order: list[int], gaps: list[float]) -
             "-o", str(bootstrap)]  # fmt: skip
     await trio.run_process(argv, capture_stdout=True)
     brokers: dict[int, LabProcess] = {}
+    last_start: JSON = {}
 
     async def start(rank: int) -> None:
-        await mesh.start_rank(rank)
+        jiffies = cpu_jiffies()
+        daemon = await mesh.start_rank(rank)
         argv = [sys.executable, str(BROKER), str(bootstrap), "--duration", "600",
                 "--bind-wait", "120"]  # fmt: skip
         brokers[rank] = await lab.start(
             mesh.pod(rank), argv, private_mount=False, hostname=mesh.spec.host(rank)
         )
+        if rank == order[-1]:
+            nursery.start_soon(last_daemon_cost, mesh, rank, daemon.pid, jiffies, last_start)
 
     clock = ClockMap()
     try:
-        created = await create_pods(order, gaps, start)
+        async with trio.open_nursery() as nursery:
+            created = await create_pods(order, gaps, start)
         workers = set(range(1, size))
         await wait_for(lambda: set(hellos(brokers[0])) >= workers, "vnetd: every hello",
                        SIDE_TIMEOUT, 0.1)  # fmt: skip
@@ -153,7 +165,25 @@ async def vnetd_side(lab: Lab, size: int, order: list[int], gaps: list[float]) -
         # a second later. Rank 0 counts an answer it had no route for.
         "syn_resent_workers": sum(counters[r]["TcpExtTCPSynRetrans"] > 0 for r in workers),
         "rank0_no_route": counters[0]["IpOutNoRoutes"],
+        # The last pod's own daemon (its claim was awaited): its wall to ready, and
+        # (last_daemon_cost) its CPU.
+        "last_start_to_ready": ready[order[-1]] - created[order[-1]],
+        **last_start,
     }
+
+
+async def last_daemon_cost(
+    mesh: JsonMesh, rank: int, pid: int, jiffies: tuple[int, int], out: JSON
+) -> None:
+    """Into ``out``: the last pod's daemon's own CPU when it logged its claim, and how
+    busy the machine's cores were from just before its start until then: whether its
+    start -> ready was its own work or a wait for a core."""
+    await wait_for(lambda: claim_time(mesh.log(rank), rank) is not None, "the last claim",
+                   SIDE_TIMEOUT, 0.01)  # fmt: skip
+    cpu = proc_cpu_seconds(pid)  # within ~10 ms of its log line
+    busy, total = cpu_jiffies()
+    out["last_daemon_cpu_s"] = cpu
+    out["last_start_cores_busy"] = (busy - jiffies[0]) / max(total - jiffies[1], 1)
 
 
 COUNTERS = ("IpOutNoRoutes", "TcpExtTCPSynRetrans")
@@ -271,7 +301,10 @@ async def one_run(size: int, rng: Any, max_gap: float, launcher_first: bool) -> 
         f"p50 {sides['vnetd']['ready_to_hello']['p50']:.2f} max "
         f"{sides['vnetd']['ready_to_hello']['max']:.2f} s; workers whose SYN was sent again: "
         f"{sides['vnetd']['syn_resent_workers']} (rank 0's answers with no route: "
-        f"{sides['vnetd']['rank0_no_route']})",
+        f"{sides['vnetd']['rank0_no_route']}); the last pod's daemon: ready "
+        f"{sides['vnetd']['last_start_to_ready']:.2f} s after its start, with "
+        f"{sides['vnetd']['last_daemon_cpu_s']:.2f} s of its own CPU, the cores "
+        f"{sides['vnetd']['last_start_cores_busy']:.0%} busy meanwhile",
         flush=True,
     )
     return result
