@@ -21,14 +21,15 @@ one ``vnetd up``, its wireguard-go, and ``bench/first_contact.py``), and:
    etcd's answer, but in a process that competes for the 2 CPUs with every
    daemon still starting (a start costs ~0.7 CPU-s of imports), so that line
    can come late: samples slightly short, even negative (counted).
-3. **steady propagation**: once the mesh is full and quiet, a member joins
-   ``--joins`` times: ``bench/register.py join`` (at real-time priority,
-   ``chrt -f``, so nothing sits between etcd's answer and its timestamp)
-   grants a lease and creates ``members/N`` with the claim's own
-   transaction and a valid record (random X25519 key, an endpoint nobody
-   answers). Each of the N daemons gives a sample, ``t(d logs "peer joined:
-   rank N") - t_ack``. After ``HOLD`` s the lease is revoked (a daemon's
-   SIGTERM does the same) and every daemon drops the member. The CPU the N
+3. **steady propagation**: once the mesh is full and quiet, ``--joins``
+   members join one after another, ranks N, N+1, ...: ``bench/register.py
+   join`` (at real-time priority, ``chrt -f``, so nothing sits between
+   etcd's answer and its timestamp) grants a lease and creates
+   ``members/M`` with the claim's own transaction and a valid record (random
+   X25519 key, an endpoint nobody answers). Each of the N daemons gives a
+   sample, ``t(d logs "peer joined: rank M") - t_ack``. After ``HOLD`` s
+   the lease is revoked (a daemon's SIGTERM does the same) and every daemon
+   drops the member. The CPU the N
    daemons (and their wireguard-go) spent until the last of them had the
    member, and in the ``HOLD`` s after the join less the same time idling,
    is recorded per daemon.
@@ -260,28 +261,32 @@ async def idle_cpu(mesh: JsonMesh, size: int, seconds: float) -> tuple[float, fl
 async def steady_join(
     mesh: JsonMesh,
     size: int,
-    public_key: str,
+    rank: int,
     idle: tuple[float, float],
     join_ttl: int = JOIN_TTL,
     wait: float = JOIN_WAIT,
 ) -> JSON:
-    """Register member ``size`` (one past the daemons) under a lease of ``join_ttl`` s,
-    wait (at most ``wait`` s) for every daemon to add it, hold it ``HOLD`` s, revoke its
-    lease and wait for every daemon to drop it. The lease must outlive the join's
-    propagation and the hold (the wait is only their bound), or it expires first and
-    the revoke finds no lease (a slow guest)."""
+    """Register member ``rank`` (past the ``size`` daemons' ranks) with a new key under
+    a lease of ``join_ttl`` s, wait (at most ``wait`` s) for every daemon to add it,
+    hold it ``HOLD`` s, revoke its lease and wait for every daemon to drop it. The
+    lease must outlive the join's propagation and the hold (the wait is only their
+    bound), or it expires first and the revoke finds no lease (a slow guest).
+
+    Each join of a run is a rank of its own (``size + i``): a daemon names
+    a rank's peer changes in its log only ``plan_log.FLAP_NAMED`` times a minute (its re-adds
+    of a member that never answers count), and the bench reads those lines."""
     ranks = list(range(size))
     lab = mesh.lab
     cpu_before = cpu_of(mesh, ranks)
     joined = await register(lab, "join", "--etcd", lab.etcd_url, "--spec", str(mesh.spec_path),
-                            "--rank", str(size), "--public-key", public_key,
+                            "--rank", str(rank), "--public-key", random_public_key(),
                             "--endpoint", JOINER_ENDPOINT, "--ttl", str(join_ttl))  # fmt: skip
     if not joined["succeeded"]:
-        raise RuntimeError(f"members/{size} was still registered")
+        raise RuntimeError(f"members/{rank} was still registered")
     t_send, t_ack = joined["t_send"], joined["t_ack"]
     await wait_for(
-        lambda: all(first_join_after(mesh, r, size, t_send) for r in ranks),
-        f"every daemon adding member {size}",
+        lambda: all(first_join_after(mesh, r, rank, t_send) for r in ranks),
+        f"every daemon adding member {rank}",
         wait,
         0.2,
     )
@@ -289,11 +294,11 @@ async def steady_join(
     joined_wall = time.time()
     await trio.sleep(max(0.0, t_ack + HOLD - time.time()))
     cpu_after = cpu_of(mesh, ranks)
-    joins = {r: first_join_after(mesh, r, size, t_send) or 0.0 for r in ranks}
+    joins = {r: first_join_after(mesh, r, rank, t_send) or 0.0 for r in ranks}
     left = await register(lab, "leave", "--etcd", lab.etcd_url, "--lease", str(joined["lease"]))
     await wait_for(
-        lambda: all(left_after(mesh, r, size, left["t_send"]) for r in ranks),
-        f"every daemon dropping member {size}",
+        lambda: all(left_after(mesh, r, rank, left["t_send"]) for r in ranks),
+        f"every daemon dropping member {rank}",
         wait,
         0.2,
     )
@@ -323,7 +328,7 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
         sampler = LoadSampler(own_netns=lab_netns(lab))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sampler.run)
-            path = write_spec(lab.workdir / "mesh.toml", size + 1, lab.etcd_url, ttl=5)
+            path = write_spec(lab.workdir / "mesh.toml", size + args.joins, lab.etcd_url, ttl=5)
             mesh = JsonMesh(lab, path, load_spec(path))
             await start_probers(mesh, size, args.interval)
             startup = await start_up(mesh, size, rng, args.max_gap)
@@ -331,8 +336,7 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
             await keep_traces(mesh, args.trace_dir, label, mesh.first_reached(), ClockMap())
             await trio.sleep(SETTLE)
             idle = await idle_cpu(mesh, size, HOLD)
-            key = random_public_key()
-            steady = [await steady_join(mesh, size, key, idle) for _ in range(args.joins)]
+            steady = [await steady_join(mesh, size, size + i, idle) for i in range(args.joins)]
             nursery.cancel_scope.cancel()
     run = {
         "size": size,

@@ -71,7 +71,6 @@ from common import (
 )
 from dataplane import SIZE, move_passes, seed_members, start_full
 from formation import HOLD, SETTLE, idle_cpu, logs_full, steady_join
-from register import random_public_key
 
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.etcd import EtcdStartError
@@ -211,22 +210,22 @@ def pass_details(mesh: JsonMesh, after: float, most: int = 40) -> list[str]:
 async def join_part(rounds: int, joins: int, failures: list[JSON]) -> list[JSON]:
     runs: list[JSON] = []
     async with open_lab(JOIN_RANKS) as lab:
-        path = write_spec(lab.workdir / "mesh.toml", JOIN_RANKS + 1, lab.etcd_url, ttl=LEASE_TTL)
+        path = write_spec(lab.workdir / "mesh.toml", JOIN_RANKS + joins, lab.etcd_url,
+                          ttl=LEASE_TTL)  # fmt: skip
         mesh = JsonMesh(lab, path, load_spec(path))
-        key = random_public_key()
         for round_ in range(rounds):
             for dataplane in order(round_):
                 what = {"part": "join", "round": round_, "dataplane": dataplane}
                 print(f"join propagation at {JOIN_RANKS} ranks: round {round_ + 1}, {dataplane}",
                       flush=True)  # fmt: skip
                 run = await attempt(failures, what,
-                                    lambda d=dataplane: join_run(mesh, d, joins, key))  # fmt: skip
+                                    lambda d=dataplane: join_run(mesh, d, joins))  # fmt: skip
                 if run is not None:
                     runs.append({**what, **run})
     return runs
 
 
-async def join_run(mesh: JsonMesh, dataplane: str, joins: int, key: str) -> JSON:
+async def join_run(mesh: JsonMesh, dataplane: str, joins: int) -> JSON:
     ranks = list(range(JOIN_RANKS))
     started = time.monotonic()
     try:
@@ -238,8 +237,8 @@ async def join_run(mesh: JsonMesh, dataplane: str, joins: int, key: str) -> JSON
         await trio.sleep(SETTLE)
         idle = await idle_cpu(mesh, JOIN_RANKS, HOLD)
         steady = [
-            await steady_join(mesh, JOIN_RANKS, key, idle, JOIN_TTL, JOIN_WAIT)
-            for _ in range(joins)
+            await steady_join(mesh, JOIN_RANKS, JOIN_RANKS + i, idle, JOIN_TTL, JOIN_WAIT)
+            for i in range(joins)
         ]
     except Exception as error:
         logged = print_troubles(mesh, ranks, 3)

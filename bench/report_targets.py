@@ -155,7 +155,8 @@ def _why_propagation(r: dict[str, JSON]) -> str | None:
     slower = slower_than_before(r)
     if not busy or per_join is None or slower is None:
         return None
-    return (f"the 64-pod runs kept the 2 cores {min(busy) * 100:.0f}–{max(busy) * 100:.0f} % "
+    low, high = f"{min(busy) * 100:.0f}", f"{max(busy) * 100:.0f}"
+    return (f"the 64-pod runs kept the 2 cores {low if low == high else f'{low}–{high}'} % "
             f"busy on average (64 daemons and their wireguard-go; a join cost each daemon "
             f"{per_join:.1f} ms of CPU, median), on a host {slower:.1f}× slower at pure CPU "
             f"than the one of {SPEED_BEFORE.date}'s page, where this figure was met "
