@@ -272,8 +272,8 @@ async def steady_join(
     lease must outlive the join's propagation and the hold (the wait is only their
     bound), or it expires first and the revoke finds no lease (a slow guest).
 
-    Each join of a run is a rank of its own (``size + i``): a daemon names
-    a rank's peer changes in its log only ``plan_log.FLAP_NAMED`` times a minute (its re-adds
+    Each join of a run is a rank of its own (``size + i``): a daemon names a rank's
+    peer changes in its log only ``plan_log.FLAP_NAMED`` times a minute (its re-adds
     of a member that never answers count), and the bench reads those lines."""
     ranks = list(range(size))
     lab = mesh.lab
