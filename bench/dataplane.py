@@ -263,6 +263,11 @@ def summarize(runs: list[JSON]) -> JSON:
         "ratio": spread(r["ratio"] for r in runs),
         "vnetd_pass_ms": spread(x for r in runs for x in r["vnetd_pass_ms"]),
         "uapi_update_ms": spread(x for r in runs for x in r["uapi"]["all_ms"]["update"]),
+        "uapi_update_kept_ms": spread(x for r in runs for x in r["uapi"]["all_ms"]["update_kept"]),
+        "uapi_update_cpu_ms": spread(x for r in runs for x in r["uapi"]["cpu_ms"]["update"]),
+        "uapi_update_kept_cpu_ms": spread(
+            x for r in runs for x in r["uapi"]["cpu_ms"]["update_kept"]
+        ),
         "uapi_add_remove_ms": spread(x for r in runs for x in r["uapi"]["all_ms"]["add_remove"]),
         "uapi_replace_ms": spread(x for r in runs for x in r["uapi"]["all_ms"]["replace"]),
         "uapi_get_ms": spread(x for r in runs for x in r["uapi"]["all_ms"]["get"]),

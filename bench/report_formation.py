@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from statistics import median
 from typing import Any
 
 from common import JSON
@@ -62,28 +63,41 @@ def propagation_section(r: JSON | None) -> tuple[list[str], bool | None]:
     return out + ["", *_propagation_why(r), *failures_note(r)], met
 
 
+def join_cpu_ms(r: JSON, size: str) -> tuple[float, float] | None:
+    """A daemon's and its wireguard-go's CPU (ms, median over the steady joins of the
+    ``size``-pod runs) from a join's registration until the last daemon had the peer."""
+    joins = [j for x in r.get("runs", []) if str(x.get("size")) == size for j in x["steady"]]
+    if not joins:
+        return None
+    cpu = [j["cpu_ms_per_daemon_until_joined"] for j in joins]
+    return median([c["vnetd"] for c in cpu]), median([c["wireguard_go"] for c in cpu])
+
+
 def _propagation_why(r: JSON) -> list[str]:
     """Why the figure grows with N on this machine: every daemon works on every join."""
     cores = r["machine"].get("cores") or 1
     lines = []
     for size, v in by_size(r["summary"]["by_size"]):
-        cpu = (v.get("cpu_ms_until_joined_per_daemon") or {}).get("median")
+        cpu = join_cpu_ms(r, size)
         first = (v.get("first_observer_ms") or {}).get("median")
         if cpu is None or first is None:
             continue
+        own, wg = cpu
         lines.append(
-            f"{size} pods: the first daemon had the peer after {num(first)} ms; each daemon "
-            f"spent {num(cpu)} ms of CPU until the last one had it, so {size} daemons on "
-            f"{cores} cores need about {num(int(size) * cpu / cores, 0)} ms of CPU between them"
+            f"{size} pods: the first daemon had the peer after {num(first)} ms; until the "
+            f"last one had it each daemon spent {num(own)} ms of CPU and its wireguard-go "
+            f"{num(wg)} ms (medians), so {size} of each on {cores} cores need about "
+            f"{num(int(size) * (own + wg) / cores, 0)} ms between them"
         )
     if not lines:
         return []
     return [
-        "Why it grows with the number of pods here: a join wakes every daemon, and each runs "
-        "a reconcile pass (it reads the whole device over UAPI, computes the desired peers "
-        "from the whole view, diffs, sets the one peer, reads the device again and adds the "
-        "route through a netlink thread). On one machine those passes queue for the same "
-        "cores; in a cluster each daemon has its own. " + "; ".join(lines) + ".",
+        "Why it grows with the number of pods here: a join wakes every daemon, and each "
+        "decodes the watch event, checks the member's signature, runs a pass over that "
+        "member (a UAPI `set` adding the peer, its route, then a `set` starting the "
+        "handshake where this side initiates) and logs it, while its wireguard-go applies "
+        "the sets and sends the handshake. On one machine all of that queues for the same "
+        "cores; in a cluster each pod has its own. " + "; ".join(lines) + ".",
         "",
     ]
 

@@ -170,6 +170,7 @@ def dataplane_section(r: JSON | None) -> tuple[list[str], bool | None]:
                 ]
             ],
         ),  # fmt: skip
+        *_connection_line(s),
         "A live session with the other pod "
         + ("survives" if s["session_kept_after_update"] else "**does not survive**")
         + " the incremental updates and "
@@ -184,6 +185,20 @@ def dataplane_section(r: JSON | None) -> tuple[list[str], bool | None]:
         *failures_note(r),
     ]
     return out, met
+
+
+def _connection_line(s: JSON) -> list[str]:
+    """What one ``set`` costs on a new UAPI connection and on a kept one (results from
+    before bench/uapi_cost.py timed both have neither)."""
+    if "uapi_update_kept_ms" not in s:
+        return []
+    return [
+        "The same one-peer `set` on a connection kept open (as the daemon keeps it): "
+        f"{mmm(s['uapi_update_kept_ms'], 2)} ms wall and {mmm(s['uapi_update_kept_cpu_ms'], 2)} "
+        f"ms of the client's CPU, against {mmm(s['uapi_update_ms'], 2)} ms and "
+        f"{mmm(s['uapi_update_cpu_ms'], 2)} ms on a new connection.",
+        "",
+    ]
 
 
 def _dataplane_why(s: JSON) -> list[str]:

@@ -9,7 +9,10 @@ Run beside a hand-made wireguard-go (in its mount namespace, to reach
 /32 each in 10.252.0.0/16), then times, ``--repeats`` times each:
 
 - ``update``: one UAPI ``set`` moving one peer's endpoint (``update_only``),
-  what vnetd sends when a member moves;
+  what vnetd sends when a member moves, on a new connection;
+- ``update_kept``: the same on one connection kept open for every request (as
+  the daemon's data plane does, ``UapiClient(keep_open=True)``); for both the
+  client's own CPU is recorded too (``cpu_ms``: this process's CPU time);
 - ``add_remove``: one ``set`` adding a peer, one removing it (a join, a leave);
 - ``replace``: one ``set`` with ``replace_peers=true`` and every peer again
   (what ``wg setconf`` does), the full-replace alternative;
@@ -58,6 +61,14 @@ async def timed(action: Awaitable[object]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+async def timed_cpu(action: Awaitable[object], cpu: list[float]) -> float:
+    """``timed``, appending the CPU this process spent meanwhile (ms) to ``cpu``."""
+    started = time.process_time()
+    elapsed = await timed(action)
+    cpu.append((time.process_time() - started) * 1000)
+    return elapsed
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     uapi = UapiClient(f"/run/wireguard/{args.interface}.sock", timeout=30)
     existing = parse_peers(await uapi.get())
@@ -69,12 +80,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     device = parse_peers(await uapi.get())
     others = [k for k in device if k != args.keep]
     handshake = (device[args.keep].last_handshake or 0.0) if args.keep in device else 0.0
-    times: dict[str, list[float]] = {"update": [], "add_remove": [], "replace": [], "get": []}
+    times: dict[str, list[float]] = {
+        "update": [], "update_kept": [], "add_remove": [], "replace": [], "get": []
+    }  # fmt: skip
+    cpu: dict[str, list[float]] = {"update": [], "update_kept": []}
+    kept = UapiClient(uapi.path, timeout=30, keep_open=True)
     for n in range(args.repeats):
         key = others[n % len(others)]
         update = [("public_key", key_to_hex(key)), ("update_only", "true"),
                   ("endpoint", fake_endpoint(1000 + n))]  # fmt: skip
-        times["update"].append(await timed(uapi.set(update)))
+        times["update"].append(await timed_cpu(uapi.set(update), cpu["update"]))
+        update[-1] = ("endpoint", fake_endpoint(1100 + n))
+        times["update_kept"].append(await timed_cpu(kept.set(update), cpu["update_kept"]))
         extra = random_public_key()
         add = peer_lines(extra, fake_endpoint(1020), ("10.252.255.254/32",))
         remove = [("public_key", key_to_hex(extra)), ("remove", "true")]
@@ -83,6 +100,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         await uapi.set(remove)
         times["add_remove"].append((time.perf_counter() - started) * 1000)
         times["get"].append(await timed(uapi.get()))
+    kept.close()
     after_updates = parse_peers(await uapi.get())
     kept_after_update = bool(handshake) and after_updates[args.keep].last_handshake == handshake
     for _ in range(args.repeats):
@@ -97,6 +115,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         "peers": len(device),
         "ms": {k: statistics.median(v) for k, v in times.items()},
         "all_ms": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "cpu_ms": {k: [round(x, 3) for x in v] for k, v in cpu.items()},
         "had_session": bool(handshake),
         "session_kept_after_update": kept_after_update,
         "session_kept_after_replace": kept_after_replace,

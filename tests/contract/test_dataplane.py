@@ -654,6 +654,35 @@ async def test_a_big_plan_is_applied_in_bounded_transactions(
 
 
 @needs_lab
+async def test_the_device_keeps_one_uapi_connection_until_a_request_is_refused(
+    uapi_device: Device,
+) -> None:
+    """Opening a unix socket costs the client more CPU than a small ``set``, so the
+    data plane sends every request on one kept connection. A refused ``set`` drops
+    it: wireguard-go reads what it did not parse of the request as requests of their
+    own and hangs up, and the next request must not meet that."""
+    dp = cast(UapiDataplane, uapi_device.dp)
+    a, b = two_peers()
+    with trio.fail_after(hang_guard(15)):
+        await dp.apply(Plan(add=(a,), handshake=(a.public_key,)))
+        await dp.apply(Plan(add=(b,), remove=(a,)))
+        assert set(await dp.peers()) == {b.public_key}
+        assert dp.uapi.connections == 1  # for configure's set, 3 plan sets, 2 gets
+        # An address wireguard-go cannot parse, then far more than it reads at once.
+        refused = [("public_key", key_to_hex(public_key())), ("allowed_ip", "10.250.0.300/32")]
+        for i in range(200):
+            refused += [
+                ("public_key", key_to_hex(public_key())),
+                ("allowed_ip", f"10.251.0.{i}/32"),
+            ]
+        with pytest.raises(DataplaneError, match="errno"):
+            await dp.uapi.set(refused)
+        # Applied up to the refused line: the first peer was added, with no address.
+        assert b.public_key in await dp.peers()
+        assert dp.uapi.connections == 2
+
+
+@needs_lab
 async def test_exit_stops_wireguard_go_and_removes_the_link(netns: str) -> None:
     config = device_config(next(_names))
     with trio.fail_after(hang_guard(20)):
@@ -703,6 +732,8 @@ async def test_dead_wireguard_go_is_restarted_and_reported(
             await dp.apply(Plan(add=(a, b)))
             assert await dp.routes() == {A_IP, B_IP}
         assert f"wireguard-go pid {old_pid} exited with code -9" in caplog.text
+        assert "restart failed" not in caplog.text  # the first new one was configured
+        assert "not configured" not in caplog.text
 
 
 @needs_lab

@@ -221,6 +221,7 @@ class UapiDataplane(LinkedDevice):
 
     async def _replace_process(self) -> str | None:
         """Start and configure a new wireguard-go (the lock is held); why it failed, or None."""
+        self.uapi.close()  # its connection was to the one that exited
         self.process.close()
         remove_stale(socket_path(self.config.interface))
         try:
@@ -385,7 +386,7 @@ async def open_uapi_dataplane(
     """
     started = trio.current_time()
     process, device = await adopt_or_start(config, netns, wireguard_go)
-    uapi = UapiClient(socket_path(config.interface))
+    uapi = UapiClient(socket_path(config.interface), keep_open=True)
     dataplane = UapiDataplane(config, uapi, netns, process, wireguard_go)
     try:
         async with trio.open_nursery() as nursery:
@@ -416,6 +417,7 @@ async def open_uapi_dataplane(
         raise
     finally:
         dataplane.close_routes()
+        dataplane.uapi.close()
         with trio.CancelScope(shield=True) as cleanup:
             cleanup.deadline = trio.current_time() + CLEANUP_DEADLINE
             await _stop(dataplane.process, config, netns)
