@@ -166,10 +166,10 @@ def _why_propagation(r: dict[str, JSON]) -> str | None:
         if slower is not None and slower > 1.2
         else ""
     )
-    return (f"a join costs every daemon CPU: until the last of the 64 had the peer each spent "
-            f"{own:.1f} ms and its wireguard-go {wg:.1f} ms (medians), {64 * (own + wg):.0f} ms "
-            f"of CPU between them, so {cores} cores take at least {floor:.0f} ms before the "
-            f"last daemon can have it (the worst run's p99: {p99:.0f} ms){host}")  # fmt: skip
+    return (f"a join costs every daemon CPU: from the registration until the last of the 64 "
+            f"had the peer each spent {own:.1f} ms and its wireguard-go {wg:.1f} ms (medians), "
+            f"{64 * (own + wg):.0f} ms of CPU between them, which {cores} cores cannot give in "
+            f"less than {floor:.0f} ms (the worst run's p99: {p99:.0f} ms){host}")  # fmt: skip
 
 
 @dataclass(frozen=True)
