@@ -151,7 +151,7 @@ def slower_than_before(r: dict[str, JSON]) -> float | None:
 
 def _why_propagation(r: dict[str, JSON]) -> str | None:
     propagation = r.get("propagation") or {}
-    cpu = join_cpu_ms(propagation, "64") if propagation else None
+    cpu = join_cpu_ms(propagation, "64")
     p99 = _get(r, "propagation", "by_size", "64", "steady_p99_runs", "max")
     cores = (propagation.get("machine") or {}).get("cores")
     if cpu is None or p99 is None or not cores:
