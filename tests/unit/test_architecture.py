@@ -2,11 +2,35 @@
 
 ``LAYER_OF`` names every module of ``vnetd/`` and its layer; ``MAY_IMPORT``
 says which layers a layer's modules may reach. Both are checked on the import
-*closure* (lazy imports included), so "pure" means pure and "adapters know no
-mesh logic" holds one step removed as well as directly. The library rules the
-doc states are checked on direct imports; the module-level import graph has no
-cycle; a backend is imported only inside its port package. The doc's map has
-one row per layer, in this order, naming the same modules and the same layers.
+*closure*: everything Python runs when the module is imported and when its
+functions run. The closure follows every import statement, top-level and lazy
+(inside a function, or under ``TYPE_CHECKING``), absolute and relative (``from
+.keys import KeyPair`` in ``vnetd/ranks.py`` is ``vnetd.keys``), and each
+parent package's ``__init__`` of every module it reaches (importing
+``vnetd.a.b.c`` runs ``vnetd/__init__``, ``vnetd/a/__init__`` and
+``vnetd/a/b/__init__``). So "pure" means pure one step removed as well as
+directly, and a package's ``__init__`` imports nothing of a higher layer than
+its modules' own.
+
+The other rules, each checked on every module:
+
+* No file-level circle. The graph is the modules' own import statements, lazy ones
+  included (``from pkg import mod`` is an edge to ``pkg.mod`` when that is a module,
+  and to ``pkg``). The implicit edge from a module to its parent package's
+  ``__init__`` is left out of this graph (it is in the closure above): with it every
+  package ``__init__`` that imports its own modules would be a circle, although
+  Python runs the ``__init__`` first and the module after, in one order. A module
+  that imports its own package back, while that package's ``__init__`` imports it,
+  is a circle and fails.
+* No environment read (``os.environ``, ``os.environb``, ``os.getenv``, ``os.putenv``,
+  ``os.unsetenv``, or those names imported from ``os``) outside the layers that
+  resolve the settings (``READS_ENVIRONMENT``); the lab, test tooling, is exempt.
+* The library rules the doc states (``ONLY_IMPORTED_BY``), on direct imports.
+* A backend is imported only inside its port package.
+* No module over ``MAX_LINES`` lines.
+
+The doc's map has one row per layer, in this order, naming the same modules and the
+same layers.
 """
 
 from __future__ import annotations
@@ -210,6 +234,7 @@ ONLY_IMPORTED_BY: dict[str, set[str]] = {
     "httpcore": {"vnetd.registry.httpcore_package"},
     "pyroute2": {name for name, layer in LAYER_OF.items() if name.startswith("vnetd.dataplane")},
     "cryptography": {"vnetd.keys", "vnetd.registry.etcd_security", "vnetd.control.proof"},
+    "nacl": {"vnetd.control.proof"},
 }
 """The library rules: only these modules import the library (the lab, test tooling, is
 exempt: it checks etcd's health over httpx)."""
@@ -235,46 +260,72 @@ BACKENDS = {
 """Imported only inside their port package: everyone else opens them through the port
 (``open_registry``, ``choose_dataplane`` / ``open_dataplane``)."""
 
+READS_ENVIRONMENT = (SETTINGS, COMMANDS)
+"""The layers that may read the environment: the settings resolve it once, into a frozen
+record, and the commands hand it to them; nothing below reads it (the lab is exempt)."""
+
+ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "putenv", "unsetenv"}
+"""What of ``os`` reads or writes the process's environment."""
+
+MAX_LINES = 450
+"""The most lines a module of ``vnetd/`` may have: past it, split it by responsibility."""
+
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules() -> dict[str, ast.Module]:
-    return {module_name(p): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+PATHS = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+SOURCES = {name: ast.parse(path.read_text()) for name, path in PATHS.items()}
 
 
-def imports(tree: ast.AST, *, top_level_only: bool = False) -> Iterator[str]:
-    """Every module name imported in ``tree`` (lazy imports too, unless top_level_only)."""
-    nodes = tree.body if top_level_only and isinstance(tree, ast.Module) else ast.walk(tree)
-    for node in nodes:
+def resolve(name: str, node: ast.ImportFrom) -> str:
+    """The absolute module an ``ImportFrom`` in module ``name`` names (relative ones too)."""
+    if not node.level:
+        return node.module or ""
+    package = name if PATHS[name].name == "__init__.py" else name.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def imports(name: str) -> Iterator[str]:
+    """Every module name imported in module ``name``, lazy and relative imports too
+    (``from x import y`` yields ``x`` and ``x.y``, which is kept where it is a module)."""
+    for node in ast.walk(SOURCES[name]):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module
-            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = resolve(name, node)
+            yield module
+            yield from (f"{module}.{alias.name}" for alias in node.names if alias.name != "*")
 
 
 def within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-SOURCES = modules()
+def parents(name: str) -> set[str]:
+    """The packages whose ``__init__`` Python runs before module ``name``."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))} & SOURCES.keys()
 
-DIRECT = {
-    name: {i for i in imports(tree) if i in SOURCES and i != name} for name, tree in SOURCES.items()
-}
+
+DIRECT = {name: {i for i in imports(name) if i in SOURCES} - {name} for name in SOURCES}
 """Each module's own modules of vnetd it imports (``from vnetd.x import y`` counts as
-``vnetd.x``, and as ``vnetd.x.y`` when that is a module)."""
+``vnetd.x``, and as ``vnetd.x.y`` when that is a module): the graph circles are sought in."""
+
+RUNS = {name: DIRECT[name] | parents(name) for name in SOURCES}
+"""What importing each module runs first: its imports and its parent packages' ``__init__``."""
 
 
 def closure(name: str) -> set[str]:
-    """Every module of vnetd that importing ``name`` can reach (itself excluded)."""
+    """Every module of vnetd that importing ``name`` can run (itself excluded)."""
     seen: set[str] = set()
     todo = [name]
     while todo:
-        for nxt in DIRECT[todo.pop()] - seen:
+        for nxt in RUNS[todo.pop()] - seen:
             seen.add(nxt)
             todo.append(nxt)
     return seen - {name}
@@ -282,7 +333,31 @@ def closure(name: str) -> set[str]:
 
 def libraries(name: str) -> set[str]:
     """The top-level packages outside vnetd that ``name`` imports directly."""
-    return {i.split(".")[0] for i in imports(SOURCES[name]) if not within(i, "vnetd")}
+    return {i.split(".")[0] for i in imports(name) if not within(i, "vnetd")}
+
+
+def environment_reads(tree: ast.AST) -> list[int]:
+    """The lines of ``tree`` that touch the process's environment through ``os``."""
+    aliases = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name == "os"
+    }
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "os" and not node.level:
+            if any(alias.name in ENVIRONMENT_NAMES for alias in node.names):
+                lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in ENVIRONMENT_NAMES
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
+            lines.append(node.lineno)
+    return sorted(lines)
 
 
 def test_the_table_names_every_module() -> None:
@@ -325,6 +400,25 @@ def test_a_library_is_imported_only_where_the_doc_says(library: str) -> None:
     assert others == [], f"{library} is imported by {', '.join(others)}"
 
 
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n
+        for n in SOURCES
+        if LAYER_OF.get(n) not in READS_ENVIRONMENT and not within(n, "vnetd.lab")
+    ),
+)
+def test_only_the_settings_and_the_commands_read_the_environment(name: str) -> None:
+    lines = environment_reads(SOURCES[name])
+    assert lines == [], f"{name} reads the environment on lines {lines}"
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_a_module_stays_within_the_size_line(name: str) -> None:
+    lines = len(PATHS[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines: split it by responsibility"
+
+
 def module_map() -> list[tuple[str, set[str], set[str]]]:
     """The rows of the doc's module map: (layer, its modules, the layers it may import)."""
     section = DOC.read_text().split("\n## Module map\n", 1)[1].split("\n## ", 1)[0]
@@ -360,21 +454,15 @@ def test_every_backend_exists() -> None:
     "name", sorted(n for n in SOURCES if not any(within(n, p) for p in (*PORTS, "vnetd.lab")))
 )
 def test_backends_are_opened_through_their_port(name: str) -> None:
-    used = {b for b in BACKENDS for i in imports(SOURCES[name]) if within(i, b)}
+    used = {b for b in BACKENDS for i in imports(name) if within(i, b)}
     assert used == set()
 
 
 def test_module_level_imports_have_no_cycle() -> None:
-    graph = {
-        name: {
-            i
-            for i in imports(tree, top_level_only=True)
-            if i in SOURCES and i != name and not within(name, i)
-        }
-        for name, tree in SOURCES.items()
-    }
-    cycle = _find_cycle(graph)
-    assert cycle == []
+    """No circle between files, on every import statement (lazy ones included): see the
+    module's docstring for why a module's edge to its parent package is left out."""
+    cycle = _find_cycle(DIRECT)
+    assert cycle == [], " -> ".join(cycle)
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str]:
