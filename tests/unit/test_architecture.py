@@ -419,6 +419,51 @@ def test_a_module_stays_within_the_size_line(name: str) -> None:
     assert lines <= MAX_LINES, f"{name} has {lines} lines: split it by responsibility"
 
 
+@pytest.mark.parametrize(
+    ("name", "statement", "module"),
+    [
+        pytest.param("vnetd.ranks", "from .keys import KeyPair", "vnetd.keys", id="sibling"),
+        pytest.param("vnetd.mesh.peers", "from . import gateways", "vnetd.mesh", id="package"),
+        pytest.param("vnetd.mesh", "from . import peers", "vnetd.mesh", id="in-init"),
+        pytest.param("vnetd.mesh.peers", "from ..keys import KeyPair", "vnetd.keys", id="up"),
+        pytest.param("vnetd.mesh.peers", "from vnetd.keys import KeyPair", "vnetd.keys", id="abs"),
+    ],
+)
+def test_a_relative_import_is_resolved(name: str, statement: str, module: str) -> None:
+    node = ast.parse(statement).body[0]
+    assert isinstance(node, ast.ImportFrom)
+    assert resolve(name, node) == module
+
+
+def test_a_closure_runs_every_parent_package() -> None:
+    """``spec.records`` imports only ``errors``; its package's ``__init__`` imports
+    ``spec.parse``, which imports ``model`` lazily."""
+    assert {"vnetd", "vnetd.spec", "vnetd.spec.parse", "vnetd.model"} <= closure(
+        "vnetd.spec.records"
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param("import os\nos.environ.get('X')", id="environ"),
+        pytest.param("import os\nos.environb", id="environb"),
+        pytest.param("import os\nos.getenv('X')", id="getenv"),
+        pytest.param("import os\nos.putenv('X', '1')", id="putenv"),
+        pytest.param("import os as system\nsystem.environ", id="alias"),
+        pytest.param("from os import environ", id="from-environ"),
+        pytest.param("from os import getenv as get", id="from-getenv"),
+        pytest.param("def f():\n    import os\n    return os.environ", id="lazy"),
+    ],
+)
+def test_an_environment_read_is_seen(source: str) -> None:
+    assert environment_reads(ast.parse(source)) != []
+
+
+def test_other_uses_of_os_are_not_environment_reads() -> None:
+    assert environment_reads(ast.parse("import os\nos.path.join('a', 'environ')")) == []
+
+
 def module_map() -> list[tuple[str, set[str], set[str]]]:
     """The rows of the doc's module map: (layer, its modules, the layers it may import)."""
     section = DOC.read_text().split("\n## Module map\n", 1)[1].split("\n## ", 1)[0]
