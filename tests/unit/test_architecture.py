@@ -225,6 +225,7 @@ LAYER_OF: dict[str, str] = {
 }
 
 ONLY_IMPORTED_BY: dict[str, set[str]] = {
+    "nacl": {"vnetd.control.proof"},
     "httpx": {
         "vnetd.registry.etcd",
         "vnetd.registry.etcd_gateway",
@@ -234,7 +235,6 @@ ONLY_IMPORTED_BY: dict[str, set[str]] = {
     "httpcore": {"vnetd.registry.httpcore_package"},
     "pyroute2": {name for name, layer in LAYER_OF.items() if name.startswith("vnetd.dataplane")},
     "cryptography": {"vnetd.keys", "vnetd.registry.etcd_security", "vnetd.control.proof"},
-    "nacl": {"vnetd.control.proof"},
 }
 """The library rules: only these modules import the library (the lab, test tooling, is
 exempt: it checks etcd's health over httpx)."""
