@@ -7,8 +7,8 @@ import math
 from common import JSON
 from report_format import table
 
-from vnetd.doctor.gather import CONNECTIONS, ROW_DEADLINE
-from vnetd.doctor.service import START_GAP
+from vnetd.commands.doctor.gather import CONNECTIONS, ROW_DEADLINE
+from vnetd.daemon.probe_service import START_GAP
 
 PROBE_CPU = 0.0003
 """A probe's own CPU on its daemon (s): a socket, two datagrams, a task (an estimate)."""

@@ -38,10 +38,10 @@ def commands() -> tuple[ModuleType, ...]:
     """Every command's module, in the order ``vnetd --help`` lists them (render adds
     ``render`` and ``hosts``)."""
     from vnetd.commands import address_plan, demo, provision, register, signing_key
-    from vnetd.doctor import command as doctor_command
-    from vnetd.render import command as render_command
-    from vnetd.status import command as status_command
-    from vnetd.wait import command as wait_command
+    from vnetd.commands.doctor import command as doctor_command
+    from vnetd.commands.render import command as render_command
+    from vnetd.commands.status import command as status_command
+    from vnetd.commands.wait import command as wait_command
 
     return (
         up,

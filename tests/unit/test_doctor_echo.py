@@ -3,7 +3,7 @@
 The mechanism behind false failures on a loaded machine, at the smallest scale:
 an answer that comes seconds late, and a burst of loss that takes every echo
 sent close together. A probe must count the late answer and outlast the burst
-(``vnetd.doctor.echo``). Real UDP sockets on 127.0.0.1; real time (seconds).
+(``vnetd.daemon.probe_echo``). Real UDP sockets on 127.0.0.1; real time (seconds).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import socket
 
 import trio
 
-from vnetd.doctor.echo import probe
+from vnetd.daemon.probe_echo import probe
 
 MTU = 1420
 

@@ -15,12 +15,12 @@ from ipaddress import ip_interface, ip_network
 import trio
 from shared import wide_key as key
 
+from vnetd.commands.doctor.gather import ask
+from vnetd.commands.doctor.plan import DoctorPlan
+from vnetd.daemon.probe_service import ProbeService
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.doctor.command import DoctorPlan
 from vnetd.doctor.evidence import LAG_LIMIT
-from vnetd.doctor.gather import ask
-from vnetd.doctor.service import ProbeService
 from vnetd.model import DevicePeer, Member
 from vnetd.spec import parse_spec
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from vnetd.commands.doctor.gather import failed_pairs, merge_passes
 from vnetd.doctor.cause import NO_HANDSHAKE, OVERLOADED, Verdict
 from vnetd.doctor.evidence import (
     PeerSeen,
@@ -19,7 +20,6 @@ from vnetd.doctor.evidence import (
     encode_row,
     merge_rows,
 )
-from vnetd.doctor.gather import failed_pairs, merge_passes
 from vnetd.doctor.report import Run, document, text
 from vnetd.model import Member
 

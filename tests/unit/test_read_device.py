@@ -25,6 +25,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic.wireguard import AsyncWireGuard, wgmsg
 from shared import key
 
+from vnetd.commands.status.plan import StatusPlan
+from vnetd.commands.status.show import show_status
+from vnetd.commands.wait.command import WaitOptions, plan_wait, run_wait
 from vnetd.control.membership import encode_member, member_key
 from vnetd.dataplane.device_reader import LocalDevice, read_device
 from vnetd.dataplane.kernel import split_endpoint
@@ -35,10 +38,7 @@ from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, load_spec
-from vnetd.status.command import StatusPlan
-from vnetd.status.show import show_status
 from vnetd.status.table import plain_console
-from vnetd.wait.command import WaitOptions, plan_wait, run_wait
 
 NOW = 1_700_000_000.0
 PRIVATE_KEY = base64.b64encode(bytes(range(1, 33))).decode()

@@ -39,7 +39,7 @@ NOT_BEFORE_THE_ADDRESS = (
     "vnetd.control.claim",
     "vnetd.daemon.reconciler",
     "vnetd.render",  # other commands
-    "vnetd.render.command",
+    "vnetd.commands.render.command",
     "vnetd.status",
     "vnetd.wait",
     "yaml",

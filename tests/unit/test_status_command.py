@@ -17,6 +17,8 @@ from rich.console import Console
 from shared import key
 
 from vnetd.cli import main
+from vnetd.commands.status.plan import StatusPlan
+from vnetd.commands.status.show import DEVICE_TIMEOUT, show_status
 from vnetd.control.membership import encode_member, member_key, read_members
 from vnetd.dataplane.device_reader import LocalDevice, read_local_device
 from vnetd.errors import DataplaneError, RegistryUnavailable
@@ -25,8 +27,6 @@ from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, load_spec
-from vnetd.status.command import StatusPlan
-from vnetd.status.show import DEVICE_TIMEOUT, show_status
 from vnetd.status.table import plain_console
 
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -466,7 +466,7 @@ def test_cli_ctrl_c_ends_watch_quietly(config, capsys, monkeypatch):
         plans.append(plan)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("vnetd.status.show.show_status", interrupted)
+    monkeypatch.setattr("vnetd.commands.status.show.show_status", interrupted)
     args = ["status", "--config", str(config), "--watch", "--interval", "0.5"]
     assert main(args) == 0
     assert capsys.readouterr() == ("", "")

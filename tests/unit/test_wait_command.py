@@ -14,6 +14,7 @@ import trio.testing
 from shared import key
 
 from vnetd.cli import main
+from vnetd.commands.wait.command import WaitOptions, WaitPlan, plan_wait, run_wait, uapi_handshakes
 from vnetd.config import resolve_spec
 from vnetd.control.membership import encode_member, member_key
 from vnetd.errors import DataplaneError, IdentityError, SpecError
@@ -21,7 +22,6 @@ from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, load_spec
-from vnetd.wait.command import WaitOptions, WaitPlan, plan_wait, run_wait, uapi_handshakes
 from vnetd.wait.gate import Gate, evaluate
 
 
@@ -566,11 +566,11 @@ def test_cli_usage_errors(config, capsys, args, message):
 
 
 async def test_a_member_held_after_a_registry_reset_does_not_count():
+    from vnetd.commands.wait.run import _Waiter
     from vnetd.control.retry import RegistryHealth
     from vnetd.control.watcher import MemberView
     from vnetd.registry.base import KeyValue
     from vnetd.spec import parse_spec
-    from vnetd.wait.run import _Waiter
 
     spec = parse_spec({"mesh": {"name": "m", "size": 2, "network": "10.0.0.0/24"}})
     key = base64.b64encode(bytes(range(32))).decode()

@@ -321,7 +321,7 @@ async def _serve_probes(
 ) -> None:
     """The doctor's probe service on the overlay address (``mesh.doctor_port``); a black
     hole it finds shows in ``/status`` and ``/metrics`` when they are served."""
-    from vnetd.doctor.service import ProbeService
+    from vnetd.daemon.probe_service import ProbeService
 
     on_black_hole = endpoints.black_hole if endpoints is not None else None
     service = ProbeService(spec, me, mtu, dataplane, on_black_hole)

@@ -1,7 +1,7 @@
 """What one daemon's probe service reports for its row, and its JSON form on the wire.
 
-Pure: records and their codec only. The service (``vnetd.doctor.service``)
-fills them in, the doctor (``vnetd.doctor.gather``) decodes them, and
+Pure: records and their codec only. The service (``vnetd.daemon.probe_service``)
+fills them in, the doctor (``vnetd.commands.doctor.gather``) decodes them, and
 ``vnetd.doctor.cause`` reads them; see docs/architecture.md, "Doctor".
 """
 

@@ -1,1 +1,2 @@
-"""Consumer configs rendered from the spec alone: Flux, hosts, MPI host files, wg-quick."""
+"""Consumer configs rendered from the spec alone: Flux, hosts, MPI host files, wg-quick,
+manifests; the commands that print them are ``vnetd.commands.render``."""

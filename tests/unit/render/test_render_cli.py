@@ -127,7 +127,7 @@ def test_hostfile(capsys, lab_config: Path, tmp_path: Path):
 
 def test_wg_quick_with_key_file(capsys, monkeypatch, lab_config: Path, tmp_path: Path):
     monkeypatch.setattr(
-        "vnetd.render.members.open_registry",
+        "vnetd.commands.render.members.open_registry",
         memory_opener(LAB, [member(LAB, r) for r in range(4)]),
     )
     key = tmp_path / "private.key"
@@ -155,7 +155,9 @@ def test_wg_quick_with_key_file(capsys, monkeypatch, lab_config: Path, tmp_path:
 
 
 def test_wg_quick_placeholder_and_unregistered_warn(capsys, monkeypatch, lab_config: Path):
-    monkeypatch.setattr("vnetd.render.members.open_registry", memory_opener(LAB, [member(LAB, 0)]))
+    monkeypatch.setattr(
+        "vnetd.commands.render.members.open_registry", memory_opener(LAB, [member(LAB, 0)])
+    )
     code, out, err = run(capsys, "render", "wg-quick", "--config", str(lab_config), "--rank", "1")
     assert code == 0
     assert "PrivateKey = <private key of rank 1: put it here>\n" in out
@@ -169,7 +171,7 @@ def test_wg_quick_other_key_warns_without_leaking_the_private_key(
     capsys, monkeypatch, lab_config: Path, tmp_path: Path
 ):
     monkeypatch.setattr(
-        "vnetd.render.members.open_registry", memory_opener(LAB, [member(LAB, 1, key=6)])
+        "vnetd.commands.render.members.open_registry", memory_opener(LAB, [member(LAB, 1, key=6)])
     )
     key = tmp_path / "k"
     key.write_text(private_key(1))
@@ -397,7 +399,7 @@ def test_pure_renderers_import_no_io_libraries():
 def test_run_functions_take_injected_seams(capsys, lab_config: Path, tmp_path: Path):
     """The registry opener of wg-quick and the rename of hosts --write can be injected."""
     from vnetd.cli import build_parser
-    from vnetd.render.command import run_hosts, run_wg_quick
+    from vnetd.commands.render.command import run_hosts, run_wg_quick
 
     args = build_parser().parse_args(
         ["render", "wg-quick", "--config", str(lab_config), "--rank", "3"]

@@ -9,11 +9,11 @@ import pytest
 import trio
 from render_fixtures import DUAL, LAB, LAB6, key_pair, member, memory_opener, private_key
 
+from vnetd.commands.render.members import read_members_now
 from vnetd.errors import IdentityError, RegistryUnavailable, SpecError
 from vnetd.keys import load_private_key
 from vnetd.model import KeyPair, Member
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.render.members import read_members_now
 from vnetd.render.wgquick import registration_problem, render_wg_quick
 from vnetd.spec import MeshSpec
 

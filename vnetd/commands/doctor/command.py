@@ -5,7 +5,8 @@
 
 Run it inside any pod of the mesh: it reads the registry once and asks each
 daemon's probe service over the overlay for its row (docs/architecture.md,
-"Doctor"). The parser and the settings; the run is ``vnetd.doctor.gather``.
+"Doctor"). The parser; the settings are ``vnetd.commands.doctor.plan``'s ``DoctorPlan``
+and the run is ``vnetd.commands.doctor.gather``.
 Exit status: 0 every pair reaches the other, 1 some pair fails or was not judged
 (an overloaded daemon), 2 bad input or the registry could not be read.
 """
@@ -13,45 +14,12 @@ Exit status: 0 every pair reaches the other, 1 some pair fails or was not judged
 from __future__ import annotations
 
 import argparse
-import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vnetd.commands.doctor.plan import DEFAULT_TIMEOUT, DoctorPlan
 from vnetd.config import add_etcd_arguments, settings_from_args
-from vnetd.errors import SpecError
-from vnetd.spec import MeshSpec
-
-DEFAULT_TIMEOUT = 30.0
-MIN_TIMEOUT = 5.0
-MAX_TIMEOUT = 3600.0
-
-
-@dataclass(frozen=True)
-class DoctorPlan:
-    """``vnetd doctor``'s settings, checked.
-
-    Raises:
-        SpecError: ``--timeout`` out of range, or the spec turns the probe
-            service off (the CLI exits 2).
-    """
-
-    spec: MeshSpec
-    json: bool = False
-    timeout: float = DEFAULT_TIMEOUT
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.timeout) and MIN_TIMEOUT <= self.timeout <= MAX_TIMEOUT):
-            raise SpecError(
-                f"--timeout: {self.timeout:g} is out of range; give {MIN_TIMEOUT:g} to "
-                f"{MAX_TIMEOUT:g} seconds"
-            )
-        if not self.spec.doctor_port:
-            raise SpecError(
-                "mesh.doctor_port: 0 turns the daemons' probe service off, so there is "
-                "nothing to ask; set it (default 51821) and restart the daemons"
-            )
 
 
 def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
@@ -84,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     """The CLI entry point; returns the exit status."""
     import trio
 
-    from vnetd.doctor.gather import doctor
+    from vnetd.commands.doctor.gather import doctor
 
     plan = settings_from_args(DoctorPlan, args, os.environ)
     return trio.run(doctor, plan)

@@ -35,7 +35,7 @@ from vnetd.spec import MeshSpec
 from vnetd.wait.gate import Gate, ready_line, timeout_line
 
 if TYPE_CHECKING:  # the waiting itself imports trio: only when the command runs
-    from vnetd.wait.run import HandshakeReader
+    from vnetd.commands.wait.run import HandshakeReader
 
 DEFAULT_TIMEOUT = 300.0
 UAPI_TIMEOUT = 2.0
@@ -181,8 +181,8 @@ async def run_wait(
     Raises:
         VnetdError: the registry refused a request.
     """
+    from vnetd.commands.wait.run import wait_for_gate
     from vnetd.registry import open_registry as open_settings_registry
-    from vnetd.wait.run import wait_for_gate
 
     opener = open_registry or open_settings_registry
     if plan.gate.reachable and read_handshakes is None:

@@ -1,6 +1,6 @@
 """``vnetd render minicluster`` and ``vnetd render monitoring``: parsers and runs.
 
-``render.command.add_parsers`` calls ``add_kinds`` with its subparsers;
+``vnetd.commands.render.command.add_parser`` calls ``add_kinds`` with its subparsers;
 each kind loads the spec, calls its pure renderer and prints the text or
 writes it atomically. ``docs/flux.md`` documents ``minicluster``,
 ``docs/kubernetes.md`` ``monitoring``.

@@ -1,6 +1,6 @@
 """One probe of one peer: UDP echoes with DF set, the small size, the full size, bisection.
 
-The probe service (``vnetd.doctor.service``) runs one ``probe`` per rank it is
+The probe service (``vnetd.daemon.probe_service``) runs one ``probe`` per rank it is
 asked about. A probe holds one socket and one nonce for its whole life and
 listens for the whole of it, so an answer that comes late (a loaded peer, a
 handshake that took seconds) still proves its size passed, whichever attempt

@@ -15,10 +15,10 @@ from typing import TextIO
 
 import trio
 
+from vnetd.commands.doctor.plan import DoctorPlan
 from vnetd.control.membership import read_members
+from vnetd.daemon.probe_echo import ECHO_WAIT
 from vnetd.doctor.cause import Evidence, classify
-from vnetd.doctor.command import DoctorPlan
-from vnetd.doctor.echo import ECHO_WAIT
 from vnetd.doctor.evidence import (
     MAX_ROW,
     Row,
@@ -38,7 +38,7 @@ CONNECTIONS = 128
 ceil(N / CONNECTIONS) rows' time (16 at 1024 ranks with 64 at once, 8 with 128)."""
 ROW_DEADLINE = 9.0
 """What each service is given for its row (s): its echoes take up to 4.5 s, 7.3 s with
-bisection (``vnetd.doctor.echo``), and it keeps 1 s for its device and its answer."""
+bisection (``vnetd.daemon.probe_echo``), and it keeps 1 s for its device and its answer."""
 SLACK = 2.0
 """Kept back from ``--timeout`` for the verdicts and the output (s)."""
 PROGRESS_AFTER = 2.0

@@ -17,9 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vnetd.commands.render import cluster
 from vnetd.config import add_etcd_arguments, resolve_site, spec_from_args
 from vnetd.errors import SpecError
-from vnetd.render import cluster_command
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
 from vnetd.render.hostfile import FORMATS, NAME_KINDS, render_hostfile
 from vnetd.render.hosts import render_hosts_block
@@ -35,7 +35,7 @@ from vnetd.render.site_manifests import site_part, site_warnings
 from vnetd.spec import MeshSpec, load_spec
 
 if TYPE_CHECKING:
-    from vnetd.render.members import RegistryOpener
+    from vnetd.commands.render.members import RegistryOpener
 
 _DOMAIN = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -148,7 +148,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type i
         "else a StatefulSet whose pods are named after ranks A..B",
     )
     manifests.set_defaults(run=run_manifests)
-    cluster_command.add_kinds(kinds)
+    cluster.add_kinds(kinds)
 
     top_hosts = sub.add_parser("hosts", help="print or update the /etc/hosts block of the mesh")
     _add_hosts_arguments(top_hosts)
@@ -248,8 +248,8 @@ def run_manifests(args: argparse.Namespace) -> int:
 
 def run_wg_quick(args: argparse.Namespace, open_registry: RegistryOpener | None = None) -> int:
     """``vnetd render wg-quick``; ``open_registry`` is for tests (default etcd)."""
+    from vnetd.commands.render.members import read_members_now
     from vnetd.keys import load_private_key
-    from vnetd.render.members import read_members_now
     from vnetd.render.wgquick import registration_problem, render_wg_quick
 
     spec = spec_from_args(args, os.environ)

@@ -1,7 +1,7 @@
 """Each daemon's probe service: a UDP echo and a TCP row request, on its overlay address.
 
 The doctor (``vnetd doctor``) asks every daemon for its row: the daemon
-probes each rank asked about (``vnetd.doctor.echo``: 64 bytes and its device
+probes each rank asked about (``vnetd.daemon.probe_echo``: 64 bytes and its device
 MTU with DF set, bisecting when only the small one passes), watches how late
 its own event loop runs meanwhile, and reports what its device says of each.
 Bound to the overlay address only, answering only addresses of the mesh's
@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 
 import trio
 
+from vnetd.daemon.probe_echo import ECHO_WAIT, ProbeResult, df_socket, probe
 from vnetd.dataplane import Dataplane
-from vnetd.doctor.echo import ECHO_WAIT, ProbeResult, df_socket, probe
 from vnetd.doctor.evidence import (
     LAG_LIMIT,
     MAGIC,

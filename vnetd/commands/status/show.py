@@ -4,7 +4,7 @@ One list of the members per view (each bounded by ``READ_TIMEOUT``); where
 this host sees the mesh's WireGuard device (inside a pod, beside ``vnetd
 up``) also its handshakes and counters. With ``--watch`` a registry outage
 is a note in the view, not an exit. The command's parser and options are
-``vnetd.status.command``.
+``vnetd.commands.status.command``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from vnetd.commands.status.plan import StatusPlan
 from vnetd.control.membership import read_members
 from vnetd.errors import DataplaneError, RegistryError, RegistryUnavailable
 from vnetd.model import DevicePeer, Member
 from vnetd.registry import Registry, RegistryOpener
 from vnetd.spec import MeshSpec
-from vnetd.status.command import StatusPlan
 from vnetd.status.table import plain_console, print_plain, status_renderable
 from vnetd.status.view import as_json, rank_rows, utc_text
 

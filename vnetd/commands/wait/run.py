@@ -4,8 +4,10 @@ The members come from ``sync_members``, the daemon's own list-then-watch
 loop, so etcd is never polled; while it is unreachable the last list is
 kept and the wait goes on until the deadline. With ``--reachable`` the
 local WireGuard device is read every ``poll_interval`` seconds through a
-``HandshakeReader`` (in production ``dataplane.local.read_device``: the UAPI
-socket, or the kernel device by netlink; a fake in tests).
+``HandshakeReader`` (in production ``uapi_handshakes`` of
+``vnetd.commands.wait.command``, through ``dataplane.device_reader``'s
+``read_local_device``: the UAPI socket, or the kernel device by netlink; a fake
+in tests).
 Every time is trio's clock, so tests with ``autojump_clock`` are exact.
 """
 
