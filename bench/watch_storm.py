@@ -34,13 +34,13 @@ from typing import Any
 
 import trio
 
-import vnetd.registry.etcd as etcd_backend
+import vnetd.registry.etcd.client as etcd_backend
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.lab.etcd import run_etcd
 from vnetd.model import Member
-from vnetd.registry.etcd import EtcdRegistry
+from vnetd.registry.etcd.client import EtcdRegistry
 from vnetd.spec import MeshSpec, parse_spec
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -1,5 +1,7 @@
-"""etcd's v3 JSON gateway, as ``EtcdRegistry`` speaks it: base64 keys and values,
-error bodies with gRPC codes, and the messages of a watch stream.
+"""etcd's v3 JSON gateway, as ``EtcdRegistry`` speaks it: base64 keys and values in
+JSON bodies, the paths they go to, error bodies with gRPC codes, and the messages of a
+watch stream. The one module of the backend that knows that encoding: ``GatewayRanges``
+and ``GatewayAuth`` make the calls of ``transport`` with it, for ``pages`` and ``auth``.
 
 Conventions handled here: keys and values are base64, int64 fields are
 strings, and false/zero fields are omitted. Verified against etcd 3.4:
@@ -9,32 +11,43 @@ strings, and false/zero fields are omitted. Verified against etcd 3.4:
 * ``/v3/lease/revoke`` on an unknown lease answers 404, gRPC code 5.
 * A watch stream first sends ``{"result": {"created": true}}``; a watch from
   a compacted revision then sends ``{"canceled": true, "compact_revision": N}``.
+
+Every request asks for a member with a leader (``REQUIRE_LEADER``: the gateway passes
+``Grpc-Metadata-Hasleader`` on as etcd's ``hasleader`` gRPC metadata, checked with etcd
+3.4.23), so a member cut from the others answers "etcdserver: no leader" at once instead
+of holding the request until its own request timeout (7 s). docs/operations.md, "etcd
+cluster faults", says what each fault costs.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 
 from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
+from vnetd.registry.access_base import READ, Permission
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.registry.bounds import kept_key, kept_value
+from vnetd.registry.etcd.transport import (
+    UNAVAILABLE_CODES,
+    RangePage,
+    RangeRequest,
+    Refused,
+    prefix_end,
+)
 
 JSON = dict[str, Any]
 
-# gRPC status codes the gateway reports in error bodies.
-NOT_FOUND = 5
-INVALID_ARGUMENT = 3
-PERMISSION_DENIED = 7
-UNAUTHENTICATED = 16
-UNAVAILABLE_CODES = frozenset({1, 4, 14})  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE
+REQUIRE_LEADER = {"Grpc-Metadata-Hasleader": "true"}
 UNAVAILABLE_STATUS = 408
 """What a stopping member's gateway answers ("grpc: the client connection is closing",
 HTTP 408, code 1): the member is going away, not refusing."""
+ANSWER_PER_KEY = 100
+"""Bytes of JSON an entry of a range answer takes beyond its base64 key and value."""
 
 
 def b64(data: str | bytes) -> str:
@@ -44,17 +57,6 @@ def b64(data: str | bytes) -> str:
 
 def unb64(text: str) -> bytes:
     return base64.b64decode(text)
-
-
-def prefix_end(prefix: str) -> bytes:
-    """The smallest key greater than every key starting with ``prefix`` (etcd's range_end)."""
-    raw = bytearray(prefix.encode("utf-8", "surrogateescape"))
-    while raw and raw[-1] == 0xFF:
-        raw.pop()
-    if not raw:
-        return b"\0"  # every key
-    raw[-1] += 1
-    return bytes(raw)
 
 
 def key_value(raw: JSON) -> KeyValue:
@@ -96,14 +98,6 @@ def check_response(response: httpx.Response, where: str) -> JSON:
     return data
 
 
-class Refused(RegistryError):
-    """etcd refused the request (not an outage); ``code`` is its gRPC code."""
-
-    def __init__(self, message: str, code: int | None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def key_of(body: JSON) -> str:
     """The key a request body names, for error messages ("?" if none)."""
     raw = body.get("key")
@@ -113,6 +107,95 @@ def key_of(body: JSON) -> str:
         return unb64(raw).decode("utf-8", "replace")
     except ValueError:
         return "?"
+
+
+def range_body(request: RangeRequest) -> JSON:
+    body: JSON = {
+        "key": b64(request.start),
+        "range_end": b64(request.end),
+        "limit": str(request.limit),
+    }
+    if request.revision:
+        body["revision"] = str(request.revision)
+    return body
+
+
+def range_page(data: JSON) -> RangePage:
+    """A ``/v3/kv/range`` answer; its size counts each entry's base64 key and value and
+    ``ANSWER_PER_KEY``."""
+    kvs = data.get("kvs", [])
+    return RangePage(
+        kvs=[key_value(raw) for raw in kvs],
+        revision=int(data["header"]["revision"]),
+        more=bool(data.get("more", False)),
+        last_key=unb64(kvs[-1]["key"]) if kvs else b"",
+        size=sum(len(raw.get("key", "")) + len(raw.get("value", "")) + ANSWER_PER_KEY
+                 for raw in kvs),
+    )  # fmt: skip
+
+
+BoundedPost = Callable[[str, JSON, int, float], Awaitable[JSON]]
+"""One gateway call: its path, its body, the byte bound of its answer and the time added
+to its usual bound (``EtcdRegistry._post``)."""
+
+
+class GatewayRanges:
+    """``transport.RangeReader`` as ``/v3/kv/range`` calls on ``post``."""
+
+    def __init__(self, post: BoundedPost) -> None:
+        self._post = post
+
+    async def range_page(self, request: RangeRequest, cap: int, extra: float) -> RangePage:
+        return range_page(await self._post("/v3/kv/range", range_body(request), cap, extra))
+
+
+def permission_range(permission: Permission) -> JSON:
+    body: JSON = {"key": b64(permission.key)}
+    if permission.prefix:
+        body["range_end"] = b64(prefix_end(permission.key))
+    return body
+
+
+def permission_of(raw: JSON) -> Permission:
+    """A permission as etcd reports it; a range is ours only if it is a prefix's."""
+    key = unb64(raw.get("key", "")).decode("utf-8", "surrogateescape")
+    end = unb64(raw.get("range_end", ""))
+    kind = str(raw.get("permType", READ))
+    return Permission(kind, key, prefix=bool(end) and end == prefix_end(key))
+
+
+class GatewayAuth:
+    """``transport.AuthCalls`` as ``/v3/auth/*`` calls on ``call`` (``EtcdRegistry.call``)."""
+
+    def __init__(self, call: Callable[[str, JSON], Awaitable[JSON]]) -> None:
+        self._call = call
+
+    async def add_role(self, name: str) -> None:
+        await self._call("/v3/auth/role/add", {"name": name})
+
+    async def role_permissions(self, role: str) -> set[Permission]:
+        answer = await self._call("/v3/auth/role/get", {"role": role})
+        return {permission_of(raw) for raw in answer.get("perm", [])}
+
+    async def grant_permission(self, role: str, permission: Permission) -> None:
+        perm = {"permType": permission.kind, **permission_range(permission)}
+        await self._call("/v3/auth/role/grant", {"name": role, "perm": perm})
+
+    async def revoke_permission(self, role: str, permission: Permission) -> None:
+        await self._call("/v3/auth/role/revoke", {"role": role, **permission_range(permission)})
+
+    async def user_roles(self, name: str) -> set[str]:
+        answer = await self._call("/v3/auth/user/get", {"name": name})
+        return {str(role) for role in answer.get("roles", [])}
+
+    async def add_user(self, name: str, password: str) -> None:
+        await self._call("/v3/auth/user/add", {"name": name, "password": password})
+
+    async def grant_role(self, user: str, role: str) -> None:
+        await self._call("/v3/auth/user/grant", {"user": user, "role": role})
+
+    async def revoke_role(self, user: str, role: str) -> None:
+        await self._call("/v3/auth/user/revoke", {"name": user, "role": role})
 
 
 WATCH_MESSAGE_BYTES = 16 * 1024 * 1024
