@@ -139,6 +139,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.control.access": CONTROL,
     "vnetd.control.assign": CONTROL,
     "vnetd.control.claim": CONTROL,
+    "vnetd.control.renewal": CONTROL,
     "vnetd.control.spec_check": CONTROL,
     "vnetd.control.membership": CONTROL,
     "vnetd.control.proof": CONTROL,
