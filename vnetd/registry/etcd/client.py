@@ -28,15 +28,26 @@ from vnetd.registry.etcd.endpoints import EndpointOrder
 from vnetd.registry.etcd.gateway import (
     JSON,
     REQUIRE_LEADER,
+    WATCH,
     GatewayAuth,
     GatewayRanges,
-    b64,
     capped_lines,
     check_response,
-    key_value,
+    count_call,
+    create_all_call,
+    create_call,
+    delete_call,
+    existing_entry,
+    first_entry,
+    get_call,
+    grant_call,
+    keepalive_call,
     next_message,
     raise_for_watch,
+    replace_call,
+    revoke_call,
     watch_events,
+    watch_request,
 )
 from vnetd.registry.etcd.httpcore_package import import_httpcore
 from vnetd.registry.etcd.pages import ListResumes, list_pages
@@ -48,7 +59,7 @@ from vnetd.registry.etcd.security import (
     tls_problem,
 )
 from vnetd.registry.etcd.tokens import AuthTokens
-from vnetd.registry.etcd.transport import NOT_FOUND, PageTooLarge, Refused, prefix_end
+from vnetd.registry.etcd.transport import NOT_FOUND, PageTooLarge, Refused
 from vnetd.registry.etcd.watch import QuietHints, resuming_watch
 
 __all__ = [
@@ -214,10 +225,9 @@ class EtcdRegistry:
         us: a credential problem is not a health one), else (why not, 0); ``watch``
         asks this of a quiet watch, and spaces its checks by the count."""
         bound = self._order.attempt_timeout
-        query = {"key": request.get("key", ""), "range_end": request.get("range_end", "")}
         with trio.move_on_after(bound):
             try:
-                data = await self._call(endpoint, "/v3/kv/range", {**query, "count_only": True})
+                data = await self._call(endpoint, *count_call(request))
             except (Refused, RegistryAccessError):
                 return None, 0
             except (httpx.TransportError, RegistryUnavailable) as exc:
@@ -226,74 +236,46 @@ class EtcdRegistry:
         return f"a read on it had no answer within {bound:g} s", 0
 
     async def get(self, key: str) -> KeyValue | None:
-        data = await self._post("/v3/kv/range", {"key": b64(key)})
-        kvs = data.get("kvs", [])
-        return key_value(kvs[0]) if kvs else None
+        return first_entry(await self._post(*get_call(key)))
 
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         return await list_pages(GatewayRanges(self._post), prefix, self._resumes)
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
-        compare = {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
-        data = await self._txn(compare, key, value, lease)
+        data = await self._post(*create_call(key, value, lease))
         if data.get("succeeded", False):
             return None
-        for response in data.get("responses", []):
-            kvs = response.get("response_range", {}).get("kvs", [])
-            if kvs:
-                return key_value(kvs[0])
-        raise RegistryError(f"etcd create {key!r}: key exists but could not be read")
+        existing = existing_entry(data)
+        if existing is None:
+            raise RegistryError(f"etcd create {key!r}: key exists but could not be read")
+        return existing
 
     async def replace(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
-        compare = {
-            "key": b64(key),
-            "target": "MOD",
-            "result": "EQUAL",
-            "mod_revision": str(mod_revision),
-        }
-        data = await self._txn(compare, key, value, lease)
+        data = await self._post(*replace_call(key, value, mod_revision, lease))
         return bool(data.get("succeeded", False))
 
     async def create_all(self, items: Mapping[str, bytes]) -> bool:
         if not items:
             return True
-        body = {
-            "compare": [
-                {"key": b64(k), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
-                for k in items
-            ],
-            "success": [
-                {"request_put": {"key": b64(k), "value": b64(v)}} for k, v in items.items()
-            ],
-        }
-        data = await self._post("/v3/kv/txn", body)
+        data = await self._post(*create_all_call(items))
         return bool(data.get("succeeded", False))
 
-    async def _txn(self, compare: JSON, key: str, value: bytes, lease: int) -> JSON:
-        put = {"key": b64(key), "value": b64(value), "lease": str(lease)}
-        body = {
-            "compare": [compare],
-            "success": [{"request_put": put}],
-            "failure": [{"request_range": {"key": b64(key)}}],
-        }
-        return await self._post("/v3/kv/txn", body)
-
     async def delete(self, key: str) -> bool:
-        data = await self._post("/v3/kv/deleterange", {"key": b64(key)})
+        data = await self._post(*delete_call(key))
         return int(data.get("deleted", 0)) > 0
 
     async def grant(self, ttl: int) -> int:
         self._order.lease_granted(ttl)
-        data = await self._post("/v3/lease/grant", {"TTL": str(ttl)})
+        data = await self._post(*grant_call(ttl))
         return int(data["ID"])
 
     async def keepalive(self, lease: int) -> int:
-        data = await self._post("/v3/lease/keepalive", {"ID": str(lease)})
+        data = await self._post(*keepalive_call(lease))
         return int(data.get("result", {}).get("TTL", 0))
 
     async def revoke(self, lease: int) -> None:
         try:
-            await self._post("/v3/lease/revoke", {"ID": str(lease)})
+            await self._post(*revoke_call(lease))
         except Refused as exc:
             if exc.code != NOT_FOUND:
                 raise
@@ -302,7 +284,7 @@ class EtcdRegistry:
     async def watch(
         self, prefix: str, start_revision: int
     ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
-        request = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
+        request = watch_request(prefix)
         async with AsyncExitStack() as stack:
             lines = await stack.enter_async_context(resuming_watch(self, request, start_revision))
             events = watch_events(lines)
@@ -317,7 +299,7 @@ class EtcdRegistry:
         timeout = httpx.Timeout(self._timeout, read=None)
         failures: list[str] = []
         for endpoint, bound in self._order.attempts():
-            where = f"{endpoint}/v3/watch"
+            where = f"{endpoint}{WATCH}"
             attempt = AsyncExitStack()
             with trio.move_on_after(bound):
                 try:

@@ -1,7 +1,8 @@
 """etcd's v3 JSON gateway, as ``EtcdRegistry`` speaks it: base64 keys and values in
 JSON bodies, the paths they go to, error bodies with gRPC codes, and the messages of a
-watch stream. The one module of the backend that knows that encoding: ``GatewayRanges``
-and ``GatewayAuth`` make the calls of ``transport`` with it, for ``pages`` and ``auth``.
+watch stream. The one module of the backend that knows that encoding: each request of
+the registry is built here as a ``Call`` (its path and body), and ``GatewayRanges`` and
+``GatewayAuth`` make the calls of ``transport`` with it, for ``pages`` and ``auth``.
 
 Conventions handled here: keys and values are base64, int64 fields are
 strings, and false/zero fields are omitted. Verified against etcd 3.4:
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -107,6 +108,95 @@ def key_of(body: JSON) -> str:
         return unb64(raw).decode("utf-8", "replace")
     except ValueError:
         return "?"
+
+
+Call = tuple[str, JSON]
+"""One gateway request: its path and its body."""
+WATCH = "/v3/watch"
+AUTHENTICATE = "/v3/auth/authenticate"
+
+
+def get_call(key: str) -> Call:
+    return "/v3/kv/range", {"key": b64(key)}
+
+
+def count_call(watched: JSON) -> Call:
+    """A count of the keys a watch request (``watch_request``) covers."""
+    query = {"key": watched.get("key", ""), "range_end": watched.get("range_end", "")}
+    return "/v3/kv/range", {**query, "count_only": True}
+
+
+def _put_if(compare: JSON, key: str, value: bytes, lease: int) -> Call:
+    """A put of ``key`` if ``compare`` holds, else a read of it."""
+    put = {"key": b64(key), "value": b64(value), "lease": str(lease)}
+    body = {
+        "compare": [compare],
+        "success": [{"request_put": put}],
+        "failure": [{"request_range": {"key": b64(key)}}],
+    }
+    return "/v3/kv/txn", body
+
+
+def create_call(key: str, value: bytes, lease: int) -> Call:
+    compare = {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+    return _put_if(compare, key, value, lease)
+
+
+def replace_call(key: str, value: bytes, mod_revision: int, lease: int) -> Call:
+    compare = {
+        "key": b64(key),
+        "target": "MOD",
+        "result": "EQUAL",
+        "mod_revision": str(mod_revision),
+    }
+    return _put_if(compare, key, value, lease)
+
+
+def create_all_call(items: Mapping[str, bytes]) -> Call:
+    body = {
+        "compare": [
+            {"key": b64(k), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+            for k in items
+        ],
+        "success": [{"request_put": {"key": b64(k), "value": b64(v)}} for k, v in items.items()],
+    }
+    return "/v3/kv/txn", body
+
+
+def delete_call(key: str) -> Call:
+    return "/v3/kv/deleterange", {"key": b64(key)}
+
+
+def grant_call(ttl: int) -> Call:
+    return "/v3/lease/grant", {"TTL": str(ttl)}
+
+
+def keepalive_call(lease: int) -> Call:
+    return "/v3/lease/keepalive", {"ID": str(lease)}
+
+
+def revoke_call(lease: int) -> Call:
+    return "/v3/lease/revoke", {"ID": str(lease)}
+
+
+def watch_request(prefix: str) -> JSON:
+    """A watch's ``create_request`` for the keys under ``prefix``, without its start."""
+    return {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
+
+
+def first_entry(data: JSON) -> KeyValue | None:
+    """The entry a ``get_call`` answered, or None."""
+    kvs = data.get("kvs", [])
+    return key_value(kvs[0]) if kvs else None
+
+
+def existing_entry(data: JSON) -> KeyValue | None:
+    """The entry the read of a ``create_call`` that failed found, or None."""
+    for response in data.get("responses", []):
+        kvs = response.get("response_range", {}).get("kvs", [])
+        if kvs:
+            return key_value(kvs[0])
+    return None
 
 
 def range_body(request: RangeRequest) -> JSON:

@@ -14,7 +14,13 @@ from __future__ import annotations
 import httpx
 
 from vnetd.errors import RegistryError
-from vnetd.registry.etcd.gateway import JSON, REQUIRE_LEADER, check_response, key_of
+from vnetd.registry.etcd.gateway import (
+    AUTHENTICATE,
+    JSON,
+    REQUIRE_LEADER,
+    check_response,
+    key_of,
+)
 from vnetd.registry.etcd.security import EtcdSecurity, RegistryAccessError
 from vnetd.registry.etcd.transport import (
     INVALID_ARGUMENT,
@@ -44,7 +50,7 @@ class AuthTokens:
         return {"Authorization": token}
 
     async def _authenticate(self, client: httpx.AsyncClient, endpoint: str) -> str:
-        where = f"{endpoint}/v3/auth/authenticate"
+        where = f"{endpoint}{AUTHENTICATE}"
         user = self._security.username
         credentials = {"name": user, "password": self._security.password or ""}
         response = await client.post(where, json=credentials, headers=REQUIRE_LEADER)
