@@ -9,7 +9,7 @@ and instance name, and a ``FakeDataplane`` as its device. The processes
 start together and start their daemons at a steady pace, ``--rate`` joins
 per second in all (a Kubernetes Job's pods appear at a few tens per
 second): the join storm. The spec is the production default (lease TTL
-10 s, keepalive every 3.3 s, at rest less often above 107 ranks: ``control.claim``;
+10 s, keepalive every 3.3 s, at rest less often above 107 ranks: ``control.renewal``;
 resync every 30 s) unless ``--ttl`` says
 otherwise. ``bench/etcd_metrics.py`` scrapes etcd's /metrics every second
 from pod 0.
@@ -96,7 +96,7 @@ from common import (
 )
 
 from vnetd.config import DEFAULT_RESYNC_INTERVAL
-from vnetd.control.claim import renewal_interval
+from vnetd.control.renewal import renewal_interval
 from vnetd.daemon.reconciler import FULL_PASS_PEERS
 from vnetd.lab.cluster import write_spec
 from vnetd.lab.open_lab import LabProcess, open_lab

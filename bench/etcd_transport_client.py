@@ -46,8 +46,9 @@ import trio
 from vnetd.control.membership import encode_member
 from vnetd.model import Member
 from vnetd.registry.base import WatchEvent
-from vnetd.registry.etcd import EtcdRegistry
-from vnetd.registry.etcd_gateway import b64, prefix_end
+from vnetd.registry.etcd.client import EtcdRegistry
+from vnetd.registry.etcd.gateway import b64
+from vnetd.registry.etcd.transport import prefix_end
 
 PROTO = Path(__file__).resolve().parent / "etcd_watch.proto"
 GO_POLL = 0.01

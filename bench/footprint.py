@@ -62,7 +62,7 @@ from common import (
 )
 
 from vnetd.config import DEFAULT_RESYNC_INTERVAL
-from vnetd.control.claim import renewal_interval
+from vnetd.control.renewal import renewal_interval
 from vnetd.control.watcher import WATCH_RESTARTS
 from vnetd.daemon.reconciler import FULL_PASS_PEERS
 from vnetd.lab.cluster import write_spec

@@ -201,7 +201,7 @@ def _control_plane_plot(ax: Any, r: JSON) -> None:  # noqa: ANN401
 
 def _renewals(p: JSON) -> str:
     """How often the daemons renewed their leases: a third of the TTL, and at rest as the
-    run recorded it for each size (``control.claim.renewal_interval``)."""
+    run recorded it for each size (``control.renewal.renewal_interval``)."""
     ttl, by = p["lease_ttl_s"], p.get("keepalive_s")
     every = f"keepalive every {ttl / 3:.1f} s"
     spaced = {size: v for size, v in (by or {}).items() if v > ttl / 3}

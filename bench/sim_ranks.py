@@ -75,7 +75,7 @@ from vnetd.dataplane.fake import FakeDataplane
 from vnetd.model import Plan
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener, sharing_tls
-from vnetd.registry.etcd import EtcdRegistry
+from vnetd.registry.etcd.client import EtcdRegistry
 from vnetd.spec import load_spec
 
 

@@ -17,7 +17,7 @@ it, in clock ticks of 10 ms), a figure a loaded machine changes less.
 
 After the starts, as many bare interpreters (``FLOOR``) import the libraries a
 daemon needs before its claim and nothing of vnetd: trio, httpx with httpcore
-(without anyio and h2, as ``registry.httpcore_package`` imports it),
+(without anyio and h2, as ``registry.etcd.httpcore_package`` imports it),
 cryptography's X25519 and Ed25519, and the standard modules the daemon uses.
 Their CPU (``floor_cpu_s``, from ``wait4``'s resource usage) is what those
 imports cost on this machine by themselves: the CPU to the claim cannot fall

@@ -25,9 +25,9 @@ import httpx
 import trio
 
 from vnetd.errors import RegistryUnavailable
-from vnetd.registry.etcd import EtcdRegistry
-from vnetd.registry.etcd_endpoints import REQUIRE_LEADER
-from vnetd.registry.etcd_watch import QUIET_CHECK
+from vnetd.registry.etcd.client import EtcdRegistry
+from vnetd.registry.etcd.gateway import REQUIRE_LEADER
+from vnetd.registry.etcd.watch import QUIET_CHECK
 
 PREFIX = "/vnetd/bench/members/"
 OPEN_ATTEMPTS = 10

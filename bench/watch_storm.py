@@ -34,13 +34,14 @@ from typing import Any
 
 import trio
 
-import vnetd.registry.etcd as etcd_backend
+import vnetd.registry.etcd.client as etcd_client
+import vnetd.registry.etcd.gateway as etcd_gateway
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.lab.etcd import run_etcd
 from vnetd.model import Member
-from vnetd.registry.etcd import EtcdRegistry
+from vnetd.registry.etcd.client import EtcdRegistry
 from vnetd.spec import MeshSpec, parse_spec
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -62,8 +63,9 @@ class Counts:
 
 
 def count_messages(counts: Counts) -> None:
-    """Wrap the etcd backend's message reader to count what the watchers receive."""
-    original = etcd_backend._next_message
+    """Wrap the etcd backend's message reader to count what the watchers receive: where
+    the client reads a watch's confirmation, and where the codec reads its events."""
+    original = etcd_gateway.next_message
 
     async def counted(lines: Any) -> Any:  # noqa: ANN401
         result = await original(lines)
@@ -73,7 +75,8 @@ def count_messages(counts: Counts) -> None:
             counts.messages += 1
         return result
 
-    etcd_backend._next_message = counted
+    etcd_client.next_message = counted  # type: ignore[attr-defined]
+    etcd_gateway.next_message = counted
 
 
 async def write_joins(url: str, joins: int, rate: float) -> None:

@@ -5,7 +5,7 @@ The private key is X25519, generated once into the state dir (0600 in a
 ``load_private_key`` reads a key file for ``vnetd render wg-quick`` by the
 same rules: one base64 key (as ``wg genkey`` prints it), in a file no group
 or other user may access, and no error message holds any part of it. With
-``registry.etcd_security`` and ``control.proof`` (the record signing key,
+``registry.etcd.security`` and ``control.proof`` (the record signing key,
 kept beside the WireGuard key) this is the only module that imports
 cryptography (docs/architecture.md, "Module map").
 """

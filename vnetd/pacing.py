@@ -1,7 +1,7 @@
 """Periodic requests spaced by the mesh's size, so a whole mesh costs etcd a bounded rate.
 
 Each daemon asks etcd some things of its own accord while nothing changes: its
-watch's quiet check (``registry.etcd_watch``), the re-read of the stored spec
+watch's quiet check (``registry.etcd.watch``), the re-read of the stored spec
 (``control.spec_check``) and the restart of its member watch
 (``control.watcher``). At a fixed period each costs etcd N requests per period
 for a mesh of N, for ever: at 1024 members a 60 s watch restart alone is 17

@@ -23,7 +23,7 @@ import trio.testing
 
 from vnetd.lab.etcd import EtcdServer, run_etcd
 from vnetd.registry.base import Registry
-from vnetd.registry.etcd import EtcdRegistry
+from vnetd.registry.etcd.client import EtcdRegistry
 from vnetd.registry.memory import MemoryRegistry
 
 CALL_TIMEOUT = 2.0

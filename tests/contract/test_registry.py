@@ -20,9 +20,9 @@ from vnetd.errors import RegistryError, RegistryUnavailable, WatchCompacted
 from vnetd.lab.etcd import run_etcd
 from vnetd.registry.base import Registry, WatchEvent
 from vnetd.registry.bounds import MAX_KEY_KEPT, MAX_VALUE_KEPT, dropped_size, kept_key, kept_value
-from vnetd.registry.etcd import EtcdRegistry
-from vnetd.registry.etcd_gateway import JSON
-from vnetd.registry.etcd_pages import PAGE_KEYS
+from vnetd.registry.etcd.client import EtcdRegistry
+from vnetd.registry.etcd.gateway import JSON
+from vnetd.registry.etcd.pages import PAGE_KEYS
 from vnetd.registry.memory import MemoryRegistry
 
 if TYPE_CHECKING:
@@ -359,7 +359,7 @@ async def test_reads_keep_bounded_keys_and_values(registry: Registry) -> None:
 
 async def test_a_list_larger_than_a_page_is_complete_and_consistent(registry: Registry) -> None:
     """More keys than one page holds, and values that overflow a page's bytes: every key
-    comes back once, in order (``etcd_pages``)."""
+    comes back once, in order (``registry.etcd.pages``)."""
     count = PAGE_KEYS + 300
     with trio.fail_after(60):
         for first in range(0, count, 100):
@@ -399,7 +399,7 @@ async def test_a_list_asked_again_after_it_stopped_is_one_snapshot_a_watch_compl
     """A list that stopped for want of an answer and is asked again returns one snapshot
     (every key of one revision), and a watch from that revision brings it up to date. On
     etcd the list resumes at its last page: the snapshot is the stopped list's revision,
-    with none of the writes made since (``etcd_pages``)."""
+    with none of the writes made since (``registry.etcd.pages``)."""
     registry = backend.registry
     stop = stop_lists_part_way(registry)
     with trio.fail_after(60):

@@ -1,5 +1,5 @@
 """A daemon whose host stalls past its watch's quiet check costs etcd no read when it
-resumes, while its member is healthy (vnetd/registry/etcd_watch.py: a check whose timer
+resumes, while its member is healthy (vnetd/registry/etcd/watch.py: a check whose timer
 fired late first waits for what came meanwhile).
 
 Before the fix such a stall cost one linearizable read (this test's figure: 1). The

@@ -1,4 +1,4 @@
-"""The scoped-credential plan (``vnetd.control.access``) and its idempotent apply (``etcd_auth``),
+"""The scoped-credential plan (``vnetd.control.access``) and its idempotent apply (``etcd.auth``),
 against a stand-in for etcd's auth store that answers as etcd 3.4 was seen to
 (``tests/e2e/test_scoped_credentials.py`` runs the same command against real etcd)."""
 
@@ -10,8 +10,9 @@ from vnetd.control.access import access_plan
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.errors import SpecError
 from vnetd.registry.access_base import READ, READWRITE, Permission, User
-from vnetd.registry.etcd_auth import apply_plan
-from vnetd.registry.etcd_gateway import JSON, Refused, b64, prefix_end, unb64
+from vnetd.registry.etcd.auth import apply_plan
+from vnetd.registry.etcd.gateway import JSON, GatewayAuth, b64, unb64
+from vnetd.registry.etcd.transport import Refused, prefix_end
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import parse_spec
 
@@ -105,13 +106,15 @@ def test_bad_plans_name_the_flag(changes: dict[str, object], needle: str) -> Non
 async def test_apply_creates_everything_once_and_a_second_run_changes_nothing() -> None:
     store = AuthStore()
     wanted = plan(sites={"burst": (6, 7)}, ranks=(0, 1))
-    first = await apply_plan(store, wanted, lambda user: f"pw-{user.name}")  # type: ignore[arg-type]
+    first = await apply_plan(GatewayAuth(store.call), wanted, lambda user: f"pw-{user.name}")  # type: ignore[arg-type]
     assert "user m-0: created (rank 0)" in first
     assert store.passwords["m-1"] == "pw-m-1"
     assert store.users["m-0"] == {"vnetd-m-read", "vnetd-m-rank-0"}
     assert store.roles["vnetd-m-read"] == {("READ", b64("/vnetd/m/"), b64(prefix_end("/vnetd/m/")))}
     before = len(store.calls)
-    again = await apply_plan(store, wanted, lambda user: pytest.fail("asked for a password"))  # type: ignore[arg-type]
+    again = await apply_plan(
+        GatewayAuth(store.call), wanted, lambda user: pytest.fail("asked for a password")
+    )  # type: ignore[arg-type]
     assert again == []
     writes = {"/v3/auth/user/add", "/v3/auth/role/grant", "/v3/auth/user/grant"}
     assert not writes & set(store.calls[before:])
@@ -119,9 +122,9 @@ async def test_apply_creates_everything_once_and_a_second_run_changes_nothing() 
 
 async def test_apply_revokes_what_the_plan_no_longer_has_and_keeps_foreign_roles() -> None:
     store = AuthStore()
-    await apply_plan(store, plan(sites={"burst": (6, 7)}), lambda u: "pw")  # type: ignore[arg-type]
+    await apply_plan(GatewayAuth(store.call), plan(sites={"burst": (6, 7)}), lambda u: "pw")  # type: ignore[arg-type]
     store.users["vnetd-m-site-burst"].add("ops-readers")
-    changes = await apply_plan(store, plan(sites={"burst": (7,)}), lambda u: "pw")  # type: ignore[arg-type]
+    changes = await apply_plan(GatewayAuth(store.call), plan(sites={"burst": (7,)}), lambda u: "pw")  # type: ignore[arg-type]
     assert changes == ["role vnetd-m-site-burst: revoked readwrite /vnetd/m/members/6"]
     assert {unb64(k).decode() for _, k, _ in store.roles["vnetd-m-site-burst"]} == {
         "/vnetd/m/members/7"
@@ -146,8 +149,8 @@ async def test_a_stored_spec_is_compared_without_a_write() -> None:
 
 async def test_apply_keeps_the_roles_of_a_mesh_whose_name_extends_ours() -> None:
     store = AuthStore()
-    await apply_plan(store, plan(), lambda u: "pw")  # type: ignore[arg-type]
+    await apply_plan(GatewayAuth(store.call), plan(), lambda u: "pw")  # type: ignore[arg-type]
     store.users["vnetd-m"] |= {"vnetd-m-eu-read", "vnetd-m-eu-mesh", "vnetd-m-rank-9"}
-    changes = await apply_plan(store, plan(), lambda u: "pw")  # type: ignore[arg-type]
+    changes = await apply_plan(GatewayAuth(store.call), plan(), lambda u: "pw")  # type: ignore[arg-type]
     assert changes == ["user vnetd-m: revoked role vnetd-m-rank-9"]
     assert {"vnetd-m-eu-read", "vnetd-m-eu-mesh"} <= store.users["vnetd-m"]

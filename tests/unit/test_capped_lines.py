@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from vnetd.errors import RegistryError, RegistryUnavailable
-from vnetd.registry.etcd_gateway import capped_lines, next_message, watch_event, watch_events
+from vnetd.registry.etcd.gateway import capped_lines, next_message, watch_event, watch_events
 
 
 async def chunks_of(*parts: bytes) -> AsyncIterator[bytes]:

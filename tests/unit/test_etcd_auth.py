@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from vnetd.registry.etcd import EtcdRegistry, EtcdSecurity, RegistryAccessError
+from vnetd.registry.etcd.client import EtcdRegistry, EtcdSecurity, RegistryAccessError
 
 URL = "http://etcd.test:2379"
 

@@ -16,10 +16,10 @@ import trio
 import trio.testing
 
 from vnetd.errors import RegistryUnavailable
-from vnetd.registry.etcd import EtcdRegistry
-from vnetd.registry.etcd_endpoints import ATTEMPT_TIMEOUT, FAILED_ENDPOINT_LAST_FOR
-from vnetd.registry.etcd_gateway import watch_events as _watch_events
-from vnetd.registry.etcd_watch import (
+from vnetd.registry.etcd.client import EtcdRegistry
+from vnetd.registry.etcd.endpoints import ATTEMPT_TIMEOUT, FAILED_ENDPOINT_LAST_FOR
+from vnetd.registry.etcd.gateway import watch_events as _watch_events
+from vnetd.registry.etcd.watch import (
     QUIET_CHECK,
     REST_READS,
     QuietHints,

@@ -1,4 +1,4 @@
-"""Paged lists (``registry/etcd_pages``) against a fake range call: a list that stops
+"""Paged lists (``registry/etcd/pages``) against a fake range call: a list that stops
 for want of an answer resumes at its last page and revision, starts over when that
 revision was compacted or the list is too old, and a page of big values gets more
 time (docs/architecture.md, "Bounded reads"). The same against real etcd is in
@@ -16,9 +16,9 @@ import trio
 import trio.testing
 
 from vnetd.errors import RegistryUnavailable
-from vnetd.registry.etcd import EtcdRegistry
-from vnetd.registry.etcd_gateway import JSON, Refused
-from vnetd.registry.etcd_pages import (
+from vnetd.registry.etcd.client import EtcdRegistry
+from vnetd.registry.etcd.gateway import JSON, GatewayRanges
+from vnetd.registry.etcd.pages import (
     MISS_TIME,
     OUT_OF_RANGE,
     PAGE_BYTES,
@@ -28,6 +28,7 @@ from vnetd.registry.etcd_pages import (
     ListResumes,
     list_pages,
 )
+from vnetd.registry.etcd.transport import Refused
 
 PREFIX = "m/"
 
@@ -49,7 +50,8 @@ class FakeRange:
         """Numbers (from 1) of the calls that get no answer."""
         self.calls: list[tuple[JSON, float]] = []
 
-    async def __call__(self, body: JSON, cap: int, extra: float) -> JSON:
+    async def __call__(self, path: str, body: JSON, cap: int, extra: float) -> JSON:
+        assert path == "/v3/kv/range"
         self.calls.append((body, extra))
         if len(self.calls) in self.fail:
             raise RegistryUnavailable("no answer within 5 s")
@@ -82,11 +84,11 @@ async def test_a_list_that_stopped_resumes_at_its_page_and_revision(caplog) -> N
     # Call 1 is the first page (2 keys), 2 the rest: it gets no answer three times.
     store.fail = {2, 3, 4}
     with trio.fail_after(5), pytest.raises(RegistryUnavailable):
-        await list_pages(store, PREFIX, resumes)
+        await list_pages(GatewayRanges(store), PREFIX, resumes)
     assert len(store.calls) == 4 and len(resumes) == 1
     store.later = {"m/00b": b"new", "m/99": b"new"}  # written after the snapshot
     with caplog.at_level(logging.INFO), trio.fail_after(5):
-        kvs, revision = await list_pages(store, PREFIX, resumes)
+        kvs, revision = await list_pages(GatewayRanges(store), PREFIX, resumes)
     # The resumed list asks for the page after the first, at the first page's revision:
     assert store.starts()[4] == ("m/01\0", 50)  # the key after the last one read
     assert len(store.calls) == 5
@@ -101,11 +103,11 @@ async def test_a_resume_at_a_compacted_revision_starts_over_and_says_so(caplog) 
     resumes = ListResumes()
     store.fail = {2, 3, 4}
     with pytest.raises(RegistryUnavailable):
-        await list_pages(store, PREFIX, resumes)
+        await list_pages(GatewayRanges(store), PREFIX, resumes)
     store.later = {"m/99": b"new"}
     store.compacted = 51
     with caplog.at_level(logging.INFO), trio.fail_after(5):
-        kvs, revision = await list_pages(store, PREFIX, resumes)
+        kvs, revision = await list_pages(GatewayRanges(store), PREFIX, resumes)
     assert store.starts()[4:6] == [("m/01\0", 50), ("m/", 0)]
     assert "revision 50 was compacted after page 1; starting over from the first page" in (
         caplog.text
@@ -118,10 +120,10 @@ async def test_a_list_stopped_too_long_ago_starts_over(autojump_clock, caplog) -
     resumes = ListResumes()
     store.fail = {2, 3, 4}
     with pytest.raises(RegistryUnavailable):
-        await list_pages(store, PREFIX, resumes)
+        await list_pages(GatewayRanges(store), PREFIX, resumes)
     await trio.sleep(RESUME_WITHIN + 1)
     with caplog.at_level(logging.INFO):
-        _, revision = await list_pages(store, PREFIX, resumes)
+        _, revision = await list_pages(GatewayRanges(store), PREFIX, resumes)
     assert store.starts()[4] == ("m/", 0)
     assert "too old to resume; starting over" in caplog.text
 
@@ -130,15 +132,15 @@ async def test_without_resumes_every_list_starts_at_its_first_page() -> None:
     store = FakeRange(VALUES)
     store.fail = {2, 3, 4}
     with pytest.raises(RegistryUnavailable):
-        await list_pages(store, PREFIX)
-    await list_pages(store, PREFIX)
+        await list_pages(GatewayRanges(store), PREFIX)
+    await list_pages(GatewayRanges(store), PREFIX)
     assert store.starts()[4] == ("m/", 0)
 
 
 async def test_a_page_of_big_values_gets_time_for_its_bytes() -> None:
     big = {f"m/{i:02d}": b"y" * (1400 * 1024) for i in range(4)}
     store = FakeRange(big)
-    await list_pages(store, PREFIX)
+    await list_pages(GatewayRanges(store), PREFIX)
     extras = [extra for _, extra in store.calls]
     assert extras[0] == 0.0  # the first page: nothing known yet
     # Each next page: its keys (one at this size) at SLOW_RATE, about 7 s.
@@ -153,8 +155,8 @@ async def test_a_page_with_no_answer_is_asked_again_with_more_time_up_to_the_cap
     resumes = ListResumes()
     for _ in range(2):
         with pytest.raises(RegistryUnavailable):
-            await list_pages(store, PREFIX, resumes)
-    await list_pages(store, PREFIX, resumes)
+            await list_pages(GatewayRanges(store), PREFIX, resumes)
+    await list_pages(GatewayRanges(store), PREFIX, resumes)
     extras = [extra for _, extra in store.calls[1:]]
     # The first try: the usual bound (a page of small records is sized to PAGE_TARGET).
     assert extras[0] == 0.0
@@ -167,9 +169,9 @@ async def test_a_first_page_with_no_answer_gives_the_next_list_more_time() -> No
     store.fail = {1}
     resumes = ListResumes()
     with pytest.raises(RegistryUnavailable):
-        await list_pages(store, PREFIX, resumes)
+        await list_pages(GatewayRanges(store), PREFIX, resumes)
     assert len(store.calls) == 1  # a first page is not asked again: nothing to resume
-    kvs, _ = await list_pages(store, PREFIX, resumes)
+    kvs, _ = await list_pages(GatewayRanges(store), PREFIX, resumes)
     assert store.starts()[1] == ("m/", 0) and store.calls[1][1] == MISS_TIME
     assert len(kvs) == len(VALUES)
 

@@ -1,4 +1,4 @@
-"""httpcore imported without anyio and h2 (``vnetd.registry.httpcore_package``): a
+"""httpcore imported without anyio and h2 (``vnetd.registry.etcd.httpcore_package``): a
 client under trio still talks HTTP/1.1, and both import as usual afterwards."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ CODE = """
 import sys
 import trio
 from functools import partial
-from vnetd.registry.httpcore_package import import_httpcore
+from vnetd.registry.etcd.httpcore_package import import_httpcore
 import_httpcore()
 import httpx
 

@@ -23,8 +23,9 @@ from shared import byte_key as key
 from shared import wide_key
 
 from vnetd.control import retry
-from vnetd.control.claim import KEEPALIVE_RETRY, ClaimHolder, renewal_interval
+from vnetd.control.claim import ClaimHolder
 from vnetd.control.membership import encode_member, member_key
+from vnetd.control.renewal import KEEPALIVE_RETRY, renewal_interval
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import RegistryUnavailable

@@ -4,7 +4,7 @@
         --passwords ./secrets --site cloud=0-63 --site burst=64-127 --rank-users all
 
 Run as an etcd user with the ``root`` role, once per mesh and again after any
-change (idempotent: ``vnetd.registry.etcd_auth``). It also stores the mesh's spec
+change (idempotent: ``vnetd.registry.etcd.auth``). It also stores the mesh's spec
 (create-if-absent), since site and rank users may only read it. A new user's
 password is generated here and written to ``--passwords DIR/<user>`` (mode 0600,
 never printed); a file already there is used as the password instead (a run that

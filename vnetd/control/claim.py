@@ -1,16 +1,12 @@
 """Hold this rank's claim in the registry for as long as the daemon runs.
 
-A lease of ``lease_ttl`` seconds is kept alive at a third of its TTL; in a
-large mesh at rest less often (``renewal_interval``: its renewals cost etcd
-at most ``KEEPALIVES`` a second), never later than half the TTL. A keepalive that
-gets no answer is tried again within half a second, backing off to a sixth
-of the TTL, never more than a third of the TTL after it was sent: two missed
-renewals in a row would otherwise cost the lease. If
-the lease is lost (the registry forgot it, or it expired during an
-outage) a new one is granted and the rank claimed again; so is the rank
-when the synced view shows our entry gone (or only held after a registry
-reset). A re-claim also stores the spec again if the registry lost it. While
-another instance holds the rank, the claim waits for that entry to go away
+A lease of ``lease_ttl`` seconds is kept alive on ``control.renewal``'s schedule
+(a third of its TTL, less often in a large mesh at rest; a keepalive with no
+answer tried again soon). If the lease is lost (the registry forgot it, or it
+expired during an outage) a new one is granted and the rank claimed again; so is
+the rank when the synced view shows our entry gone (or only held after a
+registry reset). A re-claim also stores the spec again if the registry lost it.
+While another instance holds the rank, the claim waits for that entry to go away
 and logs the holder once.
 
 The record can change while the claim is held: when wireguard-go is started
@@ -44,12 +40,12 @@ import trio
 
 from vnetd.control.membership import Claimed, Held, try_claim
 from vnetd.control.proof import Signer
+from vnetd.control.renewal import RenewalSchedule, renewal_interval
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.spec_check import SpecCheck
 from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.model import Member, check_endpoint
-from vnetd.pacing import spaced
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
 
@@ -60,20 +56,6 @@ ClaimState = Literal["claiming", "claimed", "waiting", "displaced"]
 claim was never made, or was lost with our lease); ``displaced``: another
 holder took the rank while our lease lived (a forged delete and create, or a
 second daemon for this rank)."""
-
-KEEPALIVE_RETRY = 0.5
-"""Seconds before a keepalive that got no answer is first tried again (then doubling)."""
-KEEPALIVES = 32.0
-"""Lease renewals per second a whole mesh may cost etcd (``vnetd.pacing``), as long as
-each daemon still renews by half its TTL."""
-
-
-def renewal_interval(ttl: float, members: int) -> float:
-    """Seconds between a daemon's renewals of its ``ttl`` s lease in a mesh of ``members``:
-    a third of the TTL, or longer so that the mesh's renewals cost etcd ``KEEPALIVES`` a
-    second, at most half the TTL (the rest of the lease is for retries). Every daemon
-    renews on its own claim's clock, so the renewals are spread without jitter."""
-    return min(spaced(ttl / 3, members, KEEPALIVES), ttl / 2)
 
 
 class ClaimHolder:
@@ -246,43 +228,27 @@ class ClaimHolder:
 
         A changed record (``set_device_id``) is written between renewals, at once.
         Renewals come every third of the TTL, or every ``renewal_interval`` once no
-        member changed since the last renewal (``_renewal_interval``).
-        A renewal that failed is retried ``KEEPALIVE_RETRY`` s after its failure (a
-        sixth of the TTL if that is shorter), doubling up to a sixth of the TTL,
-        and never later than a third of the TTL after it was sent (a renewal that
-        timed out after longer than that is retried at once): the third renewal
-        after the last good one is due when the lease ends, so waiting a whole
-        interval after each failure loses the lease to two failures in a row
-        (etcd's own client sends a missing renewal again every 0.5 s). Nor later
-        than halfway to the lease's end (at least that first delay after the
-        failure), so the tries close in on the end and an outage that ends a
-        second or two before it still keeps the lease.
+        member changed since the last renewal (``_renewal_interval``); a renewal that
+        failed is retried as ``RenewalSchedule`` says.
         """
         lease = self.lease
-        renew_at = self._renewed_at + self.ttl / 3  # granted or renewed then
+        schedule = RenewalSchedule(self.ttl, self._renewed_at)  # granted or renewed then
         quiet_since = self._view_version()  # the view as of the last renewal
-        retry_within = self.ttl / 3
-        first_retry = min(KEEPALIVE_RETRY, self.ttl / 6)
-        retry = Backoff(initial=first_retry, maximum=self.ttl / 6)
         seen_own = False  # our entry reached the view since the claim
         while True:
             version = self.view.version if self.view is not None else 0
-            await self._wait(renew_at, version)
+            await self._wait(schedule.due, version)
             if self._record_changed.is_set():
                 self._record_changed = trio.Event()
-            if trio.current_time() >= renew_at:
+            if trio.current_time() >= schedule.due:
                 started = trio.current_time()
                 try:
                     reason = await self._renew(lease)
                 except RegistryUnavailable:
-                    now = trio.current_time()
-                    expires = self._renewed_at + self.ttl  # at the latest
-                    delay = min(retry.next_delay(), max(first_retry, (expires - now) / 2))
-                    renew_at = min(started + retry_within, now + delay)
+                    schedule.failed(started, self._renewed_at)
                 else:
-                    retry.reset()
                     self._renewed_at = started
-                    renew_at = started + self._renewal_interval(quiet_since)
+                    schedule.renewed(started, self._renewal_interval(quiet_since))
                     quiet_since = self._view_version()
                     if reason is not None:
                         return reason

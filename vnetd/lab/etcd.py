@@ -29,7 +29,7 @@ NETNS_CLIENT_PORT = 2379
 NETNS_PEER_PORT = 2380
 PROGRESS_INTERVAL = os.environ.get("VNETD_LAB_ETCD_PROGRESS", "2s")
 """How often etcd tells a quiet watch it is alive (``--experimental-watch-progress-
-notify-interval``): below the watch's 3 s quiet check (``registry/etcd_watch``), so a
+notify-interval``): below the watch's 3 s quiet check (``registry/etcd/watch``), so a
 live member's watch costs no read at rest. ``VNETD_LAB_ETCD_PROGRESS=off`` leaves
 etcd's default (10 min), to measure a cluster whose operator did not set it."""
 

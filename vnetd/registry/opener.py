@@ -1,5 +1,5 @@
 """The registry port's one way in: ``open_registry(settings)`` opens the registry that
-resolved ``[registry]`` settings name (docs/architecture.md, "Modules").
+resolved ``[registry]`` settings name (docs/architecture.md, "Module map").
 
 Only etcd exists today; another backend (a gRPC etcd client, say) is chosen
 here and nowhere else. The backend is imported when a registry is opened, so
@@ -16,7 +16,7 @@ from vnetd.registry.base import Registry
 from vnetd.spec import RegistrySpec
 
 if TYPE_CHECKING:
-    from vnetd.registry.etcd_security import SharedTls
+    from vnetd.registry.etcd.security import SharedTls
 
 RegistryOpener = Callable[[RegistrySpec], AbstractAsyncContextManager[Registry]]
 """What opens a registry from settings: ``open_registry``, or a test's memory registry."""
@@ -35,8 +35,8 @@ def open_registry(
         RegistryError: the settings cannot make a client (no endpoint, an
             unreadable TLS file).
     """
-    from vnetd.registry.etcd import open_etcd_registry
-    from vnetd.registry.etcd_security import security_of
+    from vnetd.registry.etcd.client import open_etcd_registry
+    from vnetd.registry.etcd.security import security_of
 
     return open_etcd_registry(
         settings.endpoints,
@@ -49,8 +49,8 @@ def open_registry(
 def sharing_tls() -> RegistryOpener:
     """An opener whose registries share their TLS contexts: for a process that runs
     many daemons (``run_daemon(open_registry=...)``), each then pays 0.1 ms instead
-    of 5-20 ms of CPU for its client (``etcd_security.SharedTls``)."""
-    from vnetd.registry.etcd_security import SharedTls
+    of 5-20 ms of CPU for its client (``etcd.security.SharedTls``)."""
+    from vnetd.registry.etcd.security import SharedTls
 
     shared = SharedTls()
 

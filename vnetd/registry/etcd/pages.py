@@ -22,13 +22,13 @@ doubled), at most ``PAGE_TIME_CAP``. A page no endpoint answered is asked again
 same revision, so the result is still one snapshot. If that revision was compacted
 meanwhile, the list starts over from its first page (logged). Written by hand:
 etcd's JSON gateway has no client library that pages (docs/architecture.md, "etcd
-transport").
+transport"). Written for any transport: a page is read through
+``transport.RangeReader`` (``gateway.GatewayRanges`` over the JSON gateway).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -36,7 +36,15 @@ import trio
 
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.registry.base import KeyValue
-from vnetd.registry.etcd_gateway import JSON, Refused, b64, key_value, prefix_end, unb64
+from vnetd.registry.etcd.transport import (
+    OUT_OF_RANGE,
+    PageTooLarge,
+    RangePage,
+    RangeReader,
+    RangeRequest,
+    Refused,
+    prefix_end,
+)
 
 FIRST_PAGE_KEYS = 2
 """Keys of the first page: at most 2 entries of etcd's largest (1.5 MiB) for etcd to
@@ -53,8 +61,6 @@ PAGE_BYTES = 4 * 1024 * 1024
 value together) keeps any one entry, base64 in JSON, near 2 MiB."""
 SHRINK = 8
 PAGE_RETRIES = 2
-OUT_OF_RANGE = 11
-"""The gRPC code of a range at a compacted revision."""
 SLOW_RATE = 256 * 1024
 """Bytes a second a page's answer is given time for, beyond the call's bound: a page
 of one 1.4 MiB value (about 1.9 MB of JSON) gets 7 s more. A quiet machine sends
@@ -68,15 +74,6 @@ RESUME_WITHIN = 300.0
 snapshot would be older than what the caller may have seen since)."""
 RESUMES_KEPT = 4
 """Prefixes whose stopped list is kept (a client lists a few prefixes at most)."""
-
-
-class PageTooLarge(RegistryError):
-    """An answer ran over the byte bound; it was dropped unread."""
-
-
-PageCall = Callable[[JSON, int, float], Awaitable[JSON]]
-"""One range request, the byte bound of its answer, and the time added to the call's
-bound (s); raises ``PageTooLarge``."""
 
 
 @dataclass
@@ -144,7 +141,7 @@ class ListResumes:
 
 
 async def list_pages(
-    call: PageCall, prefix: str, resumes: ListResumes | None = None
+    ranges: RangeReader, prefix: str, resumes: ListResumes | None = None
 ) -> tuple[list[KeyValue], int]:
     """Every key under ``prefix``, sorted by key, and the revision they were read at.
 
@@ -162,7 +159,7 @@ async def list_pages(
     progress = resumes.take(prefix)
     for restart in range(2):
         try:
-            await _read_all(call, prefix, progress)
+            await _read_all(ranges, prefix, progress)
             break
         except RegistryUnavailable:
             resumes.keep(prefix, progress)
@@ -181,15 +178,13 @@ async def list_pages(
     return sorted(progress.kvs, key=attrgetter("key")), progress.revision
 
 
-async def _read_all(call: PageCall, prefix: str, progress: ListProgress) -> None:
+async def _read_all(ranges: RangeReader, prefix: str, progress: ListProgress) -> None:
     """Read the pages from ``progress`` on into it, until the last."""
-    end = b64(prefix_end(prefix))
+    end = prefix_end(prefix)
     while True:
-        body: JSON = {"key": b64(progress.start), "range_end": end, "limit": str(progress.limit)}
-        if progress.revision:
-            body["revision"] = str(progress.revision)
+        request = RangeRequest(progress.start, end, progress.limit, progress.revision)
         try:
-            data = await _page(call, body, prefix, progress)
+            page = await _page(ranges, request, prefix, progress)
         except PageTooLarge:
             if progress.limit == 1:
                 raise RegistryError(
@@ -198,26 +193,27 @@ async def _read_all(call: PageCall, prefix: str, progress: ListProgress) -> None
                 ) from None
             progress.limit = max(1, progress.limit // SHRINK)
             continue
-        progress.revision = progress.revision or int(data["header"]["revision"])
-        page = data.get("kvs", [])
-        progress.kvs += [key_value(raw) for raw in page]
+        progress.revision = progress.revision or page.revision
+        progress.kvs += page.kvs
         progress.pages += 1
         progress.at = trio.current_time()
-        if not page or not data.get("more", False):
+        if not page.kvs or not page.more:
             return
-        progress.start = unb64(page[-1]["key"]) + b"\0"
+        progress.start = page.last_key + b"\0"
         progress.per_key = bytes_per_key(page)
         progress.limit = next_limit(progress.per_key)
 
 
-async def _page(call: PageCall, body: JSON, prefix: str, progress: ListProgress) -> JSON:
+async def _page(
+    ranges: RangeReader, request: RangeRequest, prefix: str, progress: ListProgress
+) -> RangePage:
     """One page, asked again ``PAGE_RETRIES`` times when no endpoint answered it, each
     time with more time (``ListProgress.extra_time``). A first page is asked once: with
     no revision yet there is nothing to resume, the caller lists again."""
     retries = PAGE_RETRIES if progress.revision else 0
     for attempt in range(retries + 1):
         try:
-            data = await call(body, PAGE_BYTES, progress.extra_time())
+            page = await ranges.range_page(request, PAGE_BYTES, progress.extra_time())
         except RegistryUnavailable:
             progress.misses += 1
             if attempt == retries:
@@ -228,14 +224,13 @@ async def _page(call: PageCall, body: JSON, prefix: str, progress: ListProgress)
             )  # fmt: skip
             continue
         progress.misses = 0
-        return data
+        return page
     raise AssertionError("unreachable")
 
 
-def bytes_per_key(page: list[JSON]) -> int:
-    """The bytes of answer each key of ``page`` took (its key and value, base64)."""
-    size = sum(len(raw.get("key", "")) + len(raw.get("value", "")) + 100 for raw in page)
-    return max(1, size // len(page))
+def bytes_per_key(page: RangePage) -> int:
+    """The bytes of answer each key of ``page`` took (its key and value, as sent)."""
+    return max(1, page.size // len(page.kvs))
 
 
 def next_limit(per_key: int) -> int:

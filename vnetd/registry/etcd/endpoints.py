@@ -12,12 +12,9 @@ healthy member answers in milliseconds, and 2 s is etcdctl's own dial
 timeout. An endpoint that failed is tried after the others for
 ``FAILED_ENDPOINT_LAST_FOR`` s.
 
-Every request also asks for a member with a leader (``REQUIRE_LEADER``: the
-JSON gateway passes ``Grpc-Metadata-Hasleader`` on as etcd's ``hasleader``
-gRPC metadata, checked with etcd 3.4.23), so a member cut from the others
-answers "etcdserver: no leader" at once instead of holding the request until
-its own request timeout (7 s). docs/operations.md, "etcd cluster faults",
-says what each fault costs.
+Written for any transport: it knows endpoints by name only. (Every request also asks
+for a member with a leader, which is the transport's to say: ``gateway.REQUIRE_LEADER``.)
+docs/operations.md, "etcd cluster faults", says what each fault costs.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ ATTEMPT_TTL_SHARE = 5
 """One attempt takes at most this share of the shortest lease TTL granted (TTL/5)."""
 FAILED_ENDPOINT_LAST_FOR = 30.0
 """How long an endpoint that failed is tried after the others."""
-REQUIRE_LEADER = {"Grpc-Metadata-Hasleader": "true"}
 
 
 class EndpointOrder:

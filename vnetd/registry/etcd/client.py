@@ -2,17 +2,13 @@
 
 Hand-written on purpose: python-etcd3 no longer imports with current
 protobuf releases, and the gateway (``POST /v3/...`` with JSON bodies) needs
-nothing but httpx. The gateway's encoding is ``etcd_gateway``'s; TLS, the
-credentials and their errors are ``etcd_security``'s.
-
-Auth: ``POST /v3/auth/authenticate`` gives a token that goes in the
-``Authorization`` header of every call; when etcd answers that the token is
-invalid (it expired, or another member issued it: etcd's simple tokens are
-per member) the client authenticates again and retries once.
+nothing but httpx. The gateway's encoding is ``gateway``'s; TLS, the
+credentials and their errors are ``security``'s; the auth token of each member
+``tokens``'; paged lists ``pages``' and roles and users ``auth``' (both through
+``transport``, which ``gateway`` implements).
 
 Several members: each attempt is bounded and a failed endpoint is tried last
-(``etcd_endpoints``); a watch moves off a member that cannot serve it
-(``etcd_watch``).
+(``endpoints``); a watch moves off a member that cannot serve it (``watch``).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from functools import partial
 
 import httpx
 import trio
@@ -28,35 +23,44 @@ import trio
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.registry.access_base import AccessPlan, User
 from vnetd.registry.base import KeyValue, WatchEvent
-from vnetd.registry.etcd_auth import apply_plan
-from vnetd.registry.etcd_endpoints import REQUIRE_LEADER, EndpointOrder
-from vnetd.registry.etcd_gateway import (
-    INVALID_ARGUMENT,
+from vnetd.registry.etcd.auth import apply_plan
+from vnetd.registry.etcd.endpoints import EndpointOrder
+from vnetd.registry.etcd.gateway import (
     JSON,
-    NOT_FOUND,
-    PERMISSION_DENIED,
-    UNAUTHENTICATED,
-    Refused,
-    b64,
+    REQUIRE_LEADER,
+    WATCH,
+    GatewayAuth,
+    GatewayRanges,
     capped_lines,
     check_response,
-    key_of,
-    key_value,
+    count_call,
+    create_all_call,
+    create_call,
+    delete_call,
+    existing_entry,
+    first_entry,
+    get_call,
+    grant_call,
+    keepalive_call,
     next_message,
-    prefix_end,
     raise_for_watch,
+    replace_call,
+    revoke_call,
     watch_events,
+    watch_request,
 )
-from vnetd.registry.etcd_pages import ListResumes, PageTooLarge, list_pages
-from vnetd.registry.etcd_security import (
+from vnetd.registry.etcd.httpcore_package import import_httpcore
+from vnetd.registry.etcd.pages import ListResumes, list_pages
+from vnetd.registry.etcd.security import (
     EtcdSecurity,
     RegistryAccessError,
     SharedTls,
     closed_hint,
     tls_problem,
 )
-from vnetd.registry.etcd_watch import QuietHints, resuming_watch
-from vnetd.registry.httpcore_package import import_httpcore
+from vnetd.registry.etcd.tokens import AuthTokens
+from vnetd.registry.etcd.transport import NOT_FOUND, PageTooLarge, Refused
+from vnetd.registry.etcd.watch import QuietHints, resuming_watch
 
 __all__ = [
     "EtcdRegistry",
@@ -87,7 +91,7 @@ class EtcdRegistry:
         security: TLS files and credentials (None: plain, no auth).
         lease_ttl: the TTL of the leases this client will keep alive, if known
             before the first ``grant``: it bounds every attempt from the start
-            (``etcd_endpoints``).
+            (``endpoints``).
         shared_tls: where the client takes its TLS context from, shared with
             other clients of this process (None: its own).
     """
@@ -125,14 +129,13 @@ class EtcdRegistry:
             max_connections=100, max_keepalive_connections=20, keepalive_expiry=IDLE_KEPT
         )
         self._client = httpx.AsyncClient(timeout=timeout, verify=verify, limits=limits)
-        self._tokens: dict[str, str] = {}
-        """Auth token per endpoint (etcd's simple tokens are valid on their member only)."""
-        self._resumes = ListResumes()  # lists that stopped, resumed by the next (etcd_pages)
+        self._tokens = AuthTokens(self._security)
+        self._resumes = ListResumes()  # lists that stopped, resumed by the next (pages)
 
     async def _post(
         self, path: str, body: JSON, cap: int | None = None, extra: float = 0.0
     ) -> JSON:
-        """One call; each attempt's bound (``etcd_endpoints``) plus ``extra`` s (``etcd_pages``)."""
+        """One call; each attempt's bound (``endpoints``) plus ``extra`` s (``pages``)."""
         failures: list[str] = []
         for endpoint, usual in self._order.attempts():
             bound = usual + extra
@@ -162,7 +165,7 @@ class EtcdRegistry:
         has become invalid); an answer over ``cap`` bytes raises ``PageTooLarge``."""
         where = f"{endpoint}{path}"
         for attempt in range(2):
-            headers = {**REQUIRE_LEADER, **await self._auth_headers(endpoint)}
+            headers = {**REQUIRE_LEADER, **await self._tokens.headers(self._client, endpoint)}
             if cap is None:
                 response = await self._client.post(where, json=body, headers=headers)
             else:
@@ -170,15 +173,15 @@ class EtcdRegistry:
             try:
                 return check_response(response, where)
             except Refused as exc:
-                if attempt == 0 and self._token_rejected(endpoint, exc):
+                if attempt == 0 and self._tokens.rejected(endpoint, exc):
                     continue
-                raise self._access_error(exc, endpoint, body) from None
+                raise self._tokens.access_error(exc, endpoint, body) from None
         raise AssertionError("unreachable")
 
     async def _capped_post(
         self, where: str, body: JSON, headers: dict[str, str], cap: int, extra: float = 0.0
     ) -> httpx.Response:
-        """A POST whose answer is read only up to ``cap`` bytes (``etcd_pages``); httpx's
+        """A POST whose answer is read only up to ``cap`` bytes (``pages``); httpx's
         timeouts get ``extra`` s too (etcd's gateway encodes a whole page before sending)."""
         timeout = httpx.Timeout(self._timeout + extra)
         stream = self._client.stream("POST", where, json=body, headers=headers, timeout=timeout)
@@ -192,72 +195,14 @@ class EtcdRegistry:
             response.status_code, content=bytes(content), request=response.request
         )
 
-    async def _auth_headers(self, endpoint: str) -> dict[str, str]:
-        if self._security.username is None:
-            return {}
-        token = self._tokens.get(endpoint)
-        if token is None:
-            token = await self._authenticate(endpoint)
-            self._tokens[endpoint] = token
-        return {"Authorization": token}
-
-    async def _authenticate(self, endpoint: str) -> str:
-        where = f"{endpoint}/v3/auth/authenticate"
-        user = self._security.username
-        credentials = {"name": user, "password": self._security.password or ""}
-        response = await self._client.post(where, json=credentials, headers=REQUIRE_LEADER)
-        try:
-            data = check_response(response, where)
-        except Refused as exc:
-            if exc.code == INVALID_ARGUMENT or "authentication failed" in str(exc):
-                raise RegistryAccessError(
-                    f"etcd {endpoint}: authentication failed for user {user!r}; check "
-                    "--etcd-user and the password (--etcd-password-file, VNETD_ETCD_PASSWORD)"
-                ) from None
-            if "authentication is not enabled" in str(exc):
-                raise RegistryAccessError(
-                    f"etcd {endpoint}: authentication is not enabled on this etcd; "
-                    "drop --etcd-user, or enable auth (docs/security.md)"
-                ) from None
-            raise
-        token = data.get("token")
-        if not isinstance(token, str) or not token:
-            raise RegistryError(f"etcd {where}: no token in the answer")
-        return token
-
-    def _token_rejected(self, endpoint: str, exc: Refused) -> bool:
-        """Forget a token etcd no longer accepts; True if authenticating again may help."""
-        text = str(exc)
-        if self._security.username is None:
-            return False
-        if exc.code == UNAUTHENTICATED or "invalid auth token" in text:
-            self._tokens.pop(endpoint, None)
-            return True
-        return False
-
-    def _access_error(self, exc: Refused, endpoint: str, body: JSON) -> RegistryError:
-        text = str(exc)
-        if exc.code == PERMISSION_DENIED or "permission denied" in text:
-            user = self._security.username or "(none)"
-            return RegistryAccessError(
-                f"etcd {endpoint}: permission denied for user {user} on key {key_of(body)!r}; "
-                "grant the user's role readwrite on the mesh prefix (docs/security.md)"
-            )
-        if "user name is empty" in text or exc.code == UNAUTHENTICATED:
-            return RegistryAccessError(
-                f"etcd {endpoint}: etcd requires authentication; give --etcd-user and "
-                "--etcd-password-file (or VNETD_ETCD_USER, VNETD_ETCD_PASSWORD)"
-            )
-        return exc
-
     async def apply_access(
         self, plan: AccessPlan, password_for: Callable[[User], str]
     ) -> list[str]:
-        """``AccessControl``: etcd's roles and users made the plan's (``etcd_auth``)."""
-        return await apply_plan(self, plan, password_for)
+        """``AccessControl``: etcd's roles and users made the plan's (``auth``)."""
+        return await apply_plan(GatewayAuth(self.call), plan, password_for)
 
     async def call(self, path: str, body: JSON) -> JSON:
-        """One gateway call by path (``/v3/auth/...`` for ``etcd_auth``), with the same
+        """One gateway call by path (``/v3/auth/...`` for ``auth``), with the same
         failover, bounds and token handling as the registry's own calls.
 
         Raises:
@@ -277,13 +222,12 @@ class EtcdRegistry:
     async def member_serves(self, endpoint: str, request: JSON) -> tuple[str | None, int]:
         """(None, keys counted) when ``endpoint`` answers a linearizable count of the
         keys ``request`` watches within the per-endpoint bound (0 keys when it refused
-        us: a credential problem is not a health one), else (why not, 0); ``etcd_watch``
+        us: a credential problem is not a health one), else (why not, 0); ``watch``
         asks this of a quiet watch, and spaces its checks by the count."""
         bound = self._order.attempt_timeout
-        query = {"key": request.get("key", ""), "range_end": request.get("range_end", "")}
         with trio.move_on_after(bound):
             try:
-                data = await self._call(endpoint, "/v3/kv/range", {**query, "count_only": True})
+                data = await self._call(endpoint, *count_call(request))
             except (Refused, RegistryAccessError):
                 return None, 0
             except (httpx.TransportError, RegistryUnavailable) as exc:
@@ -292,74 +236,46 @@ class EtcdRegistry:
         return f"a read on it had no answer within {bound:g} s", 0
 
     async def get(self, key: str) -> KeyValue | None:
-        data = await self._post("/v3/kv/range", {"key": b64(key)})
-        kvs = data.get("kvs", [])
-        return key_value(kvs[0]) if kvs else None
+        return first_entry(await self._post(*get_call(key)))
 
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        return await list_pages(partial(self._post, "/v3/kv/range"), prefix, self._resumes)
+        return await list_pages(GatewayRanges(self._post), prefix, self._resumes)
 
     async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
-        compare = {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
-        data = await self._txn(compare, key, value, lease)
+        data = await self._post(*create_call(key, value, lease))
         if data.get("succeeded", False):
             return None
-        for response in data.get("responses", []):
-            kvs = response.get("response_range", {}).get("kvs", [])
-            if kvs:
-                return key_value(kvs[0])
-        raise RegistryError(f"etcd create {key!r}: key exists but could not be read")
+        existing = existing_entry(data)
+        if existing is None:
+            raise RegistryError(f"etcd create {key!r}: key exists but could not be read")
+        return existing
 
     async def replace(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
-        compare = {
-            "key": b64(key),
-            "target": "MOD",
-            "result": "EQUAL",
-            "mod_revision": str(mod_revision),
-        }
-        data = await self._txn(compare, key, value, lease)
+        data = await self._post(*replace_call(key, value, mod_revision, lease))
         return bool(data.get("succeeded", False))
 
     async def create_all(self, items: Mapping[str, bytes]) -> bool:
         if not items:
             return True
-        body = {
-            "compare": [
-                {"key": b64(k), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
-                for k in items
-            ],
-            "success": [
-                {"request_put": {"key": b64(k), "value": b64(v)}} for k, v in items.items()
-            ],
-        }
-        data = await self._post("/v3/kv/txn", body)
+        data = await self._post(*create_all_call(items))
         return bool(data.get("succeeded", False))
 
-    async def _txn(self, compare: JSON, key: str, value: bytes, lease: int) -> JSON:
-        put = {"key": b64(key), "value": b64(value), "lease": str(lease)}
-        body = {
-            "compare": [compare],
-            "success": [{"request_put": put}],
-            "failure": [{"request_range": {"key": b64(key)}}],
-        }
-        return await self._post("/v3/kv/txn", body)
-
     async def delete(self, key: str) -> bool:
-        data = await self._post("/v3/kv/deleterange", {"key": b64(key)})
+        data = await self._post(*delete_call(key))
         return int(data.get("deleted", 0)) > 0
 
     async def grant(self, ttl: int) -> int:
         self._order.lease_granted(ttl)
-        data = await self._post("/v3/lease/grant", {"TTL": str(ttl)})
+        data = await self._post(*grant_call(ttl))
         return int(data["ID"])
 
     async def keepalive(self, lease: int) -> int:
-        data = await self._post("/v3/lease/keepalive", {"ID": str(lease)})
+        data = await self._post(*keepalive_call(lease))
         return int(data.get("result", {}).get("TTL", 0))
 
     async def revoke(self, lease: int) -> None:
         try:
-            await self._post("/v3/lease/revoke", {"ID": str(lease)})
+            await self._post(*revoke_call(lease))
         except Refused as exc:
             if exc.code != NOT_FOUND:
                 raise
@@ -368,7 +284,7 @@ class EtcdRegistry:
     async def watch(
         self, prefix: str, start_revision: int
     ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
-        request = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
+        request = watch_request(prefix)
         async with AsyncExitStack() as stack:
             lines = await stack.enter_async_context(resuming_watch(self, request, start_revision))
             events = watch_events(lines)
@@ -383,11 +299,12 @@ class EtcdRegistry:
         timeout = httpx.Timeout(self._timeout, read=None)
         failures: list[str] = []
         for endpoint, bound in self._order.attempts():
-            where = f"{endpoint}/v3/watch"
+            where = f"{endpoint}{WATCH}"
             attempt = AsyncExitStack()
             with trio.move_on_after(bound):
                 try:
-                    headers = {**REQUIRE_LEADER, **await self._auth_headers(endpoint)}
+                    auth = await self._tokens.headers(self._client, endpoint)
+                    headers = {**REQUIRE_LEADER, **auth}
                     response = await attempt.enter_async_context(
                         self._client.stream(
                             "POST", where, json=body, timeout=timeout, headers=headers
@@ -403,15 +320,15 @@ class EtcdRegistry:
                     raise
                 except Refused as exc:
                     await attempt.aclose()
-                    self._token_rejected(endpoint, exc)
-                    raise self._access_error(exc, endpoint, body) from None
+                    self._tokens.rejected(endpoint, exc)
+                    raise self._tokens.access_error(exc, endpoint, body) from None
                 except (httpx.TransportError, RegistryUnavailable) as exc:
                     await attempt.aclose()
                     problem = tls_problem(exc, endpoint)
                     if problem is not None:
                         raise problem from None
                     if "invalid auth token" in str(exc) or "code 16" in str(exc):
-                        self._tokens.pop(endpoint, None)
+                        self._tokens.forget(endpoint)
                     failures.append(f"{endpoint}: {exc!r}")
                     self._order.failed(endpoint)
                     continue

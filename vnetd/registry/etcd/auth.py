@@ -1,5 +1,6 @@
-"""Bring etcd's roles and users to an ``AccessPlan`` through the JSON gateway's
-``/v3/auth/*`` calls, idempotently: a second run changes nothing.
+"""Bring etcd's roles and users to an ``AccessPlan``, idempotently: a second run
+changes nothing. Written for any transport: it makes the calls of
+``transport.AuthCalls`` (``gateway.GatewayAuth`` sends them as ``/v3/auth/*``).
 
 Each role ends with exactly the plan's permissions (missing ones granted, others
 revoked); each user gets the plan's roles (other roles of this mesh, named
@@ -13,22 +14,13 @@ permission or a role twice succeeds, ``READ`` (0) is omitted from answers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
-from vnetd.registry.access_base import READ, AccessPlan, Permission, Role, User
-from vnetd.registry.etcd_gateway import JSON, Refused, b64, prefix_end, unb64
-
-FAILED_PRECONDITION = 9
-
-
-class AuthApi(Protocol):
-    """What applying a plan needs of a client: one gateway call (``EtcdRegistry.call``)."""
-
-    async def call(self, path: str, body: JSON) -> JSON: ...
+from vnetd.registry.access_base import AccessPlan, Permission, Role, User
+from vnetd.registry.etcd.transport import FAILED_PRECONDITION, AuthCalls, Refused
 
 
 async def apply_plan(
-    api: AuthApi, plan: AccessPlan, password_for: Callable[[User], str]
+    api: AuthCalls, plan: AccessPlan, password_for: Callable[[User], str]
 ) -> list[str]:
     """Make etcd's roles and users those of ``plan``; returns one line per change.
 
@@ -44,76 +36,58 @@ async def apply_plan(
     return changes
 
 
-async def _apply_role(api: AuthApi, role: Role) -> list[str]:
+async def _apply_role(api: AuthCalls, role: Role) -> list[str]:
     changes: list[str] = []
-    if await _add(api, "/v3/auth/role/add", {"name": role.name}):
+    if await _role_created(api, role.name):
         changes.append(f"role {role.name}: created")
-    answer = await api.call("/v3/auth/role/get", {"role": role.name})
-    have = {_permission(raw) for raw in answer.get("perm", [])}
+    have = await api.role_permissions(role.name)
     want = set(role.permissions)
     for permission in sorted(want - have):
-        body = {"name": role.name, "perm": {"permType": permission.kind, **_range(permission)}}
-        await api.call("/v3/auth/role/grant", body)
+        await api.grant_permission(role.name, permission)
         changes.append(f"role {role.name}: granted {_shown(permission)}")
     for permission in sorted(have - want):
-        await api.call("/v3/auth/role/revoke", {"role": role.name, **_range(permission)})
+        await api.revoke_permission(role.name, permission)
         changes.append(f"role {role.name}: revoked {_shown(permission)}")
     return changes
 
 
 async def _apply_user(
-    api: AuthApi, user: User, plan: AccessPlan, password_for: Callable[[User], str]
+    api: AuthCalls, user: User, plan: AccessPlan, password_for: Callable[[User], str]
 ) -> list[str]:
     changes: list[str] = []
     roles = await _user_roles(api, user.name)
     if roles is None:
-        await api.call("/v3/auth/user/add", {"name": user.name, "password": password_for(user)})
+        await api.add_user(user.name, password_for(user))
         changes.append(f"user {user.name}: created ({user.scope})")
         roles = set()
     for role in sorted(set(user.roles) - roles):
-        await api.call("/v3/auth/user/grant", {"user": user.name, "role": role})
+        await api.grant_role(user.name, role)
         changes.append(f"user {user.name}: granted role {role}")
     for role in sorted(r for r in roles - set(user.roles) if plan.owns(r)):
-        await api.call("/v3/auth/user/revoke", {"name": user.name, "role": role})
+        await api.revoke_role(user.name, role)
         changes.append(f"user {user.name}: revoked role {role}")
     return changes
 
 
-async def _user_roles(api: AuthApi, name: str) -> set[str] | None:
+async def _user_roles(api: AuthCalls, name: str) -> set[str] | None:
     """The user's roles, or None if etcd has no such user."""
     try:
-        answer = await api.call("/v3/auth/user/get", {"name": name})
+        return await api.user_roles(name)
     except Refused as exc:
         if exc.code == FAILED_PRECONDITION and "not found" in str(exc):
             return None
         raise
-    return {str(role) for role in answer.get("roles", [])}
 
 
-async def _add(api: AuthApi, path: str, body: JSON) -> bool:
+async def _role_created(api: AuthCalls, name: str) -> bool:
     """True if created, False if it already existed."""
     try:
-        await api.call(path, body)
+        await api.add_role(name)
     except Refused as exc:
         if exc.code == FAILED_PRECONDITION and "already exists" in str(exc):
             return False
         raise
     return True
-
-
-def _range(permission: Permission) -> JSON:
-    body: JSON = {"key": b64(permission.key)}
-    if permission.prefix:
-        body["range_end"] = b64(prefix_end(permission.key))
-    return body
-
-
-def _permission(raw: JSON) -> Permission:
-    """A permission as etcd reports it; a range is ours only if it is a prefix's."""
-    key = unb64(raw.get("key", "")).decode("utf-8", "surrogateescape")
-    end = unb64(raw.get("range_end", ""))
-    kind = str(raw.get("permType", READ))
-    return Permission(kind, key, prefix=bool(end) and end == prefix_end(key))
 
 
 def _shown(permission: Permission) -> str:

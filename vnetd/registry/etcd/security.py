@@ -1,7 +1,7 @@
 """How ``EtcdRegistry`` reaches a secured etcd, and what it says when that fails.
 
 TLS with a CA file and a client certificate, and etcd's username/password
-auth (the token handling is the client's, in ``etcd``). Credential problems (a
+auth (the token of each member is kept by ``tokens``). Credential problems (a
 certificate that does not verify, a wrong password, a permission denied)
 raise ``RegistryAccessError``, one line that names the flag to fix. It is a
 ``RegistryUnavailable``: the daemon keeps its data plane and retries (a
