@@ -17,8 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vnetd.config import add_etcd_arguments, resolve_site, spec_from_args
+from vnetd.config import add_etcd_arguments, spec_from_args
 from vnetd.errors import SpecError
+from vnetd.identity import resolve_site
 from vnetd.render import cluster_command
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
 from vnetd.render.hostfile import FORMATS, NAME_KINDS, render_hostfile
