@@ -1,6 +1,8 @@
 """The daemon's root nursery: device, spec check, claim, watch, reconcile, shutdown.
 
-Start-up order: the device comes up first with the rank's fixed address,
+It runs from ``DaemonSettings``, every input resolved before it starts
+(``vnetd.daemon_settings``); nothing here reads the environment or asks the
+host for a setting. Start-up order: the device comes up first with the rank's fixed address,
 so the address exists even while the registry is still unreachable; then
 the registry is opened, the stored spec checked, the rank claimed, the
 members watched and the reconciler started (``vnetd.daemon.control_plane``). On SIGTERM
