@@ -70,8 +70,10 @@ from vnetd.config import DEFAULT_RESYNC_INTERVAL, Settings
 from vnetd.control import membership
 from vnetd.daemon.root import run_daemon
 from vnetd.daemon.running import Running
+from vnetd.daemon_settings import resolve_daemon_settings
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
+from vnetd.identity import resolve_endpoint
 from vnetd.model import Plan
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener, sharing_tls
@@ -258,6 +260,11 @@ async def _one(
         resync_interval=args.resync,
     )
     env = {"POD_IP": endpoint_ip(rank), "POD_NAME": f"sim-{rank}"}
+    endpoint = resolve_endpoint(opts.spec, None, env, None)
+    assert isinstance(opts.spec.mtu, int)  # auto reads the host's underlay
+    settings = resolve_daemon_settings(
+        opts, env, hostname=f"sim-{rank}", endpoint=endpoint, mtu=opts.spec.mtu
+    )
 
     @asynccontextmanager
     async def dataplane(device: DeviceConfig) -> AsyncIterator[CountingDataplane]:
@@ -270,7 +277,7 @@ async def _one(
     started = time.time()
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(
-            partial(run_daemon, opts, env, open_dataplane=dataplane, open_registry=opener)
+            partial(run_daemon, settings, open_dataplane=dataplane, open_registry=opener)
         )
         with trio.fail_after(600):
             await running.claim.claimed.wait()

@@ -1,44 +1,41 @@
-"""Effective settings, resolved once from the spec file, the flags and the environment.
+"""The spec file, the flags and the environment of a command, resolved once.
 
 A command that reaches the registry builds its settings record here in one
 call from its parsed command line (``settings_from_args``): the spec file,
 then ``--etcd`` URLs, then the etcd TLS and auth settings (flag, then
 environment, then ``[registry]``; the password file is read), then
-``--http-listen``. ``vnetd up`` runs from ``Settings``, and ``effective``
-resolves the rest of its settings that need nothing of the host: the site,
-the public endpoint and the pre-shared key (``identity`` resolves the ones
-that do: rank, endpoint, instance). See the module map in
+``--http-listen``. ``vnetd up``'s record, ``Settings``, keeps its own flags as
+given: ``vnetd.daemon_settings`` resolves them, with the environment and the
+host's facts, into the one record the daemon runs with (and ``vnetd.identity``
+holds the rules of rank, endpoint, instance and site). See the module map in
 docs/architecture.md. Secrets come from files (or ``VNETD_ETCD_PASSWORD``),
 never from a flag's value.
 
 The etcd access flags are declared and resolved here, not in the registry
 package: they are flags and environment with the same precedence as every
 other setting, and resolving them needs nothing but the spec. So this module
-imports the pure core (and ``keys`` when a pre-shared key is read), the
-registry port opens a backend from a spec that is already resolved and knows
-no flag, and building the parsers imports no client library.
+imports the pure core, the registry port opens a backend from a spec that is
+already resolved and knows no flag, and building the parsers imports no
+client library.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TypeVar
 
 from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
-from vnetd.errors import IdentityError, SpecError
-from vnetd.model import check_endpoint
+from vnetd.errors import SpecError
 from vnetd.spec import (
     HttpSpec,
     MeshSpec,
     RegistrySpec,
-    SiteSpec,
     check_etcd_url,
     check_listen,
-    check_site_name,
     load_spec,
 )
 
@@ -49,7 +46,6 @@ DEFAULT_STATE_DIR = Path("/var/lib/vnetd")
 DEFAULT_RESYNC_INTERVAL = 30.0
 DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 ENV_PASSWORD = "VNETD_ETCD_PASSWORD"
-ENV_EXIT_ON_FILE = "VNETD_EXIT_ON_FILE"
 
 # RegistrySpec field -> (flag, environment variable)
 _ACCESS: dict[str, tuple[str, str]] = {
@@ -69,12 +65,12 @@ NO_ACCESS_FLAGS: AccessFlags = MappingProxyType({})
 
 @dataclass(frozen=True)
 class Settings:
-    """What ``vnetd up`` runs with: the resolved spec and the daemon's own flags.
+    """``vnetd up``'s flags as given, beside the spec they resolved.
 
-    The flags stay as given: ``effective`` resolves site, public endpoint and
-    pre-shared key with the environment and the spec; ``vnetd.identity``
-    resolves rank, endpoint and instance with the host (``--rank auto`` with
-    the registry); the data plane kind is chosen with the host's WireGuard.
+    ``vnetd.daemon_settings.resolve_daemon_settings`` resolves them with the
+    environment and the host's facts into ``DaemonSettings``, what the daemon
+    runs with (``--rank auto`` waits for the registry; the data plane kind is
+    chosen with the host's WireGuard).
     """
 
     spec: MeshSpec
@@ -98,78 +94,6 @@ class Settings:
     """``--public-endpoint-file``: the public endpoint's only source, followed while running."""
     exit_on_file: Path | None = None
     """``--exit-on-file``; None: VNETD_EXIT_ON_FILE, else run until a signal."""
-
-
-@dataclass(frozen=True)
-class Effective:
-    """The daemon's settings once flag, environment and spec are resolved (``effective``)."""
-
-    spec: MeshSpec
-    """With ``[site]`` set to this member's site and public endpoint (the peers'
-    endpoints are chosen by it)."""
-    preshared_key: str | None = field(repr=False)
-    resync_interval: float
-    public_endpoint_file: Path | None
-
-    @property
-    def site(self) -> str:
-        return self.spec.site.name
-
-    @property
-    def public_endpoint(self) -> str | None:
-        return self.spec.site.public_endpoint
-
-
-def effective(settings: Settings, env: Mapping[str, str]) -> Effective:
-    """The site, the public endpoint and the pre-shared key of ``settings``, resolved.
-
-    Raises:
-        VnetdError: naming the flag, variable or spec key at fault.
-    """
-    spec = settings.spec
-    site = resolve_site(spec, settings.site, env)
-    public_endpoint = resolve_public_endpoint(
-        spec, settings.public_endpoint, env, settings.public_endpoint_file
-    )
-    return Effective(
-        spec=replace(spec, site=SiteSpec(site, public_endpoint)),
-        preshared_key=resolve_preshared_key(settings, env),
-        resync_interval=settings.resync_interval,
-        public_endpoint_file=settings.public_endpoint_file,
-    )
-
-
-def resolve_preshared_key(settings: Settings, env: Mapping[str, str]) -> str | None:
-    """The mesh's pre-shared key: ``--preshared-key-file``, ``VNETD_PRESHARED_KEY_FILE``,
-    then ``[wireguard] preshared_key_file``; None when none is given."""
-    from vnetd.keys import load_preshared_key  # cryptography: not for building the parsers
-
-    sources = [
-        ("--preshared-key-file", settings.preshared_key_file),
-        ("VNETD_PRESHARED_KEY_FILE", env.get("VNETD_PRESHARED_KEY_FILE")),
-        ("wireguard.preshared_key_file", settings.spec.local.preshared_key_file),
-    ]
-    for source, value in sources:
-        if value:
-            return load_preshared_key(Path(value), source)
-    return None
-
-
-ENV_SIGNING_KEY_FILE = "VNETD_SIGNING_KEY_FILE"
-
-
-def resolve_signing_key_file(
-    flag: str | None, env: Mapping[str, str], spec: MeshSpec
-) -> tuple[str, Path] | None:
-    """The record signing key's file and what named it: ``--signing-key-file``,
-    ``VNETD_SIGNING_KEY_FILE``, then ``[wireguard] signing_key_file``; None: the
-    state dir's ``signing.key``. The file is read by ``control.proof.open_signer``."""
-    sources = [
-        ("--signing-key-file", flag),
-        (ENV_SIGNING_KEY_FILE, env.get(ENV_SIGNING_KEY_FILE)),
-        ("wireguard.signing_key_file", spec.local.signing_key_file),
-    ]
-    return next(((source, Path(value)) for source, value in sources if value), None)
 
 
 Record = TypeVar("Record", bound="DataclassInstance")
@@ -285,68 +209,6 @@ def add_exit_on_file_argument(parser: argparse.ArgumentParser) -> None:
         "launcher writes when its job ends (else VNETD_EXIT_ON_FILE; default: run until "
         "SIGTERM)",
     )
-
-
-def resolve_exit_file(flag: Path | None, env: Mapping[str, str]) -> Path | None:
-    """The file whose appearance ends the daemon: ``--exit-on-file``, then
-    ``VNETD_EXIT_ON_FILE``; None: none (run until a signal).
-
-    Raises:
-        IdentityError: the flag is empty (argparse makes ``""`` the path ``.``, which
-            exists: the daemon would end before it started) or names a directory.
-    """
-    if flag is not None:
-        path, source = flag, "--exit-on-file"
-    else:
-        value = env.get(ENV_EXIT_ON_FILE, "").strip()
-        if not value:
-            return None
-        path, source = Path(value), ENV_EXIT_ON_FILE
-    if path == Path() or path.is_dir():
-        raise IdentityError(
-            f"{source}: {str(path)!r} is empty or a directory; name the file whose "
-            "appearance ends the daemon (a launcher's job-done marker)"
-        )
-    return path
-
-
-def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str:
-    """This member's site: ``--site``, ``VNETD_SITE``, ``[site] name`` (else ``default``).
-
-    Raises:
-        SpecError: not a DNS label; the message names the flag or variable.
-    """
-    for source, value in (("--site", flag), ("VNETD_SITE", env.get("VNETD_SITE"))):
-        if value:
-            return check_site_name(value.strip(), source)
-    return spec.site.name
-
-
-def resolve_public_endpoint(
-    spec: MeshSpec, flag: str | None, env: Mapping[str, str], file: Path | None = None
-) -> str | None:
-    """The ``ip:port`` other sites reach this member at, or None (no forwarded port).
-
-    ``file`` (``--public-endpoint-file``), when given, is the only source: its
-    content (empty: none), which the daemon then follows.
-    """
-    sources = [
-        ("--public-endpoint", flag),
-        ("VNETD_PUBLIC_ENDPOINT", env.get("VNETD_PUBLIC_ENDPOINT")),
-        ("site.public_endpoint", spec.site.public_endpoint),
-    ]
-    if file is not None:
-        try:
-            sources = [(f"--public-endpoint-file {file}", file.read_text())]
-        except OSError as exc:
-            raise IdentityError(f"--public-endpoint-file {file}: {exc.strerror}") from None
-    for source, value in sources:
-        if value and value.strip():
-            try:
-                return check_endpoint(value.strip())
-            except ValueError as exc:
-                raise IdentityError(f"{source}: {exc}") from None
-    return None
 
 
 def add_wireguard_dir_argument(parser: argparse.ArgumentParser, tail: str) -> None:

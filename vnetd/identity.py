@@ -1,23 +1,57 @@
-"""Who this daemon is on this host: its rank, its endpoint and its instance name.
+"""Who a member is: its rank, endpoint, instance, site, public endpoint and signing key file.
+
+Each is resolved here and nowhere else, from a flag, the environment, the spec
+and what the host said (its hostname, the default route's address), which the
+caller reads and hands in as plain values; so this module reads no host and no
+environment of its own, and ``vnetd up`` (``vnetd.daemon_settings``) and
+``vnetd register`` share every rule. See the module map in docs/architecture.md.
 
 Rank order: ``--rank``, ``VNETD_RANK``, ``JOB_COMPLETION_INDEX`` (Kubernetes
-Indexed Jobs), then the hostname parsed with the spec's pattern.
-Endpoint order: ``--endpoint``, ``POD_IP`` with the spec's port, then the
-address of the interface holding the default route. These are the settings
-that need the host (its hostname, its default route); every other one is
-resolved in ``vnetd.config``.
-The key pair is ``vnetd.keys``'s.
+Indexed Jobs), then the hostname parsed with the spec's pattern; ``auto`` (flag,
+else ``VNETD_RANK``) leaves it to the registry. Endpoint order: ``--endpoint``,
+``POD_IP`` with the spec's port, then the address of the interface holding the
+default route. The key pair is ``vnetd.keys``'s.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from ipaddress import ip_address
+from pathlib import Path
+from typing import Literal
 
 from vnetd.errors import IdentityError
 from vnetd.model import check_endpoint
-from vnetd.spec import MeshSpec
+from vnetd.spec import MeshSpec, check_site_name
+
+AUTO: Literal["auto"] = "auto"
+"""The rank the registry assigns (``--rank auto``)."""
+ENV_RANK = "VNETD_RANK"
+ENV_POD_IP = "POD_IP"
+ENV_SIGNING_KEY_FILE = "VNETD_SIGNING_KEY_FILE"
+
+
+def _rank_sources(flag: str | None, env: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    return [
+        ("--rank", flag),
+        (ENV_RANK, env.get(ENV_RANK)),
+        ("JOB_COMPLETION_INDEX", env.get("JOB_COMPLETION_INDEX")),
+    ]
+
+
+def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
+    """``--rank auto`` (or ``VNETD_RANK=auto`` without a flag): the registry assigns it."""
+    (_, given), (_, variable), _ = _rank_sources(flag, env)
+    value = given if given is not None else variable
+    return value is not None and value.strip().lower() == AUTO
+
+
+def resolve_rank_or_auto(
+    spec: MeshSpec, flag: str | None, env: Mapping[str, str], hostname: str
+) -> int | Literal["auto"]:
+    """``AUTO`` when the registry is to assign the rank (``wants_auto_rank``), else
+    ``resolve_rank``'s."""
+    return AUTO if wants_auto_rank(flag, env) else resolve_rank(spec, flag, env, hostname)
 
 
 def resolve_rank(spec: MeshSpec, flag: str | None, env: Mapping[str, str], hostname: str) -> int:
@@ -26,12 +60,7 @@ def resolve_rank(spec: MeshSpec, flag: str | None, env: Mapping[str, str], hostn
     Raises:
         IdentityError: no source gives a rank, or it is not an integer in range.
     """
-    sources = [
-        ("--rank", flag),
-        ("VNETD_RANK", env.get("VNETD_RANK")),
-        ("JOB_COMPLETION_INDEX", env.get("JOB_COMPLETION_INDEX")),
-    ]
-    for name, value in sources:
+    for name, value in _rank_sources(flag, env):
         if value is None or value == "":
             continue
         value = value.strip()
@@ -54,9 +83,15 @@ def resolve_rank(spec: MeshSpec, flag: str | None, env: Mapping[str, str], hostn
     return from_host
 
 
-def resolve_instance(flag: str | None, env: Mapping[str, str]) -> str:
+def resolve_instance(flag: str | None, env: Mapping[str, str], hostname: str) -> str:
     """The pod name that owns the claim: ``--instance``, ``POD_NAME``, else the hostname."""
-    return flag or env.get("POD_NAME") or socket.gethostname()
+    return flag or env.get("POD_NAME") or hostname
+
+
+def needs_default_route(flag: str | None, env: Mapping[str, str]) -> bool:
+    """Whether the endpoint comes from the default route: neither ``--endpoint`` nor
+    ``POD_IP`` gives it (the caller then reads the route, and only then)."""
+    return not flag and not env.get(ENV_POD_IP)
 
 
 def resolve_endpoint(
@@ -66,16 +101,17 @@ def resolve_endpoint(
 
     Args:
         default_route_ip: the address of the default-route interface, looked
-            up by the caller (``link.default_route_address``), or None.
+            up by the caller (``link.default_route_address``) when
+            ``needs_default_route``, or None.
     """
     if flag:
         try:
             return check_endpoint(flag)
         except ValueError as exc:
             raise IdentityError(f"--endpoint: {exc}") from None
-    pod_ip = env.get("POD_IP")
+    pod_ip = env.get(ENV_POD_IP)
     if pod_ip:
-        return _join(pod_ip, spec.port, "POD_IP")
+        return _join(pod_ip, spec.port, ENV_POD_IP)
     if default_route_ip:
         return _join(default_route_ip, spec.port, "default route")
     raise IdentityError(
@@ -93,3 +129,56 @@ def _join(host: str, port: int, source: str) -> str:
         return check_endpoint(joined)  # the rules every peer applies to our entry
     except ValueError as exc:
         raise IdentityError(f"{source}: {host!r}: {exc}") from None
+
+
+def resolve_site(spec: MeshSpec, flag: str | None, env: Mapping[str, str]) -> str:
+    """This member's site: ``--site``, ``VNETD_SITE``, ``[site] name`` (else ``default``).
+
+    Raises:
+        SpecError: not a DNS label; the message names the flag or variable.
+    """
+    for source, value in (("--site", flag), ("VNETD_SITE", env.get("VNETD_SITE"))):
+        if value:
+            return check_site_name(value.strip(), source)
+    return spec.site.name
+
+
+def resolve_public_endpoint(
+    spec: MeshSpec, flag: str | None, env: Mapping[str, str], file: Path | None = None
+) -> str | None:
+    """The ``ip:port`` other sites reach this member at, or None (no forwarded port).
+
+    ``file`` (``--public-endpoint-file``), when given, is the only source: its
+    content (empty: none), which the daemon then follows.
+    """
+    sources = [
+        ("--public-endpoint", flag),
+        ("VNETD_PUBLIC_ENDPOINT", env.get("VNETD_PUBLIC_ENDPOINT")),
+        ("site.public_endpoint", spec.site.public_endpoint),
+    ]
+    if file is not None:
+        try:
+            sources = [(f"--public-endpoint-file {file}", file.read_text())]
+        except OSError as exc:
+            raise IdentityError(f"--public-endpoint-file {file}: {exc.strerror}") from None
+    for source, value in sources:
+        if value and value.strip():
+            try:
+                return check_endpoint(value.strip())
+            except ValueError as exc:
+                raise IdentityError(f"{source}: {exc}") from None
+    return None
+
+
+def resolve_signing_key_file(
+    flag: str | None, env: Mapping[str, str], spec: MeshSpec
+) -> tuple[str, Path] | None:
+    """The record signing key's file and what named it: ``--signing-key-file``,
+    ``VNETD_SIGNING_KEY_FILE``, then ``[wireguard] signing_key_file``; None: the
+    state dir's ``signing.key``. The file is read by ``control.proof.open_signer``."""
+    sources = [
+        ("--signing-key-file", flag),
+        (ENV_SIGNING_KEY_FILE, env.get(ENV_SIGNING_KEY_FILE)),
+        ("wireguard.signing_key_file", spec.local.signing_key_file),
+    ]
+    return next(((source, Path(value)) for source, value in sources if value), None)

@@ -8,14 +8,29 @@ that tests import cannot live there; the fixtures do (``conftest.py`` here).
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 
+from vnetd.config import Settings
+from vnetd.daemon_settings import DaemonSettings, resolve_daemon_settings
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
+from vnetd.identity import resolve_endpoint
 from vnetd.model import Plan
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
 """A four-rank mesh with nothing but its required keys."""
+
+
+def daemon_settings(
+    flags: Settings, env: Mapping[str, str], hostname: str = "unit-host"
+) -> DaemonSettings:
+    """``flags`` resolved with ``env`` as ``vnetd up`` does, with no host read: the
+    endpoint from ``--endpoint`` or ``POD_IP``, the spec's MTU a number."""
+    mtu = flags.spec.mtu
+    assert isinstance(mtu, int), "mesh.mtu auto reads the host"
+    endpoint = resolve_endpoint(flags.spec, flags.endpoint, env, None)
+    return resolve_daemon_settings(flags, env, hostname=hostname, endpoint=endpoint, mtu=mtu)
 
 
 def byte_key(n: int) -> str:

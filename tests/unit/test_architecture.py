@@ -125,6 +125,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.logs": LEAVES,
     "vnetd.gc_pause": LEAVES,
     "vnetd.config": SETTINGS,
+    "vnetd.daemon_settings": SETTINGS,
     "vnetd.identity": SETTINGS,
     "vnetd.registry": REGISTRY,
     "vnetd.registry.access_base": REGISTRY,

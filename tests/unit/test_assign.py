@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 import trio
+from shared import daemon_settings
 
 from vnetd.config import Settings
 from vnetd.control.assign import MeshFull, assign_key, assign_rank, assigned_rank_key
 from vnetd.control.proof import Signer
-from vnetd.daemon.root import run_daemon, wants_auto_rank
+from vnetd.daemon.root import run_daemon
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import IdentityError, RegistryError, SpecError
+from vnetd.identity import wants_auto_rank
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, load_spec, parse_spec
@@ -150,8 +152,7 @@ async def auto_rank_daemon(tmp_path: Path, spec_text: str, registry: MemoryRegis
         async with trio.open_nursery() as nursery:
             running = await nursery.start(
                 lambda task_status: run_daemon(
-                    opts,
-                    {"POD_IP": "198.18.1.5"},
+                    daemon_settings(opts, {"POD_IP": "198.18.1.5"}),
                     open_dataplane=open_dataplane,
                     open_registry=open_registry,
                     task_status=task_status,

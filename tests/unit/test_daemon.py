@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from shared import daemon_settings
 
 from vnetd.config import Settings
 from vnetd.control.membership import encode_member, member_key
@@ -88,8 +89,7 @@ class Cluster:
                 self.scopes[name] = scope
                 self.returned.discard(name)
                 await run_daemon(
-                    opts,
-                    env,
+                    daemon_settings(opts, env),
                     open_dataplane=dataplane,
                     open_registry=self._registry,
                     task_status=task_status,
@@ -195,7 +195,7 @@ async def test_an_exit_file_there_at_start_ends_the_daemon_before_it_claims(tmp_
 
     with trio.fail_after(10):
         await run_daemon(
-            settings, {"POD_IP": "198.18.1.2"}, open_dataplane=cluster_device,
+            daemon_settings(settings, {"POD_IP": "198.18.1.2"}), open_dataplane=cluster_device,
             open_registry=opened,
         )  # fmt: skip
     assert await registry.get(member_key(settings.spec, 1)) is None
@@ -376,7 +376,7 @@ async def test_a_daemon_with_network6_refuses_a_mesh_created_without(tmp_path, a
     ],
 )
 def test_an_exit_file_that_is_no_file_is_named(flag, env, source) -> None:
-    from vnetd.config import resolve_exit_file
+    from vnetd.daemon_settings import resolve_exit_file
     from vnetd.errors import VnetdError
 
     with pytest.raises(VnetdError, match=f"{source}: .* empty or a directory"):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from shared import SPEC, FlakyFake, key
+from shared import SPEC, FlakyFake, daemon_settings, key
 
 from vnetd.config import Settings
 from vnetd.control.membership import BadEntry, decode_member, encode_member, member_key
@@ -275,7 +275,7 @@ class Daemons:
                 )
                 env = {"POD_IP": f"198.18.1.{rank}", "POD_NAME": f"pod{rank}"}
                 await run_daemon(
-                    opts, env, open_dataplane=dataplane, open_registry=self._registry,
+                    daemon_settings(opts, env), open_dataplane=dataplane, open_registry=self._registry,
                     task_status=task_status,
                 )  # fmt: skip
 

@@ -6,6 +6,7 @@ import base64
 from pathlib import Path
 
 import pytest
+from shared import daemon_settings
 
 from vnetd.config import Settings
 from vnetd.daemon.root import prepare
@@ -104,6 +105,6 @@ def test_the_key_file_is_chosen_flag_env_spec(
     environ = {"POD_IP": "198.18.1.1"}
     if env:
         environ["VNETD_PRESHARED_KEY_FILE"] = str(tmp_path / env)
-    _spec, _me, config, _signer = prepare(opts, environ)
+    _me, config, _signer = prepare(daemon_settings(opts, environ), 0)
     assert config.preshared_key == (keys[expected] if expected else None)
     assert (config.preshared_key or "@@") not in repr(config)

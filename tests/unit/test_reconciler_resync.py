@@ -18,7 +18,7 @@ from pathlib import Path
 
 import trio
 import trio.testing
-from shared import SPEC, FlakyFake, key
+from shared import SPEC, FlakyFake, daemon_settings, key
 
 from vnetd.config import Settings
 from vnetd.control.membership import encode_member, member_key
@@ -201,8 +201,7 @@ async def test_daemon_reapplies_the_peers_when_the_device_restarts(
     async def daemon(rank: int, task_status: trio.TaskStatus[Running]) -> None:
         opts = Settings(spec=load_spec(config), rank=str(rank), state_dir=tmp_path / f"pod{rank}")
         await run_daemon(
-            opts,
-            {"POD_IP": f"198.18.1.{rank}", "POD_NAME": f"pod{rank}"},
+            daemon_settings(opts, {"POD_IP": f"198.18.1.{rank}", "POD_NAME": f"pod{rank}"}),
             open_dataplane=open_dataplane(rank),  # type: ignore[arg-type]
             open_registry=open_registry,
             task_status=task_status,

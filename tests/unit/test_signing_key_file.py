@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared import daemon_settings
 
 from vnetd.cli import main
-from vnetd.config import Settings, resolve_signing_key_file
+from vnetd.config import Settings
 from vnetd.control.proof import SIGNING_KEY_FILE, Signer, create_signer_file, load_signer
 from vnetd.daemon.root import prepare
 from vnetd.errors import IdentityError, SpecError
+from vnetd.identity import resolve_signing_key_file
 from vnetd.render.podscripts import SIGNING_KEY_SCRIPT
 from vnetd.render.secretfiles import secret_files
 from vnetd.spec import load_spec, parse_spec
@@ -94,17 +96,17 @@ def test_a_key_file_signs_instead_of_the_state_dir_and_survives_a_fresh_state_di
     config = spec_file(tmp_path, pinned)
     for state in ("state-1", "state-2"):  # a rescheduled pod: a new, empty state dir
         opts = settings(tmp_path, state, path, config=config)
-        _resolved, me, _config, signer = prepare(opts, POD_ENV)
+        me, _config, signer = prepare(daemon_settings(opts, POD_ENV), 4)
         assert me.rank == 4 and me.signing_key == signer.public_key == pinned
         assert not (tmp_path / state / SIGNING_KEY_FILE).exists()
     # Without the file, the fresh state dir makes a key of its own: the pin refuses it.
     with pytest.raises(IdentityError, match=r"sites\.b\.gateway_keys\.4 pins its signing key"):
-        prepare(settings(tmp_path, "state-3", config=config), POD_ENV)
+        prepare(daemon_settings(settings(tmp_path, "state-3", config=config), POD_ENV), 4)
 
 
 def test_a_secret_file_of_mode_0400_is_taken(tmp_path: Path) -> None:
     path = key_file(tmp_path, mode=0o400)
-    _r, me, _c, _s = prepare(settings(tmp_path, "state", path), POD_ENV)
+    me, _c, _s = prepare(daemon_settings(settings(tmp_path, "state", path), POD_ENV), 4)
     assert me.signing_key == load_signer(path).public_key
 
 
@@ -125,7 +127,7 @@ def test_the_key_file_is_the_flag_then_the_environment_then_the_spec(
     config = spec_file(tmp_path, extra=extra)
     environ = {**POD_ENV, **({"VNETD_SIGNING_KEY_FILE": str(keys["e"])} if env else {})}
     opts = settings(tmp_path, "state", keys["f"] if flag else None, config=config)
-    _r, me, _c, _s = prepare(opts, environ)
+    me, _c, _s = prepare(daemon_settings(opts, environ), 4)
     if expected is None:
         assert me.signing_key == load_signer(tmp_path / "state" / SIGNING_KEY_FILE).public_key
     else:
@@ -154,7 +156,7 @@ def test_a_bad_key_file_is_one_line_naming_the_flag(
         path.write_text(text)
         path.chmod(mode)
     with pytest.raises(IdentityError, match=rf"^--signing-key-file {path}: {message}"):
-        prepare(settings(tmp_path, "state", path), POD_ENV)
+        prepare(daemon_settings(settings(tmp_path, "state", path), POD_ENV), 4)
 
 
 def test_register_signs_with_the_key_file_and_names_it_against_a_pin(

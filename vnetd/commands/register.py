@@ -25,12 +25,16 @@ from vnetd.config import (
     add_etcd_arguments,
     add_public_endpoint_file_argument,
     add_site_arguments,
-    resolve_public_endpoint,
-    resolve_signing_key_file,
-    resolve_site,
     spec_from_args,
 )
 from vnetd.errors import IdentityError
+from vnetd.identity import (
+    resolve_endpoint,
+    resolve_public_endpoint,
+    resolve_rank,
+    resolve_signing_key_file,
+    resolve_site,
+)
 from vnetd.model import Member
 from vnetd.spec import MeshSpec
 
@@ -82,8 +86,12 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
 
 
 def member_of(args: argparse.Namespace, spec: MeshSpec, env: Mapping[str, str]) -> Member:
-    """The record to claim, every flag checked (errors name the flag)."""
-    from vnetd.identity import resolve_endpoint, resolve_rank
+    """The record to claim, every flag checked (errors name the flag).
+
+    Rank and endpoint are the flags' alone (the host's are not this machine's), by
+    the rules ``vnetd up`` resolves them with (``vnetd.identity``), as are the site,
+    the public endpoint and the signing key file (``run``), which may come from ``env``.
+    """
     from vnetd.model import check_public_key
 
     rank = resolve_rank(spec, str(args.rank), {}, "")

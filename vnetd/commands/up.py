@@ -1,14 +1,19 @@
 """``vnetd up``: run the daemon for one rank until SIGTERM, SIGINT or ``--exit-on-file``.
 
-The parser and the one call into ``vnetd.config`` that turns the flags into
-``Settings``; the daemon itself (``vnetd.daemon.root``) is imported when the
-command runs, so building the CLI imports no trio.
+The parser, and the resolution of the daemon's inputs before it starts: the
+flags, the environment and the spec (``vnetd.config``), and the host's facts,
+which this command reads itself, each only when it is needed, and hands to
+``vnetd.daemon_settings`` as values. The daemon (``vnetd.daemon.root``) runs
+from that record and reads no environment. It and the host probes (pyroute2)
+are imported when the command runs, so building the CLI imports neither.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,9 @@ from vnetd.config import (
     add_site_arguments,
     settings_from_args,
 )
+from vnetd.daemon_settings import DaemonSettings, resolve_daemon_settings
+from vnetd.identity import needs_default_route, resolve_endpoint
+from vnetd.spec import DATAPLANE_KINDS
 
 
 def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
@@ -67,7 +75,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
     up.add_argument(
         "--dataplane",
         default=None,
-        choices=["auto", "kernel", "userspace", "fake"],
+        choices=DATAPLANE_KINDS,
         help="auto: the kernel's WireGuard when a link can be created, else wireguard-go; "
         "kernel; userspace = wireguard-go; fake = in memory, for scale tests "
         "(default: the spec's [wireguard] dataplane, else auto)",
@@ -94,6 +102,27 @@ def run(args: argparse.Namespace) -> int:
 
     from vnetd.daemon.root import run_until_signal
 
-    settings = settings_from_args(Settings, args, os.environ)
-    trio.run(run_until_signal, settings, dict(os.environ))
+    settings = daemon_settings(args, os.environ)
+    trio.run(run_until_signal, settings)
     return 0
+
+
+def daemon_settings(args: argparse.Namespace, env: Mapping[str, str]) -> DaemonSettings:
+    """The daemon's inputs resolved once: flags, ``env`` and spec, with the host's facts.
+
+    The default route is read only when neither ``--endpoint`` nor ``POD_IP`` gives
+    the endpoint, the underlay's MTU only for ``mesh.mtu = "auto"``.
+
+    Raises:
+        VnetdError: naming the flag, variable, spec key or host fact at fault.
+    """
+    from vnetd.dataplane.link import default_route_address, resolve_mtu
+
+    flags = settings_from_args(Settings, args, env)
+    spec = flags.spec
+    route = default_route_address() if needs_default_route(flags.endpoint, env) else None
+    endpoint = resolve_endpoint(spec, flags.endpoint, env, route)
+    mtu = resolve_mtu(spec, endpoint)
+    return resolve_daemon_settings(
+        flags, env, hostname=socket.gethostname(), endpoint=endpoint, mtu=mtu
+    )

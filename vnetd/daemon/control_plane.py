@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from vnetd.config import Effective
 from vnetd.control.claim import ClaimHolder, follow_public_endpoint
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.proof import Signer
@@ -22,6 +21,7 @@ from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.daemon.reconciler import Reconciler
 from vnetd.daemon.running import Running
+from vnetd.daemon_settings import DaemonSettings
 from vnetd.dataplane import Dataplane, RestartingDataplane, device_id_of
 from vnetd.model import Member
 from vnetd.registry import Registry
@@ -59,7 +59,7 @@ class Started:
 
 
 async def run_control_plane(
-    settings: Effective,
+    settings: DaemonSettings,
     me: Member,
     registry: Registry,
     dataplane: Dataplane,

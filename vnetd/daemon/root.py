@@ -1,6 +1,8 @@
 """The daemon's root nursery: device, spec check, claim, watch, reconcile, shutdown.
 
-Start-up order: the device comes up first with the rank's fixed address,
+It runs from ``DaemonSettings``, every input resolved before it starts
+(``vnetd.daemon_settings``); nothing here reads the environment or asks the
+host for a setting. Start-up order: the device comes up first with the rank's fixed address,
 so the address exists even while the registry is still unreachable; then
 the registry is opened, the stored spec checked, the rank claimed, the
 members watched and the reconciler started (``vnetd.daemon.control_plane``). On SIGTERM
@@ -18,9 +20,8 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -28,17 +29,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from vnetd import __version__, gc_pause
-from vnetd.config import (
-    Effective,
-    Settings,
-    effective,
-    resolve_exit_file,
-    resolve_signing_key_file,
-)
+from vnetd import gc_pause
 from vnetd.control.membership import check_pinned_signer
 from vnetd.control.proof import open_signer
 from vnetd.control.retry import RegistryHealth, retry_registry
+from vnetd.daemon_settings import DaemonSettings
 from vnetd.dataplane import (
     Dataplane,
     DataplaneFactory,
@@ -46,9 +41,7 @@ from vnetd.dataplane import (
     choose_dataplane,
     device_id_of,
 )
-from vnetd.dataplane.link import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
-from vnetd.identity import resolve_endpoint, resolve_instance, resolve_rank
 from vnetd.keys import load_or_create_key
 from vnetd.logs import set_rank
 from vnetd.model import Member
@@ -69,67 +62,49 @@ one ``stat`` per half second is nothing next to a job's run time."""
 
 
 def prepare(
-    settings: Settings,
-    env: Mapping[str, str],
-    assigned_rank: int | None = None,
-    signer: tuple[Signer, str] | None = None,
-) -> tuple[Effective, Member, DeviceConfig, Signer]:
-    """Resolve identity, device config and the record signer; every failure is a
-    ``VnetdError``.
+    settings: DaemonSettings, rank: int, signer: tuple[Signer, str] | None = None
+) -> tuple[Member, DeviceConfig, Signer]:
+    """This rank's record, device config and record signer (the keys are read or made
+    in the state dir); every failure is a ``VnetdError``.
 
     Args:
-        assigned_rank: the rank the registry assigned (``--rank auto``); None:
-            ``--rank``, the environment or the hostname.
+        rank: the record's rank, or the one the registry assigned (``--rank auto``).
         signer: the record signer and where it is from, already opened
             (``daemon_signer``); None: opened here.
     """
-    spec = settings.spec
-    if assigned_rank is None:
-        rank = resolve_rank(spec, settings.rank, env, socket.gethostname())
-    else:
-        rank = assigned_rank
     set_rank(rank)
     keys = load_or_create_key(settings.state_dir)
-    key, source = signer or daemon_signer(settings, env)
-    check_pinned_signer(spec, rank, key.public_key, source)
-    needs_route = not settings.endpoint and not env.get("POD_IP")
-    endpoint = resolve_endpoint(
-        spec, settings.endpoint, env, default_route_address() if needs_route else None
-    )
-    resolved = effective(settings, env)
-    spec = resolved.spec
-    me = Member(
-        rank=rank,
-        public_key=keys.public_key,
-        endpoint=endpoint,
-        instance=resolve_instance(settings.instance, env),
-        started=time.time(),
-        version=__version__,
-        site=resolved.site,
-        public_endpoint=resolved.public_endpoint,
-        signing_key=key.public_key,
-    )
-    config = DeviceConfig(
+    key, source = signer or daemon_signer(settings)
+    check_pinned_signer(settings.spec, rank, key.public_key, source)
+    me = settings.member(rank, keys.public_key, key.public_key, started=time.time())
+    return me, device_config(settings, rank, keys.private_key), key
+
+
+def device_config(settings: DaemonSettings, rank: int, private_key: str) -> DeviceConfig:
+    """The device of ``rank`` as ``settings`` say: its addresses are the rank's."""
+    spec = settings.spec
+    return DeviceConfig(
         interface=spec.interface,
-        private_key=keys.private_key,
-        listen_port=_port_of(endpoint, spec.port),
+        private_key=private_key,
+        listen_port=_port_of(settings.endpoint, spec.port),
         address=spec.interface_address(rank),
         network=spec.network,
-        mtu=resolve_mtu(spec, endpoint),
+        mtu=settings.mtu,
         persistent_keepalive=spec.persistent_keepalive,
-        preshared_key=resolved.preshared_key,
+        preshared_key=settings.preshared_key,
         address6=spec.interface_address6(rank),
         network6=spec.network6,
         max_peers=spec.size - 1,
+        wireguard_log=settings.wireguard_log,
+        child_env=settings.child_env,
     )
-    return resolved, me, config, key
 
 
-def daemon_signer(settings: Settings, env: Mapping[str, str]) -> tuple[Signer, str]:
+def daemon_signer(settings: DaemonSettings) -> tuple[Signer, str]:
     """The record signing key ``vnetd up`` signs with, and where it is from: the file
     ``--signing-key-file`` (or its variable or spec key) names, else ``signing.key``
     in the state dir (made on first start)."""
-    named = resolve_signing_key_file(settings.signing_key_file, env, settings.spec)
+    named = settings.signing_key_file
     signer, source = open_signer(named, settings.state_dir)
     assert signer is not None  # a state dir is always given
     if named is not None:
@@ -143,8 +118,7 @@ def _port_of(endpoint: str, default: int) -> int:
 
 
 async def run_daemon(
-    settings: Settings,
-    env: Mapping[str, str],
+    settings: DaemonSettings,
     *,
     open_dataplane: DataplaneFactory | None = None,
     open_registry: RegistryOpener = open_settings_registry,
@@ -159,16 +133,16 @@ async def run_daemon(
         VnetdError: bad input, a spec that differs from the registry's, or a
             data plane that cannot be set up.
     """
-    exit_file = resolve_exit_file(settings.exit_on_file, env)
+    exit_file = settings.exit_file
     if exit_file is None:
-        await _run_daemon(settings, env, open_dataplane, open_registry, task_status)
+        await _run_daemon(settings, open_dataplane, open_registry, task_status)
         return
     if _exists(exit_file):  # a container restarted after its job ended
         log.info("%s exists: the job is done; not starting", exit_file)
         return
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_cancel_when_exists, exit_file, nursery.cancel_scope)
-        await _run_daemon(settings, env, open_dataplane, open_registry, task_status)
+        await _run_daemon(settings, open_dataplane, open_registry, task_status)
         nursery.cancel_scope.cancel()
 
 
@@ -189,22 +163,19 @@ async def _cancel_when_exists(path: Path, scope: trio.CancelScope) -> None:
 
 
 async def _run_daemon(
-    settings: Settings,
-    env: Mapping[str, str],
+    settings: DaemonSettings,
     open_dataplane: DataplaneFactory | None,
     open_registry: RegistryOpener,
     task_status: trio.TaskStatus[Running],
 ) -> None:
-    assigned = None  # --rank auto: the registry's rank, handed on as it is
     opened = None
-    if wants_auto_rank(settings.rank, env):
-        # The signing key first: a rank pinned to another key is never assigned.
-        opened = await trio.to_thread.run_sync(daemon_signer, settings, env)
-        assigned = await _auto_rank(settings, env, open_registry, opened[0].public_key)
-    resolved, me, config, signer = await trio.to_thread.run_sync(
-        prepare, settings, env, assigned, opened
-    )
-    spec = resolved.spec
+    if isinstance(settings.rank, int):
+        rank = settings.rank
+    else:  # --rank auto. The signing key first: a rank pinned to another key is never assigned.
+        opened = await trio.to_thread.run_sync(daemon_signer, settings)
+        rank = await _auto_rank(settings, open_registry, opened[0].public_key)
+    me, config, signer = await trio.to_thread.run_sync(prepare, settings, rank, opened)
+    spec = settings.spec
     log.info(
         "starting: rank %d address %s on %s, endpoint %s, instance %s, registry %s",
         me.rank,
@@ -256,7 +227,7 @@ async def _run_daemon(
 
                     started = Started(task_status, endpoints, then)
                     await run_control_plane(
-                        resolved, me, registry, dataplane, on_pass, started, signer
+                        settings, me, registry, dataplane, on_pass, started, signer
                     )
                     inner.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
@@ -328,21 +299,15 @@ async def _serve_probes(
     await service.serve(task_status=task_status)
 
 
-def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
-    """``--rank auto`` (or ``VNETD_RANK=auto`` without a flag): the registry assigns it."""
-    value = flag if flag is not None else env.get("VNETD_RANK")
-    return value is not None and value.strip().lower() == "auto"
-
-
 async def _auto_rank(
-    settings: Settings, env: Mapping[str, str], open_registry: RegistryOpener, signing_key: str
+    settings: DaemonSettings, open_registry: RegistryOpener, signing_key: str
 ) -> int:
     """This node's sticky rank from the registry, waiting for etcd as long as it takes;
     never a rank the spec pins to a signing key other than ``signing_key``."""
     from vnetd.control.assign import assign_rank
 
     spec = settings.spec
-    node = resolve_instance(settings.instance, env)
+    node = settings.instance
     with plain_errors():
         async with open_registry(spec.registry) as registry:
             return await retry_registry(
@@ -352,7 +317,7 @@ async def _auto_rank(
             )
 
 
-async def run_until_signal(settings: Settings, env: Mapping[str, str]) -> None:
+async def run_until_signal(settings: DaemonSettings) -> None:
     """The process's entry point: run the daemon until SIGTERM or SIGINT.
 
     Signal handlers are process-wide, so they are installed here, once, and
@@ -361,7 +326,7 @@ async def run_until_signal(settings: Settings, env: Mapping[str, str]) -> None:
     with plain_errors(), trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as root:
             root.start_soon(_cancel_on_signal, signals, root.cancel_scope)
-            await run_daemon(settings, env)
+            await run_daemon(settings)
             root.cancel_scope.cancel()
     log.info("stopped")
 

@@ -22,9 +22,9 @@ import base64
 import binascii
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network, ip_network
 from typing import Protocol, runtime_checkable
 
@@ -49,6 +49,11 @@ class DeviceConfig:
     max_peers: int = 0
     """The most peers the device may hold (the mesh's size less one): scales the bound of
     a kernel data plane's first read of a link it adopts, whose peers it cannot know."""
+    wireguard_log: str = "error"
+    """wireguard-go's ``LOG_LEVEL`` (``VNETD_WIREGUARD_LOG``); the kernel's device has none."""
+    child_env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """The variables wireguard-go starts with besides its own two: the daemon's, resolved
+    with its settings (``vnetd.daemon_settings``); empty (tests): only those two."""
 
     @property
     def addresses(self) -> tuple[IPv4Interface | IPv6Interface, ...]:

@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 
 from vnetd.dataplane.base import Dataplane, DeviceConfig
 from vnetd.errors import VnetdError
-from vnetd.spec import MeshSpec
+from vnetd.spec import DATAPLANE_KINDS, MeshSpec
 
 log = logging.getLogger("vnetd.daemon")
 
@@ -80,7 +80,7 @@ def dataplane_factory(kind: str) -> DataplaneFactory:
         from vnetd.dataplane.fake import open_fake_dataplane
 
         return open_fake_dataplane
-    raise VnetdError(f"--dataplane: {kind!r} is not one of auto, kernel, userspace, fake")
+    raise VnetdError(f"--dataplane: {kind!r} is not one of {', '.join(DATAPLANE_KINDS)}")
 
 
 def open_dataplane(kind: str, config: DeviceConfig) -> AbstractAsyncContextManager[Dataplane]:

@@ -34,8 +34,10 @@ import socket
 import stat
 import struct
 import subprocess
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import trio
 
@@ -293,15 +295,24 @@ def _open_output(interface: str) -> int:
     return os.open(output_path(interface), flags, 0o600)
 
 
-async def start_wireguard_go(interface: str, netns: str | None, executable: str) -> WireguardGo:
+async def start_wireguard_go(
+    interface: str,
+    netns: str | None,
+    executable: str,
+    log_level: str = "error",
+    child_env: Mapping[str, str] = MappingProxyType({}),
+) -> WireguardGo:
     """Start ``wireguard-go -f <interface>`` and wait until its socket answers.
+
+    It runs with ``child_env`` (the daemon's, ``DeviceConfig.child_env``) and
+    ``LOG_LEVEL=log_level`` ("verbose" to debug handshakes), and the variable that
+    lets it run where the kernel has WireGuard.
 
     Raises:
         DataplaneError: it could not start, exited, or its socket did not
             appear within ``START_TIMEOUT`` s (it is then killed).
     """
-    level = os.environ.get("VNETD_WIREGUARD_LOG", "error")  # "verbose" to debug handshakes
-    env = dict(os.environ, WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD="1", LOG_LEVEL=level)
+    env = dict(child_env, WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD="1", LOG_LEVEL=log_level)
     try:
         output = _open_output(interface)
     except OSError as exc:

@@ -225,9 +225,11 @@ class UapiDataplane(LinkedDevice):
         self.process.close()
         remove_stale(socket_path(self.config.interface))
         try:
+            config = self.config
             self.process = await start_wireguard_go(
-                self.config.interface, self.netns, self.wireguard_go
-            )
+                config.interface, self.netns, self.wireguard_go, config.wireguard_log,
+                config.child_env,
+            )  # fmt: skip
         except DataplaneError as exc:
             return f"restart failed: {exc}"
         try:
@@ -302,7 +304,10 @@ async def adopt_or_start(
             f"on {found.path}: it belongs to {owner}; delete it "
             f"(ip link del {interface}) or choose another name with [mesh] interface"
         )
-    return await start_wireguard_go(interface, netns, wireguard_go), None
+    started = await start_wireguard_go(
+        interface, netns, wireguard_go, config.wireguard_log, config.child_env
+    )
+    return started, None
 
 
 async def _check_ours(

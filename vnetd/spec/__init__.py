@@ -15,6 +15,7 @@ from vnetd.spec.parse import (
     parse_spec,
 )
 from vnetd.spec.records import (
+    DATAPLANE_KINDS,
     DATAPLANES,
     DEFAULT_SITE,
     DataplaneSpec,
@@ -27,6 +28,7 @@ from vnetd.spec.records import (
 )
 
 __all__ = [
+    "DATAPLANE_KINDS",
     "DATAPLANES",
     "DEFAULT_SITE",
     "DataplaneSpec",

@@ -50,7 +50,13 @@ class HttpSpec:
     """``host:port`` of the health, readiness, metrics and status endpoint; None: off."""
 
 
-DATAPLANES = ("auto", "kernel", "userspace")
+DATAPLANE_KINDS = ("auto", "kernel", "userspace", "fake")
+"""Every data-plane kind, the one list: ``vnetd up --dataplane`` takes them all, the
+data-plane port opens each (``auto`` chooses one of the next two)."""
+FLAG_ONLY_DATAPLANES = ("fake",)
+"""Kinds for tests and benches (``fake``: in memory), a flag's only: never the spec's."""
+DATAPLANES = tuple(kind for kind in DATAPLANE_KINDS if kind not in FLAG_ONLY_DATAPLANES)
+"""The kinds ``[wireguard] dataplane`` takes."""
 
 
 @dataclass(frozen=True)

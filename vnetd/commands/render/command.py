@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vnetd.commands.render import cluster
-from vnetd.config import add_etcd_arguments, resolve_site, spec_from_args
+from vnetd.config import add_etcd_arguments, spec_from_args
 from vnetd.errors import SpecError
+from vnetd.identity import resolve_site
 from vnetd.render.flux import DEFAULT_CURVE_CERT, DEFAULT_PORT, FluxOptions, render_flux
 from vnetd.render.hostfile import FORMATS, NAME_KINDS, render_hostfile
 from vnetd.render.hosts import render_hosts_block
