@@ -39,6 +39,11 @@ def _rank_sources(flag: str | None, env: Mapping[str, str]) -> list[tuple[str, s
     ]
 
 
+def rank_given(flag: str | None, env: Mapping[str, str]) -> bool:
+    """Whether the flag or a variable gives a rank at all (good or bad)."""
+    return any(value for _, value in _rank_sources(flag, env))  # "" counts as not given
+
+
 def wants_auto_rank(flag: str | None, env: Mapping[str, str]) -> bool:
     """``--rank auto`` (or ``VNETD_RANK=auto`` without a flag): the registry assigns it."""
     (_, given), (_, variable), _ = _rank_sources(flag, env)

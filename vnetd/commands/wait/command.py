@@ -153,13 +153,12 @@ def _self_rank(
     With ``--reachable`` it is required. Otherwise only a host that gives no
     rank at all is accepted (as None); a rank that is given but bad is an error.
     """
-    from vnetd.identity import resolve_rank  # cryptography: not for building the parser
+    from vnetd.identity import rank_given, resolve_rank  # cryptography: not for the parser
 
     try:
         return resolve_rank(spec, opts.rank, env, hostname)
     except IdentityError:
-        given = opts.rank or env.get("VNETD_RANK") or env.get("JOB_COMPLETION_INDEX")
-        if opts.reachable or given:
+        if opts.reachable or rank_given(opts.rank, env):
             raise
         return None
 
