@@ -47,7 +47,8 @@ from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
 from vnetd.dataplane.device_reader import read_device
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
 from vnetd.dataplane.kernel import KernelDataplane, open_kernel_dataplane
-from vnetd.dataplane.link import change_routes, configure_link, prune_addresses, run_netlink
+from vnetd.dataplane.link import prune_addresses, set_up_link
+from vnetd.dataplane.route_socket import RouteSocket
 from vnetd.dataplane.supervise import (
     WireguardGo,
     output_path,
@@ -523,7 +524,7 @@ async def test_dual_stack_addresses_have_no_prefix_route_and_are_both_kept(netns
             for stale in ("10.250.0.77/16", "fd00:250::77/64"):
                 await trio.run_process(["ip", "-n", netns, "addr", "add", stale, "dev", ifname])
             keep = [str(addr.ip) for addr in config.addresses]
-            removed = await run_netlink(lambda: prune_addresses(netns, dp.index, keep))
+            removed = await prune_addresses(netns, dp.index, keep)
             assert sorted(removed) == ["10.250.0.77/16", "fd00:250::77/64"]
             state = await dp.link_state()
             assert {"10.250.0.1", "fd00:250::1"} <= state.addresses
@@ -797,8 +798,12 @@ async def test_adopts_a_running_wireguard_go_with_our_key(
             await UapiClient(socket_path(config.interface)).set(plan_lines(Plan(add=(a, b))))
             # Its link half configured: B's route lost, a stale one added, and the
             # address of another rank from an earlier run.
-            index, _ = await run_netlink(lambda: configure_link(netns, config))
-            await run_netlink(lambda: change_routes(netns, index, set(), {A_IP, "10.250.0.9/32"}))
+            index, _ = await set_up_link(netns, config)
+            routes = RouteSocket(netns)
+            try:
+                await routes.change(index, set(), {A_IP, "10.250.0.9/32"})
+            finally:
+                routes.close()
             await trio.run_process(
                 ["ip", "-n", netns, "addr", "add", "10.250.0.77/16", "dev", config.interface]
             )

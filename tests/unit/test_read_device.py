@@ -155,7 +155,7 @@ class FakeKernel:
 def kernel(monkeypatch: pytest.MonkeyPatch) -> FakeKernel:
     """The fake kernel behind the reader's defaults (the link lookup and the WireGuard socket)."""
     fake = FakeKernel()
-    monkeypatch.setattr("vnetd.dataplane.link.link_kind", fake.link_kind)
+    monkeypatch.setattr("vnetd.dataplane.link_reads.link_kind", fake.link_kind)
     monkeypatch.setattr("vnetd.dataplane.kernel.open_wireguard", fake.open)
     return fake
 

@@ -46,7 +46,7 @@ from vnetd.dataplane import (
     choose_dataplane,
     device_id_of,
 )
-from vnetd.dataplane.link import default_route_address, resolve_mtu
+from vnetd.dataplane.link_reads import default_route_address, resolve_mtu
 from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import resolve_endpoint, resolve_instance, resolve_rank
 from vnetd.keys import load_or_create_key

@@ -125,12 +125,12 @@ async def _read_kernel(
     The link's kind is looked up first: without a ``wireguard`` link there is
     nothing to ask the WireGuard family (which may not exist at all).
     """
-    from vnetd.dataplane import kernel, link
+    from vnetd.dataplane import kernel, link_reads
 
     open_wireguard = wg_factory or kernel.open_wireguard
 
     def info() -> DeviceState | None:
-        if link.link_kind(netns, interface) != "wireguard":
+        if link_reads.link_kind(netns, interface) != "wireguard":
             return None
         wg = open_wireguard(netns)
         try:
@@ -139,7 +139,7 @@ async def _read_kernel(
             wg.close()
 
     try:
-        state = await link.run_netlink(info, timeout)
+        state = await link_reads.run_netlink(info, timeout)
     except DataplaneError as exc:
         code = getattr(exc.__cause__, "code", None)
         if code in _DENIED:

@@ -10,32 +10,24 @@ kept, but ours (metric 0) shadows it. Either is logged, once per start.
 from __future__ import annotations
 
 import logging
-import socket
-from ipaddress import IPv4Network, IPv6Network
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from vnetd.dataplane.pyroute2_package import IPRoute
+from vnetd.dataplane.link_socket import LinkSocket
+from vnetd.dataplane.rtnetlink_wire import RTN_UNREACHABLE, Network
 
 log = logging.getLogger("vnetd.dataplane")
 
-RT_TABLE_MAIN = 254
-RTN_UNREACHABLE = 7
 
-
-def route_unreachable(ipr: IPRoute, network: IPv4Network | IPv6Network) -> None:
-    """Route ``network`` ``unreachable`` in the main table, over any route to it."""
-    family = socket.AF_INET6 if network.version == 6 else socket.AF_INET
-    wanted = (str(network.network_address), network.prefixlen, RT_TABLE_MAIN)
-    for route in ipr.route("dump", family=family):
-        found = (route.get("dst"), route.get("dst_len"), route.get("table"))
-        if found == wanted and route.get("type") != RTN_UNREACHABLE:
-            log_replaced(network, route.get("gateway"), route.get("oif"), route.get("priority"))
-    ipr.route("replace", dst=str(network), type="unreachable")
+async def route_unreachable(link: LinkSocket, network: Network) -> None:
+    """Route ``network`` ``unreachable`` in the main table over ``link``, over any
+    route to it (logged)."""
+    for route in await link.routes_to(network):
+        if route.type != RTN_UNREACHABLE:
+            log_replaced(network, route.gateway, route.oif, route.priority)
+    await link.route_unreachable(network)
 
 
 def log_replaced(
-    network: IPv4Network | IPv6Network, gateway: str | None, oif: int | None, metric: int | None
+    network: Network, gateway: str | None, oif: int | None, metric: int | None
 ) -> None:
     """The line about a route to the overlay network that ``replace`` takes over."""
     log.warning(

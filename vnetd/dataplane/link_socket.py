@@ -1,19 +1,20 @@
-"""The device's set-up in the daemon's own network namespace, over one trio netlink socket.
+"""The ``NETLINK_ROUTE`` request socket every write of a link, an address or a route
+goes through, on the event loop, in whichever network namespace is asked.
 
 What a launcher waits on is the rank's address on the link, and pyroute2's
 ``IPRoute`` is the costliest thing on that path: its modules (an asyncio core,
 traffic-control and mock modules among them) take about 35 ms of CPU to import,
 and each ``IPRoute`` opened in a worker thread more (docs/architecture.md,
-"Start-up"). The set-up is a handful of fixed requests, so they are packed here
-with ``struct`` (``netlink_wire``), as ``route_socket`` packs the peers' routes, and sent from the
-event loop: the probe that asks whether the kernel can make a WireGuard link
-(``wireguard_link_refused``), the address (``add_address``), MTU and up
-(``set_link_up``), the routes to the overlay network (``routes_to``, a dump) and
-its ``unreachable`` route (``route_unreachable``). A unit test compares each
-request with the bytes of pyroute2's message classes given the same fields; a
-contract test runs them in a namespace of its own against the kernel. Another
-namespace (the tests' devices), an adopted link and every read stay with
-pyroute2 (``vnetd.dataplane.link``).
+"Start-up"). The writes are a handful of fixed requests, so they are packed with
+``struct`` (``rtnetlink_wire``) and sent here, one at a time, each answered within
+a bound; ``route_socket`` sends the peers' routes over a socket of its own, many
+in flight.
+
+``open_netlink_socket`` opens the socket in the daemon's own namespace
+(``netns=None``) or in a named one (``/run/netns/NAME``, through
+``pyroute2.netns.create_socket``, as ``wg_netlink.WgSocket`` does for generic
+netlink): that is the only difference; every request after it is the same code,
+so the contract suite (which names a namespace) runs the daemon's path.
 """
 
 from __future__ import annotations
@@ -21,149 +22,72 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import struct
-from dataclasses import dataclass
-from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import trio
 
-from vnetd.dataplane.netlink_wire import (
-    ERRNO,
-    HEADER,
-    NLM_F_ACK,
-    NLM_F_CREATE,
-    NLM_F_DUMP,
-    NLM_F_EXCL,
-    NLM_F_REPLACE,
-    NLM_F_REQUEST,
-    NLMSG_DONE,
-    NLMSG_ERROR,
+from vnetd.dataplane.netlink_wire import ERRNO, HEADER, NLMSG_DONE, NLMSG_ERROR, messages
+from vnetd.dataplane.rtnetlink_wire import (
     RT_TABLE_MAIN,
-    RTA_DST,
-    RTA_GATEWAY,
-    RTA_OIF,
-    RTA_PRIORITY,
-    RTA_TABLE,
-    RTMSG,
-    RTPROT_STATIC,
-    U32,
-    attribute,
-    attributes,
-    message,
-    messages,
+    RTM_NEWLINK,
+    Address,
+    Network,
+    Route,
+    delete_address,
+    delete_link,
+    get_link,
+    link_index,
+    link_up,
+    mtu_lock_route,
+    new_address,
+    new_wireguard_link,
+    parse_route,
+    route_dump,
+    unreachable_route,
 )
 from vnetd.errors import DataplaneError
 
 LINK_TIMEOUT = 5.0  # one request and its answer, a dump included (invariant 8)
-RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_NEWROUTE, RTM_GETROUTE = 16, 17, 20, 24, 26
-IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_INFO_KIND = 3, 4, 18, 1
-IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
-IFA_F_NOPREFIXROUTE = 0x200
-RTN_UNREACHABLE = 7
-IFF_UP = 0x1
-_IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
-_IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
 
 
-def new_wireguard_link(name: str, sequence: int) -> bytes:
-    """Create a link ``name`` of kind ``wireguard`` (``ip link add NAME type wireguard``)."""
-    info = attribute(IFLA_INFO_KIND, b"wireguard\0")
-    body = _IFINFO.pack(0, 0, 0, 0, 0) + attribute(IFLA_IFNAME, name.encode() + b"\0")
-    body += attribute(IFLA_LINKINFO, info)
-    return message(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-                   sequence, body)  # fmt: skip
+def _socket_in(netns: str) -> socket.socket:
+    from vnetd.dataplane.pyroute2_package import defer_package_init
+
+    defer_package_init()
+    from pyroute2.netns import create_socket
+
+    # flags=0: never create the namespace (pyroute2's default is O_CREAT).
+    sock: socket.socket = create_socket(
+        netns, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE, flags=0
+    )
+    return sock
 
 
-def delete_link(index: int, sequence: int) -> bytes:
-    return message(RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK, sequence,
-                   _IFINFO.pack(0, 0, index, 0, 0))  # fmt: skip
+async def open_netlink_socket(netns: str | None) -> trio.socket.SocketType:
+    """A ``NETLINK_ROUTE`` socket in ``netns``, or in our own namespace for None.
 
-
-def link_up(index: int, mtu: int, sequence: int) -> bytes:
-    """The link's MTU, and up (``ip link set dev X mtu M up``)."""
-    body = _IFINFO.pack(0, 0, index, IFF_UP, IFF_UP) + attribute(IFLA_MTU, U32.pack(mtu))
-    return message(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, sequence, body)
-
-
-def new_address(
-    index: int, addr: IPv4Interface | IPv6Interface, prefixlen: int, flags: int, sequence: int
-) -> bytes:
-    """Add ``addr`` with ``prefixlen`` and the address ``flags`` (IFA_FLAGS) to the link."""
-    family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
-    packed = addr.ip.packed
-    body = _IFADDR.pack(family, prefixlen, flags & 0xFF, 0, index)
-    if family == socket.AF_INET:
-        body += attribute(IFA_LOCAL, packed)
-    body += attribute(IFA_ADDRESS, packed)
-    if flags:
-        body += attribute(IFA_FLAGS, U32.pack(flags))
-    return message(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-                   sequence, body)  # fmt: skip
-
-
-def unreachable_route(network: IPv4Network | IPv6Network, sequence: int) -> bytes:
-    """Route ``network`` ``unreachable`` in the main table, over any route to exactly it
-    (``ip route replace unreachable NETWORK``)."""
-    family = socket.AF_INET6 if network.version == 6 else socket.AF_INET
-    body = RTMSG.pack(family, network.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC, 0,
-                       RTN_UNREACHABLE, 0)  # fmt: skip
-    body += attribute(RTA_TABLE, U32.pack(RT_TABLE_MAIN))
-    body += attribute(RTA_DST, network.network_address.packed)
-    return message(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
-                   sequence, body)  # fmt: skip
-
-
-def route_dump(family: int, sequence: int) -> bytes:
-    return message(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, sequence,
-                   RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Route:
-    """What a route dump says of one route (for the one line about a route replaced)."""
-
-    family: int
-    dst: str | None
-    dst_len: int
-    table: int
-    type: int
-    gateway: str | None
-    oif: int | None
-    priority: int
-
-
-def parse_route(payload: bytes) -> Route:
-    """One RTM_NEWROUTE message of a dump."""
-    family, dst_len, _, _, table, _, _, kind, _ = RTMSG.unpack_from(payload)
-    attrs = attributes(payload[RTMSG.size :])
-
-    def address(key: int) -> str | None:
-        value = attrs.get(key)
-        return socket.inet_ntop(family, value) if value else None
-
-    def number(key: int) -> int | None:
-        value = attrs.get(key)
-        return U32.unpack(value[:4])[0] if value and len(value) >= 4 else None
-
-    return Route(family, address(RTA_DST), dst_len, number(RTA_TABLE) or table, kind,
-                 address(RTA_GATEWAY), number(RTA_OIF), number(RTA_PRIORITY) or 0)  # fmt: skip
+    Raises:
+        OSError: the namespace is not there (FileNotFoundError), or no socket.
+    """
+    if netns is None:
+        return trio.socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    sock = await trio.to_thread.run_sync(_socket_in, netns, abandon_on_cancel=True)
+    return trio.socket.from_stdlib_socket(sock)
 
 
 class LinkSocket:
-    """One ``NETLINK_ROUTE`` request socket in the daemon's namespace; a context manager.
+    """One ``NETLINK_ROUTE`` request socket; open it with ``open_link_socket``.
 
     Each call sends one request and waits, at most ``timeout`` s, for its answer.
     """
 
-    def __init__(self, timeout: float = LINK_TIMEOUT) -> None:
+    def __init__(self, sock: trio.socket.SocketType, timeout: float = LINK_TIMEOUT) -> None:
         self.timeout = timeout
-        self._socket = trio.socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self._socket = sock
         self._sequence = 0
 
-    def __enter__(self) -> LinkSocket:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
+    def close(self) -> None:
         self._socket.close()
 
     def _next(self) -> int:
@@ -176,12 +100,9 @@ class LinkSocket:
         Raises:
             DataplaneError: no answer within ``timeout`` s, or the socket failed.
         """
-        sequence = HEADER.unpack_from(data)[3]
-        for kind, _, seq, payload in await self._exchange(data, what, NLMSG_ERROR):
-            if kind == NLMSG_ERROR and seq == sequence:
-                code: int = -ERRNO.unpack_from(payload)[0]
-                return code
-        raise AssertionError("unreachable: _exchange returns at the acknowledgement")
+        kind, payload = (await self._exchange(data, what, NLMSG_ERROR))[-1]
+        code: int = -ERRNO.unpack_from(payload)[0]
+        return code
 
     async def dump(self, data: bytes, what: str) -> list[bytes]:
         """Send one dump request; the payloads of its messages, up to NLMSG_DONE.
@@ -190,7 +111,7 @@ class LinkSocket:
             DataplaneError: the kernel refused, gave no answer in time, or the socket failed.
         """
         found: list[bytes] = []
-        for kind, _, _, payload in await self._exchange(data, what, NLMSG_DONE):
+        for kind, payload in await self._exchange(data, what, NLMSG_DONE):
             if kind == NLMSG_ERROR:
                 code = -ERRNO.unpack_from(payload)[0]
                 raise DataplaneError(f"netlink: {what}: {os.strerror(code)}")
@@ -198,54 +119,90 @@ class LinkSocket:
                 found.append(payload)
         return found
 
-    async def _exchange(
-        self, data: bytes, what: str, last: int
-    ) -> list[tuple[int, int, int, bytes]]:
-        """Send ``data``; the messages answering it, up to the first of type ``last``
-        or an error."""
+    async def _exchange(self, data: bytes, what: str, last: int) -> list[tuple[int, bytes]]:
+        """Send ``data``; ``(type, payload)`` of the messages answering it, up to the first
+        of type ``last`` or an error."""
         sequence = HEADER.unpack_from(data)[3]
-        answers: list[tuple[int, int, int, bytes]] = []
+        answers: list[tuple[int, bytes]] = []
         try:
             with trio.fail_after(self.timeout):
                 await self._socket.send(data)
                 while True:
-                    for item in messages(await self._socket.recv(65536)):
-                        if item[2] != sequence:
+                    for kind, _, seq, payload in messages(await self._socket.recv(65536)):
+                        if seq != sequence:
                             continue
-                        answers.append(item)
-                        if item[0] in (last, NLMSG_ERROR):
+                        answers.append((kind, payload))
+                        if kind in (last, NLMSG_ERROR):
                             return answers
         except trio.TooSlowError:
             raise DataplaneError(f"netlink: {what}: no answer within {self.timeout:g} s") from None
         except OSError as exc:
             raise DataplaneError(f"netlink: {what}: {exc.strerror or exc}") from exc
 
+    def _check(self, code: int, what: str, ignored: tuple[int, ...] = ()) -> None:
+        if code and code not in ignored:
+            raise DataplaneError(f"netlink: {what}: {os.strerror(code)}")
+
+    async def link_index(self, name: str) -> int | None:
+        """The index of the link called ``name``, None when there is none."""
+        kind, payload = (await self._exchange(get_link(name, self._next()), name, RTM_NEWLINK))[-1]
+        if kind == RTM_NEWLINK:
+            return link_index(payload)
+        code = -ERRNO.unpack_from(payload)[0]
+        self._check(code, f"link {name}", (errno.ENODEV,))
+        return None
+
+    async def create_wireguard_link(self, name: str) -> int:
+        """Create an in-kernel WireGuard link called ``name``; its index.
+
+        Raises:
+            DataplaneError: the kernel refused (``EOPNOTSUPP``: no WireGuard module).
+        """
+        refused = await self._new_wireguard_link(name)
+        if refused is not None:
+            raise DataplaneError(f"netlink: {name}: {refused}")
+        index = await self.link_index(name)
+        if index is None:
+            raise DataplaneError(f"netlink: {name}: gone right after it was created")
+        return index
+
     async def wireguard_link_refused(self, name: str) -> str | None:
         """Why a WireGuard link cannot be created here, or None when it can: creates
         ``name`` and deletes it again at once."""
-        code = await self.request(new_wireguard_link(name, self._next()), "wireguard link")
-        if code:
-            hint = " (no wireguard kernel module)" if code == errno.EOPNOTSUPP else ""
-            return f"creating a wireguard link: {os.strerror(code)}{hint}"
-        index = socket.if_nametoindex(name)
-        code = await self.request(delete_link(index, self._next()), "link delete")
-        if code not in (0, errno.ENODEV):
-            raise DataplaneError(f"netlink: deleting the probe link {name}: {os.strerror(code)}")
-        return None
+        refused = await self._new_wireguard_link(name)
+        if refused is None:
+            await self.delete_link(name)
+        return refused
 
-    async def add_address(
-        self, index: int, addr: IPv4Interface | IPv6Interface, prefixlen: int, flags: int
-    ) -> int:
+    async def _new_wireguard_link(self, name: str) -> str | None:
+        code = await self.request(new_wireguard_link(name, self._next()), "wireguard link")
+        if not code:
+            return None
+        hint = " (no wireguard kernel module)" if code == errno.EOPNOTSUPP else ""
+        return f"creating a wireguard link: {os.strerror(code)}{hint}"
+
+    async def delete_link(self, name: str) -> bool:
+        """Delete the link called ``name``; whether it was there."""
+        code = await self.request(delete_link(name, self._next()), f"link delete {name}")
+        self._check(code, f"link delete {name}", (errno.ENODEV,))
+        return code == 0
+
+    async def add_address(self, index: int, addr: Address, prefixlen: int, flags: int) -> int:
         """Add ``addr`` to the link; the errno (EEXIST: it was there)."""
         request = new_address(index, addr, prefixlen, flags, self._next())
         return await self.request(request, f"address {addr.ip}/{prefixlen}")
 
+    async def delete_address(self, index: int, addr: Address, prefixlen: int) -> None:
+        """Delete ``addr``/``prefixlen`` from the link; no error when it is gone."""
+        what = f"address delete {addr.ip}/{prefixlen}"
+        code = await self.request(delete_address(index, addr, prefixlen, self._next()), what)
+        self._check(code, what, (errno.EADDRNOTAVAIL,))
+
     async def set_link_up(self, index: int, mtu: int) -> None:
         code = await self.request(link_up(index, mtu, self._next()), "link up")
-        if code:
-            raise DataplaneError(f"netlink: link mtu {mtu} up: {os.strerror(code)}")
+        self._check(code, f"link mtu {mtu} up")
 
-    async def routes_to(self, network: IPv4Network | IPv6Network) -> list[Route]:
+    async def routes_to(self, network: Network) -> list[Route]:
         """The main table's routes to exactly ``network``."""
         family = socket.AF_INET6 if network.version == 6 else socket.AF_INET
         found = []
@@ -256,7 +213,39 @@ class LinkSocket:
                 found.append(route)
         return found
 
-    async def route_unreachable(self, network: IPv4Network | IPv6Network) -> None:
+    async def route_unreachable(self, network: Network) -> None:
         code = await self.request(unreachable_route(network, self._next()), "route replace")
-        if code:
-            raise DataplaneError(f"netlink: route unreachable {network}: {os.strerror(code)}")
+        self._check(code, f"route unreachable {network}")
+
+    async def lock_route_mtu(self, destination: str, index: int, mtu: int) -> None:
+        """``ip route change DESTINATION dev INDEX proto static mtu lock MTU``.
+
+        Raises:
+            DataplaneError: the route is not there (ENOENT/ESRCH), or no answer.
+        """
+        what = f"route change {destination} mtu lock {mtu}"
+        code = await self.request(mtu_lock_route(destination, index, mtu, self._next()), what)
+        self._check(code, what)
+
+
+@asynccontextmanager
+async def open_link_socket(
+    netns: str | None = None,
+    timeout: float = LINK_TIMEOUT,  # noqa: ASYNC109 (the bound of each request)
+) -> AsyncIterator[LinkSocket]:
+    """A ``LinkSocket`` in ``netns`` (None: our own), closed on exit; each request, and
+    the opening, bounded by ``timeout`` s.
+
+    Raises:
+        DataplaneError: the socket could not be opened in time.
+        OSError: the namespace is not there.
+    """
+    with trio.move_on_after(timeout) as opening:
+        sock = await open_netlink_socket(netns)
+    if opening.cancelled_caught:
+        raise DataplaneError(f"netlink: no socket in {netns} within {timeout:g} s")
+    link = LinkSocket(sock, timeout)
+    try:
+        yield link
+    finally:
+        link.close()

@@ -35,7 +35,8 @@ async def choose_dataplane(
     Raises:
         VnetdError: ``kernel`` was asked for and the kernel has no WireGuard.
     """
-    from vnetd.dataplane.link import existing_link_kind, kernel_unavailable
+    from vnetd.dataplane.link import kernel_unavailable
+    from vnetd.dataplane.link_reads import existing_link_kind
 
     kind = flag or spec.local.dataplane
     source = "--dataplane" if flag else "[wireguard] dataplane"

@@ -4,8 +4,9 @@ The UAPI client is ``vnetd.dataplane.uapi_client``'s and the line formats
 ``vnetd.dataplane.uapi_protocol``'s (both re-exported here); starting,
 adopting and watching the wireguard-go process is
 ``vnetd.dataplane.supervise``'s; the link, its address and the routes are
-``vnetd.dataplane.link``'s. This module puts them together: it adopts or
-starts the device, applies plans, and restarts wireguard-go when it dies.
+``vnetd.dataplane.link``'s and ``vnetd.dataplane.linked_device``'s. This module
+puts them together: it adopts or starts the device, applies plans, and restarts
+wireguard-go when it dies.
 """
 
 from __future__ import annotations
@@ -20,13 +21,9 @@ from functools import partial
 import trio
 
 from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, key_to_hex
-from vnetd.dataplane.link import (
-    LinkedDevice,
-    existing_link_kind,
-    remove_link,
-    run_netlink,
-    set_up_link,
-)
+from vnetd.dataplane.link import remove_link, set_up_link
+from vnetd.dataplane.link_reads import existing_link_kind
+from vnetd.dataplane.linked_device import LinkedDevice
 from vnetd.dataplane.supervise import (
     STOP_GRACE,
     RestartBudget,
@@ -343,7 +340,7 @@ async def _stop(process: WireguardGo, config: DeviceConfig, netns: str | None) -
     try:
         # Bounded by the caller's cleanup deadline; a loaded machine can take
         # more than NETLINK_TIMEOUT to enter a namespace here.
-        await run_netlink(lambda: remove_link(netns, config), timeout=CLEANUP_DEADLINE)
+        await remove_link(netns, config, timeout=CLEANUP_DEADLINE)
     except DataplaneError as exc:
         log.error("%s: could not remove link or routes: %s", config.interface, exc)
 
