@@ -44,17 +44,13 @@ from cryptography.hazmat.primitives.serialization import (
 from kernel_guest import host_kernel_unavailable, in_guest
 
 from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
+from vnetd.dataplane.codec.uapi_protocol import MAX_ADDS_PER_SET, socket_path
 from vnetd.dataplane.device_reader import read_device
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
-from vnetd.dataplane.kernel import KernelDataplane, open_kernel_dataplane
-from vnetd.dataplane.link import prune_addresses, set_up_link
-from vnetd.dataplane.route_socket import RouteSocket
-from vnetd.dataplane.supervise import (
-    WireguardGo,
-    output_path,
-    start_wireguard_go,
-)
-from vnetd.dataplane.uapi import (
+from vnetd.dataplane.kernel.device import KernelDataplane, open_kernel_dataplane
+from vnetd.dataplane.rtnetlink.link import prune_addresses, set_up_link
+from vnetd.dataplane.rtnetlink.route_socket import RouteSocket
+from vnetd.dataplane.wireguard_go.device import (
     RestartBudget,
     UapiClient,
     UapiDataplane,
@@ -62,7 +58,11 @@ from vnetd.dataplane.uapi import (
     parse_peers,
     plan_lines,
 )
-from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET, socket_path
+from vnetd.dataplane.wireguard_go.supervise import (
+    WireguardGo,
+    output_path,
+    start_wireguard_go,
+)
 from vnetd.errors import DataplaneError
 from vnetd.keys import public_key_of
 from vnetd.model import Peer, PeerUpdate, Plan

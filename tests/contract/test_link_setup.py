@@ -21,9 +21,14 @@ import pytest
 import trio
 
 from vnetd.dataplane.base import DeviceConfig
-from vnetd.dataplane.link import kernel_unavailable, prune_addresses, remove_link, set_up_link
-from vnetd.dataplane.route_mtu import lock_route_mtu
-from vnetd.dataplane.route_socket import RouteSocket
+from vnetd.dataplane.rtnetlink.link import (
+    kernel_unavailable,
+    prune_addresses,
+    remove_link,
+    set_up_link,
+)
+from vnetd.dataplane.rtnetlink.route_mtu import lock_route_mtu
+from vnetd.dataplane.rtnetlink.route_socket import RouteSocket
 from vnetd.errors import DataplaneError
 
 
@@ -41,8 +46,8 @@ import json, logging, sys
 from ipaddress import ip_interface, ip_network
 import trio
 from vnetd.dataplane.base import DeviceConfig
-from vnetd.dataplane.link import kernel_unavailable, set_up_link
-from vnetd.dataplane.link_reads import existing_link_kind
+from vnetd.dataplane.rtnetlink.link import kernel_unavailable, set_up_link
+from vnetd.dataplane.rtnetlink.link_reads import existing_link_kind
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
 config = DeviceConfig(
@@ -117,7 +122,7 @@ def test_set_up_in_own_namespace(netns: str) -> None:
 
 DEFAULT_ROUTE = """
 import sys
-from vnetd.dataplane.link_reads import default_route_address
+from vnetd.dataplane.rtnetlink.link_reads import default_route_address
 print(default_route_address())
 """
 

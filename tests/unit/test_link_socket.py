@@ -1,4 +1,4 @@
-"""The link, address and route requests ``vnetd.dataplane.link_socket`` sends (packed
+"""The link, address and route requests ``vnetd.dataplane.rtnetlink.link_socket`` sends (packed
 by ``rtnetlink_wire``): the bytes of pyroute2's message classes given the same fields,
 and the dumps and answers read."""
 
@@ -10,7 +10,7 @@ from ipaddress import ip_interface, ip_network
 
 import pytest
 
-from vnetd.dataplane.netlink_wire import (
+from vnetd.dataplane.codec.netlink_wire import (
     NLM_F_ACK,
     NLM_F_CREATE,
     NLM_F_EXCL,
@@ -19,7 +19,7 @@ from vnetd.dataplane.netlink_wire import (
     attribute,
     messages,
 )
-from vnetd.dataplane.rtnetlink_wire import (
+from vnetd.dataplane.codec.rtnetlink_wire import (
     IFA_F_NOPREFIXROUTE,
     RTM_DELADDR,
     RTM_DELLINK,

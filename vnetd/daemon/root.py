@@ -39,14 +39,9 @@ from vnetd.config import (
 from vnetd.control.membership import check_pinned_signer
 from vnetd.control.proof import open_signer
 from vnetd.control.retry import RegistryHealth, retry_registry
-from vnetd.dataplane import (
-    Dataplane,
-    DataplaneFactory,
-    DeviceConfig,
-    choose_dataplane,
-    device_id_of,
-)
-from vnetd.dataplane.link_reads import default_route_address, resolve_mtu
+from vnetd.dataplane.base import Dataplane, DeviceConfig, device_id_of
+from vnetd.dataplane.rtnetlink.link_reads import default_route_address, resolve_mtu
+from vnetd.dataplane.select import DataplaneFactory, choose_dataplane
 from vnetd.errors import VnetdError, plain_errors
 from vnetd.identity import resolve_endpoint, resolve_instance, resolve_rank
 from vnetd.keys import load_or_create_key

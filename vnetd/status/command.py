@@ -25,7 +25,7 @@ from vnetd.config import (
     add_wireguard_dir_argument,
     settings_from_args,
 )
-from vnetd.dataplane.uapi_protocol import socket_path
+from vnetd.dataplane.codec.uapi_protocol import socket_path
 from vnetd.errors import SpecError
 from vnetd.spec import MeshSpec
 

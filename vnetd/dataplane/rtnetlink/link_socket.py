@@ -27,8 +27,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from vnetd.dataplane.netlink_wire import ERRNO, HEADER, NLMSG_DONE, NLMSG_ERROR, messages
-from vnetd.dataplane.rtnetlink_wire import (
+from vnetd.dataplane.codec.netlink_wire import ERRNO, HEADER, NLMSG_DONE, NLMSG_ERROR, messages
+from vnetd.dataplane.codec.rtnetlink_wire import (
     RT_TABLE_MAIN,
     RTM_NEWLINK,
     Address,
@@ -52,7 +52,7 @@ LINK_TIMEOUT = 5.0  # one request and its answer, a dump included (invariant 8)
 
 
 def _socket_in(netns: str) -> socket.socket:
-    from vnetd.dataplane.pyroute2_package import defer_package_init
+    from vnetd.dataplane.rtnetlink.pyroute2_package import defer_package_init
 
     defer_package_init()
     from pyroute2.netns import create_socket

@@ -26,10 +26,10 @@ from collections.abc import Collection
 from ipaddress import ip_address, ip_interface
 
 from vnetd.dataplane.base import DeviceConfig
-from vnetd.dataplane.fail_closed import route_unreachable
-from vnetd.dataplane.link_reads import link_addresses, run_netlink
-from vnetd.dataplane.link_socket import LINK_TIMEOUT, LinkSocket, open_link_socket
-from vnetd.dataplane.rtnetlink_wire import IFA_F_NOPREFIXROUTE, Address
+from vnetd.dataplane.codec.rtnetlink_wire import IFA_F_NOPREFIXROUTE, Address
+from vnetd.dataplane.rtnetlink.fail_closed import route_unreachable
+from vnetd.dataplane.rtnetlink.link_reads import link_addresses, run_netlink
+from vnetd.dataplane.rtnetlink.link_socket import LINK_TIMEOUT, LinkSocket, open_link_socket
 from vnetd.errors import DataplaneError
 
 log = logging.getLogger("vnetd.dataplane")

@@ -14,7 +14,7 @@ docs/architecture.md, "Doctor".
 
 from __future__ import annotations
 
-from vnetd.dataplane.link_socket import open_link_socket
+from vnetd.dataplane.rtnetlink.link_socket import open_link_socket
 from vnetd.errors import DataplaneError
 
 

@@ -16,15 +16,15 @@ from ipaddress import ip_network
 import trio
 
 from vnetd.dataplane.base import DeviceConfig, LinkState, route_changes
-from vnetd.dataplane.link import prune_addresses
-from vnetd.dataplane.link_reads import (
+from vnetd.dataplane.rtnetlink.link import prune_addresses
+from vnetd.dataplane.rtnetlink.link_reads import (
     NETLINK_TIMEOUT,
     ROUTE_ALLOWANCE,
     device_routes,
     read_link_state,
     run_netlink,
 )
-from vnetd.dataplane.route_socket import RouteSocket
+from vnetd.dataplane.rtnetlink.route_socket import RouteSocket
 from vnetd.model import DevicePeer, Plan
 
 log = logging.getLogger("vnetd.dataplane")

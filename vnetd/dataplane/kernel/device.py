@@ -4,7 +4,7 @@ The link is created through rtnetlink (``kind wireguard``); key, port and
 peers go through WireGuard's generic netlink family (``wg_netlink``): a plan's
 peer changes in as few ``WG_CMD_SET_DEVICE`` messages as fit (never
 ``replace_peers``), all in one worker-thread batch. The link itself, its address,
-MTU and routes are ``vnetd.dataplane.link``'s and ``linked_device``'s (rtnetlink,
+MTU and routes are ``vnetd.dataplane.rtnetlink.link``'s and ``linked_device``'s (rtnetlink,
 one write path), shared with the userspace data plane.
 
 What each change sends is built by pure functions (``device_attrs``,
@@ -33,16 +33,21 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, keepalive_of, key_to_hex
-from vnetd.dataplane.link import (
+from vnetd.dataplane.kernel.wg_netlink import DeviceState, WgSocket, parse_dump
+from vnetd.dataplane.rtnetlink.link import (
     create_wireguard_link,
     kernel_unavailable,
     remove_link,
     set_up_link,
 )
-from vnetd.dataplane.link_reads import NETLINK_TIMEOUT, ROUTE_ALLOWANCE, link_kind, run_netlink
-from vnetd.dataplane.linked_device import LinkedDevice
-from vnetd.dataplane.pyroute2_package import NetlinkError
-from vnetd.dataplane.wg_netlink import DeviceState, WgSocket, parse_dump
+from vnetd.dataplane.rtnetlink.link_reads import (
+    NETLINK_TIMEOUT,
+    ROUTE_ALLOWANCE,
+    link_kind,
+    run_netlink,
+)
+from vnetd.dataplane.rtnetlink.linked_device import LinkedDevice
+from vnetd.dataplane.rtnetlink.pyroute2_package import NetlinkError
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from ipaddress import IPv4Interface, IPv4Network, IPv6Interface, IPv6Network
 
-from vnetd.dataplane.netlink_wire import (
+from vnetd.dataplane.codec.netlink_wire import (
     NLM_F_ACK,
     NLM_F_CREATE,
     NLM_F_DUMP,

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from vnetd.dataplane.base import LinkState
-from vnetd.dataplane.pyroute2_package import NetlinkError
-from vnetd.dataplane.rtnetlink_wire import IFF_UP, RT_TABLE_MAIN, RTN_UNICAST
+from vnetd.dataplane.codec.rtnetlink_wire import IFF_UP, RT_TABLE_MAIN, RTN_UNICAST
+from vnetd.dataplane.rtnetlink.pyroute2_package import NetlinkError
 from vnetd.errors import DataplaneError, VnetdError
 from vnetd.spec import MeshSpec
 
 if TYPE_CHECKING:
-    from vnetd.dataplane.pyroute2_package import IPRoute
+    from vnetd.dataplane.rtnetlink.pyroute2_package import IPRoute
 
 daemon_log = logging.getLogger("vnetd.daemon")
 """The logger of the host probes' lines, as when the daemon made them (JSON logs name it)."""
@@ -63,11 +63,11 @@ async def run_netlink(fn: Callable[[], T], timeout: float = NETLINK_TIMEOUT) -> 
 
 
 def _import_iproute() -> None:
-    from vnetd.dataplane.pyroute2_package import IPRoute  # noqa: F401 (imported for later)
+    from vnetd.dataplane.rtnetlink.pyroute2_package import IPRoute  # noqa: F401 (imported for later)
 
 
 def _iproute(netns: str | None) -> IPRoute:
-    from vnetd.dataplane.pyroute2_package import IPRoute  # at first use: the module doc
+    from vnetd.dataplane.rtnetlink.pyroute2_package import IPRoute  # at first use: the module doc
 
     # flags=0: never create the namespace (pyroute2's default is O_CREAT).
     return IPRoute(netns=netns, flags=0) if netns else IPRoute()

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from ipaddress import ip_address, ip_network
 from typing import Any
 
-from vnetd.dataplane.netlink_wire import (
+from vnetd.dataplane.codec.netlink_wire import (
     ATTRIBUTE,
     ERRNO,
     HEADER,
@@ -46,7 +46,7 @@ from vnetd.dataplane.netlink_wire import (
     message_spans,
     nested,
 )
-from vnetd.dataplane.pyroute2_package import NetlinkError, defer_package_init
+from vnetd.dataplane.rtnetlink.pyroute2_package import NetlinkError, defer_package_init
 from vnetd.model import DevicePeer
 
 defer_package_init()

@@ -22,9 +22,9 @@ from collections.abc import Iterable
 
 import trio
 
-from vnetd.dataplane.link_socket import open_netlink_socket
-from vnetd.dataplane.netlink_wire import acknowledgements
-from vnetd.dataplane.rtnetlink_wire import route_message
+from vnetd.dataplane.codec.netlink_wire import acknowledgements
+from vnetd.dataplane.codec.rtnetlink_wire import route_message
+from vnetd.dataplane.rtnetlink.link_socket import open_netlink_socket
 from vnetd.errors import DataplaneError
 
 ROUTE_TIMEOUT = 5.0  # one batch of route changes (invariant 8), plus REQUEST_ALLOWANCE each

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from vnetd.dataplane.link_socket import LinkSocket
-from vnetd.dataplane.rtnetlink_wire import RTN_UNREACHABLE, Network
+from vnetd.dataplane.codec.rtnetlink_wire import RTN_UNREACHABLE, Network
+from vnetd.dataplane.rtnetlink.link_socket import LinkSocket
 
 log = logging.getLogger("vnetd.dataplane")
 
