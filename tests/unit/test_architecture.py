@@ -209,7 +209,11 @@ ONLY_IMPORTED_BY: dict[str, set[str]] = {
         "vnetd.registry.etcd_watch",
     },
     "httpcore": {"vnetd.registry.httpcore_package"},
-    "pyroute2": {name for name, layer in LAYER_OF.items() if name.startswith("vnetd.dataplane")},
+    "pyroute2": {
+        name
+        for name in LAYER_OF
+        if name.startswith(("vnetd.dataplane.rtnetlink.", "vnetd.dataplane.kernel."))
+    },
     "cryptography": {"vnetd.keys", "vnetd.registry.etcd_security", "vnetd.control.proof"},
 }
 """The library rules: only these modules import the library (the lab, test tooling, is
