@@ -28,7 +28,7 @@ from ipaddress import ip_interface, ip_network
 import trio
 
 from vnetd.dataplane.base import DeviceConfig
-from vnetd.dataplane.kernel import open_kernel_dataplane
+from vnetd.dataplane.kernel.device import open_kernel_dataplane
 from vnetd.model import Peer, PeerUpdate, Plan
 
 NETNS = "kbench"

@@ -3,7 +3,7 @@
 
 With ``--trace-dir DIR`` (``formation.py``, ``all_to_all.py``) every daemon's
 wireguard-go runs with ``LOG_LEVEL=verbose`` (``VNETD_WIREGUARD_LOG``, read
-by ``vnetd.dataplane.supervise``), and before the lab is torn down each run
+by ``vnetd.dataplane.wireguard_go.supervise``), and before the lab is torn down each run
 keeps, in ``DIR/<bench>-<size>-<run>/``: ``vnetd-R.log`` (the daemon's JSON
 log), ``wireguard-go-R.log`` (its device's log: one-second timestamps, local
 time), ``members.json`` (rank → public key and create revision in etcd) and
@@ -30,7 +30,7 @@ from typing import Any
 from common import JSON, ClockMap, JsonMesh, json_log
 
 from vnetd.control.membership import members_prefix, rank_of_key
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR
+from vnetd.dataplane.codec.uapi_protocol import SOCKET_DIR
 
 _WG_LINE = re.compile(r"^[A-Z]+: (?:\(\S+\) )?(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) (.*)$")
 """``DEBUG: (vnet0) 2026/12/01 15:30:26 peer(abcd…wxyz) - Sending handshake initiation``"""

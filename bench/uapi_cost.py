@@ -38,8 +38,8 @@ import trio
 from register import random_public_key
 
 from vnetd.dataplane.base import key_to_hex
-from vnetd.dataplane.uapi_client import UapiClient
-from vnetd.dataplane.uapi_protocol import parse_peers
+from vnetd.dataplane.codec.uapi_protocol import parse_peers
+from vnetd.dataplane.wireguard_go.uapi_client import UapiClient
 
 
 def peer_lines(key: str, endpoint: str | None, ips: tuple[str, ...]) -> list[tuple[str, str]]:

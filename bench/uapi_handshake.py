@@ -35,9 +35,9 @@ import time
 import trio
 from register import random_public_key
 
-from vnetd.dataplane.uapi import handshake_lines
-from vnetd.dataplane.uapi_client import UapiClient
-from vnetd.dataplane.uapi_protocol import plan_lines
+from vnetd.dataplane.codec.uapi_protocol import plan_lines
+from vnetd.dataplane.wireguard_go.device import handshake_lines
+from vnetd.dataplane.wireguard_go.uapi_client import UapiClient
 from vnetd.model import Peer, Plan
 
 HAND_IF = "wgb0"

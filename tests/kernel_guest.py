@@ -100,7 +100,7 @@ def host_kernel_unavailable() -> str | None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         return "needs root and ip"
     if not _host_probe:
-        from vnetd.dataplane.kernel import kernel_unavailable
+        from vnetd.dataplane.kernel.device import kernel_unavailable
 
         name = f"vnkg-{os.getpid()}"
         subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TypeVar
 
-from vnetd.dataplane.uapi_protocol import UPSTREAM_SOCKET_DIR
+from vnetd.dataplane.codec.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import SpecError
 from vnetd.spec import (
     HttpSpec,

@@ -44,16 +44,13 @@ from cryptography.hazmat.primitives.serialization import (
 from kernel_guest import host_kernel_unavailable, in_guest
 
 from vnetd.dataplane.base import Dataplane, DeviceConfig, key_to_hex
+from vnetd.dataplane.codec.uapi_protocol import MAX_ADDS_PER_SET, socket_path
 from vnetd.dataplane.device_reader import read_device
 from vnetd.dataplane.fake import FakeDataplane, open_fake_dataplane
-from vnetd.dataplane.kernel import KernelDataplane, open_kernel_dataplane
-from vnetd.dataplane.link import change_routes, configure_link, prune_addresses, run_netlink
-from vnetd.dataplane.supervise import (
-    WireguardGo,
-    output_path,
-    start_wireguard_go,
-)
-from vnetd.dataplane.uapi import (
+from vnetd.dataplane.kernel.device import KernelDataplane, open_kernel_dataplane
+from vnetd.dataplane.rtnetlink.link import prune_addresses, set_up_link
+from vnetd.dataplane.rtnetlink.route_socket import RouteSocket
+from vnetd.dataplane.wireguard_go.device import (
     RestartBudget,
     UapiClient,
     UapiDataplane,
@@ -61,7 +58,11 @@ from vnetd.dataplane.uapi import (
     parse_peers,
     plan_lines,
 )
-from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET, socket_path
+from vnetd.dataplane.wireguard_go.supervise import (
+    WireguardGo,
+    output_path,
+    start_wireguard_go,
+)
 from vnetd.errors import DataplaneError
 from vnetd.keys import public_key_of
 from vnetd.model import Peer, PeerUpdate, Plan
@@ -523,7 +524,7 @@ async def test_dual_stack_addresses_have_no_prefix_route_and_are_both_kept(netns
             for stale in ("10.250.0.77/16", "fd00:250::77/64"):
                 await trio.run_process(["ip", "-n", netns, "addr", "add", stale, "dev", ifname])
             keep = [str(addr.ip) for addr in config.addresses]
-            removed = await run_netlink(lambda: prune_addresses(netns, dp.index, keep))
+            removed = await prune_addresses(netns, dp.index, keep)
             assert sorted(removed) == ["10.250.0.77/16", "fd00:250::77/64"]
             state = await dp.link_state()
             assert {"10.250.0.1", "fd00:250::1"} <= state.addresses
@@ -797,8 +798,12 @@ async def test_adopts_a_running_wireguard_go_with_our_key(
             await UapiClient(socket_path(config.interface)).set(plan_lines(Plan(add=(a, b))))
             # Its link half configured: B's route lost, a stale one added, and the
             # address of another rank from an earlier run.
-            index, _ = await run_netlink(lambda: configure_link(netns, config))
-            await run_netlink(lambda: change_routes(netns, index, set(), {A_IP, "10.250.0.9/32"}))
+            index, _ = await set_up_link(netns, config)
+            routes = RouteSocket(netns)
+            try:
+                await routes.change(index, set(), {A_IP, "10.250.0.9/32"})
+            finally:
+                routes.close()
             await trio.run_process(
                 ["ip", "-n", netns, "addr", "add", "10.250.0.77/16", "dev", config.interface]
             )

@@ -1,8 +1,10 @@
-"""The device's set-up over ``link_socket`` (the daemon's own namespace) against the
-kernel: run in a process inside a namespace this test makes, on a veth link in
-place of wireguard-go's tun, and read back with ``ip``. It also checks that the
-set-up imported no pyroute2 ``IPRoute`` (docs/architecture.md, "Start-up"), and that
-what still uses ``IPRoute`` imports it (the default route's address)."""
+"""The device's link writes over ``link_socket`` against the kernel, on a veth link in
+place of wireguard-go's tun, read back with ``ip``: in the daemon's own namespace
+(a process run inside a namespace this test makes), and the same functions asked
+for a named namespace from outside it (as the contract suite and the kernel data
+plane's tests call them). It also checks that the set-up imported no pyroute2
+``IPRoute`` (docs/architecture.md, "Start-up"), and that what still uses ``IPRoute``
+imports it (the default route's address)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,22 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from ipaddress import ip_interface, ip_network
 from itertools import count
 
 import pytest
+import trio
+
+from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.rtnetlink.link import (
+    kernel_unavailable,
+    prune_addresses,
+    remove_link,
+    set_up_link,
+)
+from vnetd.dataplane.rtnetlink.route_mtu import lock_route_mtu
+from vnetd.dataplane.rtnetlink.route_socket import RouteSocket
+from vnetd.errors import DataplaneError
 
 
 def skip_without_namespaces() -> None:
@@ -31,7 +46,8 @@ import json, logging, sys
 from ipaddress import ip_interface, ip_network
 import trio
 from vnetd.dataplane.base import DeviceConfig
-from vnetd.dataplane.link import existing_link_kind, kernel_unavailable, set_up_link
+from vnetd.dataplane.rtnetlink.link import kernel_unavailable, set_up_link
+from vnetd.dataplane.rtnetlink.link_reads import existing_link_kind
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
 config = DeviceConfig(
@@ -106,7 +122,7 @@ def test_set_up_in_own_namespace(netns: str) -> None:
 
 DEFAULT_ROUTE = """
 import sys
-from vnetd.dataplane.link import default_route_address
+from vnetd.dataplane.rtnetlink.link_reads import default_route_address
 print(default_route_address())
 """
 
@@ -128,3 +144,56 @@ def test_the_default_route_address_is_read_in_the_namespace(netns: str) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["198.18.7.2"]
+
+
+async def test_the_same_writes_asked_for_a_named_namespace(netns: str) -> None:
+    """The set-up, a repair (stale address, peer routes), the MTU lock and the removal,
+    each asked for the namespace by name from outside it: the requests the daemon
+    sends in its own, over a socket opened there."""
+    for command in (
+        ["link", "add", "d0", "type", "veth", "peer", "d1"],
+        ["link", "set", "lo", "up"],
+        ["route", "add", "10.250.0.0/16", "dev", "lo"],
+    ):
+        await trio.run_process(["ip", "-n", netns, *command])
+    config = DeviceConfig(
+        interface="d0", private_key="", listen_port=51820, mtu=1380,
+        address=ip_interface("10.250.0.1/16"), network=ip_network("10.250.0.0/16"),
+        address6=ip_interface("fd00:250::1/64"), network6=ip_network("fd00:250::/64"),
+    )  # fmt: skip
+    with trio.fail_after(30):
+        refused = await kernel_unavailable(netns)
+        assert refused is None or refused.startswith("creating a wireguard link: ")
+        index, noprefixroute = await set_up_link(netns, config)
+        assert noprefixroute is True
+        assert await set_up_link(netns, config) == (index, True)  # a restart finds it all
+        await trio.run_process(["ip", "-n", netns, "addr", "add", "10.250.0.77/16", "dev", "d0"])
+        removed = await prune_addresses(netns, index, ["10.250.0.1", "fd00:250::1"])
+        assert removed == ["10.250.0.77/16"]
+        routes = RouteSocket(netns)
+        try:
+            await routes.change(index, set(), {"10.250.0.7/32", "fd00:250::7/128"})
+            await lock_route_mtu("d0", "10.250.0.7/32", 1200, netns=netns)
+            with pytest.raises(DataplaneError):
+                await lock_route_mtu("d0", "10.250.0.8/32", 1200, netns=netns)  # never made
+            shown = await trio.run_process(
+                ["ip", "-n", netns, "route", "show", "10.250.0.7/32"], capture_stdout=True
+            )
+            locked = shown.stdout.decode().split()
+            assert locked[:5] == ["10.250.0.7", "dev", "d0", "proto", "static"]
+            assert "mtu lock 1200" in " ".join(locked)
+            assert ip(netns, "route", "show", "10.250.0.8/32") == []
+            link = ip(netns, "addr", "show", "dev", "d0")[0]
+            assert (link["mtu"], "UP" in link["flags"]) == (1380, True)
+            assert {(a["local"], a["prefixlen"]) for a in link["addr_info"]
+                    if a["scope"] == "global"} == {("10.250.0.1", 16), ("fd00:250::1", 64)}  # fmt: skip
+            await routes.change(index, {"10.250.0.7/32"}, set())
+            assert ip(netns, "route", "show", "10.250.0.7/32") == []
+        finally:
+            routes.close()
+        await remove_link(netns, config)
+        await remove_link(netns, config)  # gone already: no error
+    assert "d0" not in {link["ifname"] for link in ip(netns, "link", "show")}
+    for family, network in (("-4", "10.250.0.0/16"), ("-6", "fd00:250::/64")):
+        routes_left = ip(netns, family, "route", "show", "table", "main", "to", "exact", network)
+        assert [(r["type"], r["dst"]) for r in routes_left] == [("unreachable", network)]

@@ -1,7 +1,7 @@
 """The child of ``test_kernel_thousand.py``: a kernel WireGuard device of 1000 peers driven
 through vnetd's ``KernelDataplane`` as the daemon drives it, in the namespace this process
 runs in (a fresh one from ``unshare --net``: no netns argument, so the peers' host routes
-go through the daemon's own route socket, ``vnetd.dataplane.route_socket``).
+go through the daemon's own route socket, ``vnetd.dataplane.rtnetlink.route_socket``).
 
 Each phase is timed and checked against what ``ip`` and ``wg`` (C tools, not the code
 under test) show; one JSON document of figures and failures goes to stdout. A phase that
@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.device_reader import read_device
-from vnetd.dataplane.kernel import KernelDataplane, open_kernel_dataplane, open_wireguard
+from vnetd.dataplane.kernel.device import KernelDataplane, open_kernel_dataplane, open_wireguard
 from vnetd.model import Peer, PeerUpdate, Plan
 
 INTERFACE = "vnet0"

@@ -1,6 +1,6 @@
 """The daemon's route socket against a real kernel, in a network namespace of its own.
 
-``RouteSocket`` (vnetd/dataplane/route_socket.py) changes the peers' host routes
+``RouteSocket`` (vnetd/dataplane/rtnetlink/route_socket.py) changes the peers' host routes
 over one netlink socket. Here it runs in a child process started with ``unshare
 --net`` (a fresh namespace, gone with the process), on its loopback link: a
 batch far larger than the socket's receive buffer holds acknowledgements for
@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).parents[2]
 CHILD = """
 import json, socket, subprocess, sys, trio
-from vnetd.dataplane.route_socket import RouteSocket
+from vnetd.dataplane.rtnetlink.route_socket import RouteSocket
 
 count = int(sys.argv[1])
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)

@@ -16,7 +16,10 @@ from vnetd.cli import build_parser
 from vnetd.commands import up
 from vnetd.config import Settings
 from vnetd.daemon.root import device_config
-from vnetd.dataplane import dataplane_factory, link, supervise, uapi
+from vnetd.dataplane.rtnetlink import link_reads as link
+from vnetd.dataplane.select import dataplane_factory
+from vnetd.dataplane.wireguard_go import device as uapi
+from vnetd.dataplane.wireguard_go import supervise
 from vnetd.errors import DataplaneError, SpecError, VnetdError
 from vnetd.spec import DATAPLANE_KINDS, DATAPLANES, load_spec, parse_spec
 

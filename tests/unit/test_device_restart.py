@@ -31,11 +31,11 @@ from vnetd.control.watcher import MemberView
 from vnetd.daemon.reconciler import Reconciler
 from vnetd.daemon.root import run_daemon
 from vnetd.daemon.running import Running
-from vnetd.dataplane import supervise
 from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.codec.uapi_protocol import plan_lines
 from vnetd.dataplane.fake import FakeDataplane
-from vnetd.dataplane.uapi import handshake_lines
-from vnetd.dataplane.uapi_protocol import plan_lines
+from vnetd.dataplane.wireguard_go import supervise
+from vnetd.dataplane.wireguard_go.device import handshake_lines
 from vnetd.mesh.peers import diff
 from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.registry.base import Registry, WatchEvent

@@ -30,16 +30,18 @@ from pyroute2.netlink.generic.wireguard import (
     wgmsg,
 )
 
-from vnetd.dataplane import choose_dataplane, kernel, wg_netlink
 from vnetd.dataplane.base import DeviceConfig
-from vnetd.dataplane.kernel import (
+from vnetd.dataplane.kernel import device as kernel
+from vnetd.dataplane.kernel import wg_netlink
+from vnetd.dataplane.kernel.device import (
     KernelDataplane,
     device_attrs,
     handshake_messages,
     parse_dump,
     peer_messages,
 )
-from vnetd.dataplane.pyroute2_package import NetlinkError
+from vnetd.dataplane.rtnetlink.pyroute2_package import NetlinkError
+from vnetd.dataplane.select import choose_dataplane
 from vnetd.errors import DataplaneError, VnetdError
 from vnetd.model import DevicePeer, Peer, PeerUpdate, Plan
 from vnetd.spec import parse_spec
@@ -336,8 +338,10 @@ async def test_apply_sends_each_peer_once_and_moves_routes(
     async def record(self: object, gone: set[str], new: set[str]) -> None:
         routes.append((gone, new))
 
-    # the route move both real data planes share (link.LinkedDevice)
-    monkeypatch.setattr("vnetd.dataplane.link.LinkedDevice._change_routes", record)
+    # the route move both real data planes share (linked_device.LinkedDevice)
+    monkeypatch.setattr(
+        "vnetd.dataplane.rtnetlink.linked_device.LinkedDevice._change_routes", record
+    )
     dp = KernelDataplane(config(), None, lambda netns: FakeWireGuard(sent))
     a, b = Peer(KA, ("10.250.0.2/32",), rank=1), Peer(KB, ("10.250.0.3/32",), rank=2)
     with trio.fail_after(5):
@@ -390,7 +394,7 @@ def no_route_moves(monkeypatch: pytest.MonkeyPatch) -> None:
     async def none(self: object, gone: set[str], new: set[str]) -> None:
         pass
 
-    monkeypatch.setattr("vnetd.dataplane.link.LinkedDevice._change_routes", none)
+    monkeypatch.setattr("vnetd.dataplane.rtnetlink.linked_device.LinkedDevice._change_routes", none)
 
 
 class SlowDump(FakeWireGuard):
@@ -446,8 +450,11 @@ async def test_an_adopted_link_is_configured_within_a_bound_that_grows_with_the_
     peer, 1000 decoded in 1.1 times the fixed bound here (5.5 s in a loaded guest, where
     the fixed 5 s bound failed the restart; scaled down here)."""
 
-    def slow_configure(netns: str | None, config: DeviceConfig) -> tuple[int, bool]:
-        time.sleep(FIXED_BOUND * 1.1 / 1000 * config.max_peers)
+    async def slow_set_up(
+        netns: str | None, config: DeviceConfig, timeout: float
+    ) -> tuple[int, bool]:
+        with trio.fail_after(timeout):  # as the link socket bounds each request
+            await trio.sleep(FIXED_BOUND * 1.1 / 1000 * config.max_peers)
         return 7, True
 
     async def repaired(self: object, peers: object) -> None:
@@ -455,8 +462,10 @@ async def test_an_adopted_link_is_configured_within_a_bound_that_grows_with_the_
 
     monkeypatch.setattr(kernel, "NETLINK_TIMEOUT", FIXED_BOUND)
     monkeypatch.setattr(kernel, "link_kind", lambda netns, name: "wireguard")
-    monkeypatch.setattr(kernel, "configure_link", slow_configure)
-    monkeypatch.setattr("vnetd.dataplane.link.LinkedDevice._repair_adopted", repaired)
+    monkeypatch.setattr(kernel, "set_up_link", slow_set_up)
+    monkeypatch.setattr(
+        "vnetd.dataplane.rtnetlink.linked_device.LinkedDevice._repair_adopted", repaired
+    )
     sent: list[tuple[str, dict[str, Any]]] = []
     dp = KernelDataplane(replace(config(), max_peers=1000), None, lambda n: TakesDeviceSets(sent))
     with trio.fail_after(60):
@@ -479,17 +488,19 @@ async def test_a_change_that_failed_part_way_has_its_routes_repaired_at_the_next
     """Invariant 9: a peer the refused batch left on the device gets its route when the
     device is next read (the pass after a failure plans nothing for it: it is there)."""
     routes: list[tuple[set[str], set[str]]] = []
-    synced: list[set[str]] = []
+    synced: list[int] = []
 
     async def record(self: object, gone: set[str], new: set[str]) -> None:
         routes.append((gone, new))
 
-    def sync(netns: str | None, index: int, held: set[str]) -> tuple[set[str], set[str]]:
-        synced.append(held)
-        return set(), held
+    def read_routes(netns: str | None, index: int) -> set[str]:
+        synced.append(index)
+        return set()
 
-    monkeypatch.setattr("vnetd.dataplane.link.LinkedDevice._change_routes", record)
-    monkeypatch.setattr("vnetd.dataplane.link.sync_peer_routes", sync)
+    monkeypatch.setattr(
+        "vnetd.dataplane.rtnetlink.linked_device.LinkedDevice._change_routes", record
+    )
+    monkeypatch.setattr("vnetd.dataplane.rtnetlink.linked_device.device_routes", read_routes)
     sent: list[tuple[str, dict[str, Any]]] = []
     dp = KernelDataplane(config(), None, lambda netns: RefusingWireGuard(sent))
     dp.index = 7
@@ -500,7 +511,8 @@ async def test_a_change_that_failed_part_way_has_its_routes_repaired_at_the_next
         assert routes == [] and synced == []
         assert set(await dp.peers()) == {KA}
         await dp.peers()
-    assert synced == [{"10.250.0.2/32"}]  # once: the next read finds nothing unsure
+    assert synced == [7]  # once: the next read finds nothing unsure
+    assert routes == [(set(), {"10.250.0.2/32"})]
 
 
 # --- the choice -------------------------------------------------------------------------
@@ -520,8 +532,8 @@ def probe_says(monkeypatch: pytest.MonkeyPatch, link: str | None, reason: str | 
     async def unavailable(netns: str | None = None) -> str | None:
         return reason
 
-    monkeypatch.setattr("vnetd.dataplane.link.existing_link_kind", existing)
-    monkeypatch.setattr("vnetd.dataplane.link.kernel_unavailable", unavailable)
+    monkeypatch.setattr("vnetd.dataplane.rtnetlink.link_reads.existing_link_kind", existing)
+    monkeypatch.setattr("vnetd.dataplane.rtnetlink.link.kernel_unavailable", unavailable)
 
 
 NO_MODULE = "creating a wireguard link: Operation not supported (no wireguard kernel module)"

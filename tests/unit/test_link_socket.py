@@ -1,5 +1,6 @@
-"""The set-up requests of ``vnetd.dataplane.link_socket``: the bytes of pyroute2's
-message classes given the same fields, and the dumps and acknowledgements read."""
+"""The link, address and route requests ``vnetd.dataplane.rtnetlink.link_socket`` sends (packed
+by ``rtnetlink_wire``): the bytes of pyroute2's message classes given the same fields,
+and the dumps and answers read."""
 
 from __future__ import annotations
 
@@ -9,20 +10,30 @@ from ipaddress import ip_interface, ip_network
 
 import pytest
 
-from vnetd.dataplane.link_socket import (
-    IFA_F_NOPREFIXROUTE,
+from vnetd.dataplane.codec.netlink_wire import (
     NLM_F_ACK,
     NLM_F_CREATE,
     NLM_F_EXCL,
     NLM_F_REPLACE,
     NLM_F_REQUEST,
+    attribute,
+    messages,
+)
+from vnetd.dataplane.codec.rtnetlink_wire import (
+    IFA_F_NOPREFIXROUTE,
+    RTM_DELADDR,
+    RTM_DELLINK,
+    RTM_GETLINK,
     RTM_NEWADDR,
     RTM_NEWLINK,
     RTM_NEWROUTE,
     Route,
-    attribute,
+    delete_address,
+    delete_link,
+    get_link,
+    link_index,
     link_up,
-    messages,
+    mtu_lock_route,
     new_address,
     new_wireguard_link,
     parse_route,
@@ -62,6 +73,59 @@ def test_address_is_pyroute2s_bytes(addr: str, prefixlen: int, flags: int) -> No
         attrs.append(("IFA_FLAGS", flags))
     msg["attrs"] = attrs
     assert new_address(9, interface, prefixlen, flags, 5) == encoded(msg, RTM_NEWADDR, ADD, 5)
+
+
+@pytest.mark.parametrize(
+    ("addr", "prefixlen"),
+    [
+        pytest.param("10.250.0.7/16", 16, id="v4"),
+        pytest.param("10.250.0.7/32", 32, id="v4-host"),
+        pytest.param("fd00:250::7/64", 64, id="v6"),
+    ],
+)
+def test_address_delete_is_pyroute2s_bytes(addr: str, prefixlen: int) -> None:
+    interface = ip_interface(addr)
+    msg = ifaddrmsg()
+    msg["family"] = socket.AF_INET6 if interface.version == 6 else socket.AF_INET
+    msg["prefixlen"], msg["index"] = prefixlen, 9
+    attrs = [("IFA_LOCAL", str(interface.ip))] if interface.version == 4 else []
+    msg["attrs"] = [*attrs, ("IFA_ADDRESS", str(interface.ip))]
+    expected = encoded(msg, RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, 6)
+    assert delete_address(9, interface, prefixlen, 6) == expected
+
+
+def test_link_delete_is_pyroute2s_bytes() -> None:
+    msg = ifinfmsg()
+    msg["attrs"] = [("IFLA_IFNAME", "vnet0")]
+    assert delete_link("vnet0", 4) == encoded(msg, RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK, 4)
+
+
+def test_link_lookup_is_pyroute2s_bytes_and_its_answer_read() -> None:
+    msg = ifinfmsg()
+    msg["attrs"] = [("IFLA_IFNAME", "vnet0")]
+    assert get_link("vnet0", 5) == encoded(msg, RTM_GETLINK, NLM_F_REQUEST, 5)
+    answer = ifinfmsg()
+    answer["index"], answer["flags"] = 12, 1
+    answer["attrs"] = [("IFLA_IFNAME", "vnet0"), ("IFLA_MTU", 1420)]
+    [(kind, _, _, payload)] = list(messages(encoded(answer, RTM_NEWLINK, 0, 5)))
+    assert (kind, link_index(payload)) == (RTM_NEWLINK, 12)
+
+
+@pytest.mark.parametrize(
+    ("dst", "oif", "mtu"),
+    [("10.250.0.7/32", 3, 1200), ("fd00:250::7/128", 300, 1280)],
+)
+def test_route_mtu_lock_is_pyroute2s_bytes(dst: str, oif: int, mtu: int) -> None:
+    """The fields pyroute2's ``route("change", dst=, oif=, proto=4, metrics={"mtu": ,
+    "lock": 1 << RTAX_MTU})`` sent (read with strace): no RTA_TABLE, a change only."""
+    address, _, prefix = dst.partition("/")
+    msg = rtmsg()
+    msg["family"] = socket.AF_INET6 if ":" in address else socket.AF_INET
+    msg["dst_len"], msg["table"], msg["proto"], msg["type"] = int(prefix), 254, 4, 1
+    metrics = {"attrs": [("RTAX_MTU", mtu), ("RTAX_LOCK", 4)]}
+    msg["attrs"] = [("RTA_DST", address), ("RTA_OIF", oif), ("RTA_METRICS", metrics)]
+    flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE
+    assert mtu_lock_route(dst, oif, mtu, 9) == encoded(msg, RTM_NEWROUTE, flags, 9)
 
 
 def test_link_up_is_pyroute2s_bytes() -> None:

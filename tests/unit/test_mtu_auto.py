@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from vnetd.dataplane.link import auto_mtu
+from vnetd.dataplane.rtnetlink.link_reads import auto_mtu
 from vnetd.errors import SpecError
 from vnetd.render.wgquick import render_wg_quick
 from vnetd.spec import parse_spec

@@ -10,8 +10,8 @@ from shared import daemon_settings
 
 from vnetd.config import Settings
 from vnetd.daemon.root import prepare
-from vnetd.dataplane.kernel import peer_messages
-from vnetd.dataplane.uapi_protocol import plan_lines
+from vnetd.dataplane.codec.uapi_protocol import plan_lines
+from vnetd.dataplane.kernel.device import peer_messages
 from vnetd.errors import IdentityError
 from vnetd.keys import load_preshared_key
 from vnetd.model import Peer, Plan

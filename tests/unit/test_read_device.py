@@ -29,9 +29,9 @@ from vnetd.commands.status.plan import StatusPlan
 from vnetd.commands.status.show import show_status
 from vnetd.commands.wait.command import WaitOptions, plan_wait, run_wait
 from vnetd.control.membership import encode_member, member_key
+from vnetd.dataplane.codec.uapi_protocol import GET_REQUEST
 from vnetd.dataplane.device_reader import LocalDevice, read_device
-from vnetd.dataplane.kernel import split_endpoint
-from vnetd.dataplane.uapi_protocol import GET_REQUEST
+from vnetd.dataplane.kernel.device import split_endpoint
 from vnetd.errors import DataplaneError
 from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer, Member
@@ -155,8 +155,8 @@ class FakeKernel:
 def kernel(monkeypatch: pytest.MonkeyPatch) -> FakeKernel:
     """The fake kernel behind the reader's defaults (the link lookup and the WireGuard socket)."""
     fake = FakeKernel()
-    monkeypatch.setattr("vnetd.dataplane.link.link_kind", fake.link_kind)
-    monkeypatch.setattr("vnetd.dataplane.kernel.open_wireguard", fake.open)
+    monkeypatch.setattr("vnetd.dataplane.rtnetlink.link_reads.link_kind", fake.link_kind)
+    monkeypatch.setattr("vnetd.dataplane.kernel.device.open_wireguard", fake.open)
     return fake
 
 

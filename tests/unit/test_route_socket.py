@@ -1,5 +1,6 @@
-"""The peer-route requests of ``vnetd.dataplane.route_socket``: the same bytes as
-pyroute2's ``rtmsg`` with the same fields, and the kernel's acknowledgements read."""
+"""The peer-route requests ``vnetd.dataplane.rtnetlink.route_socket`` sends (packed by
+``rtnetlink_wire``): the same bytes as pyroute2's ``rtmsg`` with the same fields, and
+the kernel's acknowledgements read (``netlink_wire``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import struct
 
 import pytest
 
-from vnetd.dataplane.route_socket import acknowledgements, route_message
+from vnetd.dataplane.codec.netlink_wire import acknowledgements
+from vnetd.dataplane.codec.rtnetlink_wire import route_message
 
 from pyroute2.netlink import (  # isort: skip (after vnetd's pyroute2 deferral)
     NLM_F_ACK,

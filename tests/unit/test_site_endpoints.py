@@ -11,9 +11,9 @@ from shared import byte_key as key
 
 from vnetd.control.membership import BadEntry, decode_member, encode_member, member_key
 from vnetd.dataplane.base import handshake_keepalives
-from vnetd.dataplane.kernel import handshake_messages, peer_messages
-from vnetd.dataplane.uapi import handshake_lines
-from vnetd.dataplane.uapi_protocol import plan_lines
+from vnetd.dataplane.codec.uapi_protocol import plan_lines
+from vnetd.dataplane.kernel.device import handshake_messages, peer_messages
+from vnetd.dataplane.wireguard_go.device import handshake_lines
 from vnetd.errors import IdentityError, SpecError
 from vnetd.identity import resolve_public_endpoint, resolve_site
 from vnetd.mesh.peers import desired_peers, diff, peer_endpoint, written_after

@@ -23,10 +23,12 @@ try:
     main(["--log-level", "INFO", "up", "--help"])
 except SystemExit:
     pass
-import trio, vnetd.daemon.root, vnetd.dataplane.select, vnetd.dataplane.uapi
+import trio, vnetd.daemon.root, vnetd.dataplane.select, vnetd.dataplane.wireguard_go.device
 print(" ".join(sorted(sys.modules)))
 """
-KERNEL_PATH = UP_PATH.replace("vnetd.dataplane.uapi", "vnetd.dataplane.kernel")
+KERNEL_PATH = UP_PATH.replace(
+    "vnetd.dataplane.wireguard_go.device", "vnetd.dataplane.kernel.device"
+)
 
 NOT_BEFORE_THE_ADDRESS = (
     "hypercorn",  # the HTTP server: only with [http] listen
@@ -65,13 +67,13 @@ def fresh_modules(code: str) -> set[str]:
 
 def test_up_imports_only_what_the_device_needs():
     loaded = fresh_modules(UP_PATH)
-    assert "vnetd.dataplane.link_socket" in loaded
+    assert "vnetd.dataplane.rtnetlink.link_socket" in loaded
     assert sorted(set(NOT_BEFORE_THE_ADDRESS) & loaded) == []
 
 
 def test_the_kernel_data_plane_brings_pyroute2_but_not_the_rest():
     loaded = fresh_modules(KERNEL_PATH)
-    assert "vnetd.dataplane.wg_netlink" in loaded
+    assert "vnetd.dataplane.kernel.wg_netlink" in loaded
     kernel_needs = {"asyncio", "pyroute2.iproute", "pyroute2.iproute.linux", "unittest"}
     assert sorted(set(NOT_BEFORE_THE_ADDRESS) - kernel_needs & loaded) == []
 
@@ -79,10 +81,10 @@ def test_the_kernel_data_plane_brings_pyroute2_but_not_the_rest():
 def test_pyroute2_package_still_imports_whole_when_asked():
     code = """
 import sys
-import vnetd.dataplane.link
-from vnetd.dataplane.pyroute2_package import package_init_ran
+import vnetd.dataplane.rtnetlink.link
+from vnetd.dataplane.rtnetlink.pyroute2_package import package_init_ran
 before = package_init_ran()
-from vnetd.dataplane.pyroute2_package import IPRoute as lazy
+from vnetd.dataplane.rtnetlink.pyroute2_package import IPRoute as lazy
 import pyroute2
 from pyroute2 import NDB, IPRoute
 from pyroute2.netlink.generic.wireguard import WireGuard

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vnetd.dataplane import supervise
-from vnetd.dataplane.supervise import RestartBudget, WireguardGo
+from vnetd.dataplane.wireguard_go import supervise
+from vnetd.dataplane.wireguard_go.supervise import RestartBudget, WireguardGo
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared import wide_key as key
 
-from vnetd.dataplane.uapi_protocol import MAX_ADDS_PER_SET, split_plan
+from vnetd.dataplane.codec.uapi_protocol import MAX_ADDS_PER_SET, split_plan
 from vnetd.model import Peer, PeerUpdate, Plan
 
 

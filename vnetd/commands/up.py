@@ -116,7 +116,7 @@ def daemon_settings(args: argparse.Namespace, env: Mapping[str, str]) -> DaemonS
     Raises:
         VnetdError: naming the flag, variable, spec key or host fact at fault.
     """
-    from vnetd.dataplane.link import default_route_address, resolve_mtu
+    from vnetd.dataplane.rtnetlink.link_reads import default_route_address, resolve_mtu
 
     flags = settings_from_args(Settings, args, env)
     spec = flags.spec

@@ -22,7 +22,7 @@ from vnetd.control.watcher import MemberView, sync_members
 from vnetd.daemon.reconciler import Reconciler
 from vnetd.daemon.running import Running
 from vnetd.daemon_settings import DaemonSettings
-from vnetd.dataplane import Dataplane, RestartingDataplane, device_id_of
+from vnetd.dataplane.base import Dataplane, RestartingDataplane, device_id_of
 from vnetd.model import Member
 from vnetd.registry import Registry
 from vnetd.spec import MeshSpec

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from vnetd.daemon.probe_echo import ECHO_WAIT, ProbeResult, df_socket, probe
-from vnetd.dataplane import Dataplane
+from vnetd.dataplane.base import Dataplane
 from vnetd.doctor.evidence import (
     LAG_LIMIT,
     MAGIC,
@@ -223,7 +223,7 @@ class ProbeService:
         Probed again, sizes above the lock fail at the sender, so the largest that
         passes stays at or below it: the lock only ever goes down, and is set again
         each time (the peer's route may have been re-added without it)."""
-        from vnetd.dataplane.route_mtu import lock_route_mtu
+        from vnetd.dataplane.rtnetlink.route_mtu import lock_route_mtu
 
         mtu = min(largest, self.lowered.get(rank, largest))
         try:

@@ -34,13 +34,8 @@ from vnetd.control.membership import check_pinned_signer
 from vnetd.control.proof import open_signer
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.daemon_settings import DaemonSettings
-from vnetd.dataplane import (
-    Dataplane,
-    DataplaneFactory,
-    DeviceConfig,
-    choose_dataplane,
-    device_id_of,
-)
+from vnetd.dataplane.base import Dataplane, DeviceConfig, device_id_of
+from vnetd.dataplane.select import DataplaneFactory, choose_dataplane
 from vnetd.errors import VnetdError, plain_errors
 from vnetd.keys import load_or_create_key
 from vnetd.logs import set_rank

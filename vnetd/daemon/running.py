@@ -12,7 +12,7 @@ from vnetd.control.claim import ClaimHolder
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView
 from vnetd.daemon.reconciler import Reconciler
-from vnetd.dataplane import Dataplane
+from vnetd.dataplane.base import Dataplane
 from vnetd.model import Member
 from vnetd.spec import MeshSpec
 

@@ -1,32 +1,12 @@
-"""The data-plane port: a WireGuard device vnetd adds and removes peers on, its
-optional capabilities, and the ways to choose and open a backend."""
+"""The data-plane port: a WireGuard device vnetd adds and removes peers on, grouped by
+what each part talks to (docs/architecture.md, "Module map").
 
-from vnetd.dataplane.base import (
-    Dataplane,
-    DeviceConfig,
-    IdentifiedDataplane,
-    RestartCountingDataplane,
-    RestartingDataplane,
-    device_id_of,
-    restarts_of,
-)
-from vnetd.dataplane.select import (
-    DataplaneFactory,
-    choose_dataplane,
-    dataplane_factory,
-    open_dataplane,
-)
-
-__all__ = [
-    "Dataplane",
-    "DataplaneFactory",
-    "DeviceConfig",
-    "IdentifiedDataplane",
-    "RestartCountingDataplane",
-    "RestartingDataplane",
-    "choose_dataplane",
-    "dataplane_factory",
-    "device_id_of",
-    "open_dataplane",
-    "restarts_of",
-]
+``base`` is the port (the ``Dataplane`` protocol, ``DeviceConfig``; pure) and
+``select`` chooses and opens a backend; ``fake`` is the in-memory backend and
+``device_reader`` reads this host's device for ``status`` and ``wait``. The rooms:
+``codec`` (pure wire formats: wireguard-go's UAPI text, netlink and rtnetlink),
+``wireguard_go`` (the userspace device over UAPI), ``kernel`` (the in-kernel device
+over WireGuard's generic netlink), and ``rtnetlink`` (the link, its addresses and
+routes, for both). This ``__init__`` imports nothing: import from the module that
+defines a name.
+"""

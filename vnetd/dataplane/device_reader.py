@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vnetd.dataplane.uapi_client import UapiClient
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR, DeviceState, parse_device, socket_path
+from vnetd.dataplane.codec.uapi_protocol import SOCKET_DIR, DeviceState, parse_device, socket_path
+from vnetd.dataplane.wireguard_go.uapi_client import UapiClient
 from vnetd.errors import DataplaneError
 from vnetd.keys import public_key_of
 from vnetd.model import DevicePeer
 
 if TYPE_CHECKING:  # kernel imports pyroute2 and wg_netlink: only when there is no socket to read
-    from vnetd.dataplane.kernel import WgFactory
+    from vnetd.dataplane.kernel.device import WgFactory
 
 READ_TIMEOUT = 2.0
 """One UAPI request/response, or one netlink read, seconds."""
@@ -77,7 +77,7 @@ async def read_device(
     path = Path(socket_path(interface, socket_dir))
     state = await _read_uapi(path, timeout)
     if state is None:
-        from vnetd.dataplane.kernel import DUMP_ALLOWANCE
+        from vnetd.dataplane.kernel.device import DUMP_ALLOWANCE
 
         bound = timeout + DUMP_ALLOWANCE * max_peers
         state = await _read_kernel(interface, path, bound, netns, wg_factory)
@@ -125,12 +125,13 @@ async def _read_kernel(
     The link's kind is looked up first: without a ``wireguard`` link there is
     nothing to ask the WireGuard family (which may not exist at all).
     """
-    from vnetd.dataplane import kernel, link
+    from vnetd.dataplane.kernel import device as kernel
+    from vnetd.dataplane.rtnetlink import link_reads
 
     open_wireguard = wg_factory or kernel.open_wireguard
 
     def info() -> DeviceState | None:
-        if link.link_kind(netns, interface) != "wireguard":
+        if link_reads.link_kind(netns, interface) != "wireguard":
             return None
         wg = open_wireguard(netns)
         try:
@@ -139,7 +140,7 @@ async def _read_kernel(
             wg.close()
 
     try:
-        state = await link.run_netlink(info, timeout)
+        state = await link_reads.run_netlink(info, timeout)
     except DataplaneError as exc:
         code = getattr(exc.__cause__, "code", None)
         if code in _DENIED:

@@ -35,7 +35,8 @@ async def choose_dataplane(
     Raises:
         VnetdError: ``kernel`` was asked for and the kernel has no WireGuard.
     """
-    from vnetd.dataplane.link import existing_link_kind, kernel_unavailable
+    from vnetd.dataplane.rtnetlink.link import kernel_unavailable
+    from vnetd.dataplane.rtnetlink.link_reads import existing_link_kind
 
     kind = flag or spec.local.dataplane
     source = "--dataplane" if flag else "[wireguard] dataplane"
@@ -69,11 +70,11 @@ def dataplane_factory(kind: str) -> DataplaneFactory:
         VnetdError: another kind (``auto`` is ``choose_dataplane``'s).
     """
     if kind == "userspace":
-        from vnetd.dataplane.uapi import open_uapi_dataplane
+        from vnetd.dataplane.wireguard_go.device import open_uapi_dataplane
 
         return open_uapi_dataplane
     if kind == "kernel":
-        from vnetd.dataplane.kernel import open_kernel_dataplane
+        from vnetd.dataplane.kernel.device import open_kernel_dataplane
 
         return open_kernel_dataplane
     if kind == "fake":

@@ -16,7 +16,7 @@ import time
 
 import trio
 
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR
+from vnetd.dataplane.codec.uapi_protocol import SOCKET_DIR
 from vnetd.errors import VnetdError
 from vnetd.lab.cluster import MeshLab
 from vnetd.lab.open_lab import open_lab

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR
+from vnetd.dataplane.codec.uapi_protocol import SOCKET_DIR
 from vnetd.lab.netns import signal_pid
 
 WG_RUN_DIR = SOCKET_DIR

@@ -19,7 +19,7 @@ import trio
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView
-from vnetd.dataplane import Dataplane, restarts_of
+from vnetd.dataplane.base import Dataplane, restarts_of
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Member
 from vnetd.observe.http import Check

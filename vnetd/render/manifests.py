@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from vnetd import __version__
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR
+from vnetd.dataplane.codec.uapi_protocol import SOCKET_DIR
 from vnetd.errors import SpecError
 from vnetd.render.flux import render_flux
 from vnetd.render.pods import (

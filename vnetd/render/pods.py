@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR
+from vnetd.dataplane.codec.uapi_protocol import SOCKET_DIR
 from vnetd.errors import SpecError
 from vnetd.render.flux import DEFAULT_CURVE_CERT
 from vnetd.render.podscripts import (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vnetd.config import DEFAULT_WIREGUARD_DIR
-from vnetd.dataplane.uapi_protocol import socket_path
+from vnetd.dataplane.codec.uapi_protocol import socket_path
 from vnetd.errors import SpecError
 from vnetd.spec import MeshSpec
 

@@ -27,7 +27,7 @@ from vnetd.config import (
     add_wireguard_dir_argument,
     settings_from_args,
 )
-from vnetd.dataplane.uapi_protocol import socket_path
+from vnetd.dataplane.codec.uapi_protocol import socket_path
 from vnetd.errors import IdentityError, SpecError, plain_errors
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener

@@ -1,11 +1,12 @@
 """The userspace data plane: wireguard-go, configured over its UAPI socket.
 
-The UAPI client is ``vnetd.dataplane.uapi_client``'s and the line formats
-``vnetd.dataplane.uapi_protocol``'s (both re-exported here); starting,
+The UAPI client is ``vnetd.dataplane.wireguard_go.uapi_client``'s and the line formats
+``vnetd.dataplane.codec.uapi_protocol``'s (both re-exported here); starting,
 adopting and watching the wireguard-go process is
-``vnetd.dataplane.supervise``'s; the link, its address and the routes are
-``vnetd.dataplane.link``'s. This module puts them together: it adopts or
-starts the device, applies plans, and restarts wireguard-go when it dies.
+``vnetd.dataplane.wireguard_go.supervise``'s; the link, its address and the routes are
+``vnetd.dataplane.rtnetlink.link``'s and ``vnetd.dataplane.rtnetlink.linked_device``'s. This module
+puts them together: it adopts or starts the device, applies plans, and restarts
+wireguard-go when it dies.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from functools import partial
 import trio
 
 from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, key_to_hex
-from vnetd.dataplane.link import (
-    LinkedDevice,
-    existing_link_kind,
-    remove_link,
-    run_netlink,
-    set_up_link,
+from vnetd.dataplane.codec.uapi_protocol import (
+    SOCKET_DIR,
+    parse_peers,
+    plan_lines,
+    socket_path,
+    split_plan,
 )
-from vnetd.dataplane.supervise import (
+from vnetd.dataplane.rtnetlink.link import remove_link, set_up_link
+from vnetd.dataplane.rtnetlink.link_reads import existing_link_kind
+from vnetd.dataplane.rtnetlink.linked_device import LinkedDevice
+from vnetd.dataplane.wireguard_go.supervise import (
     STOP_GRACE,
     RestartBudget,
     SocketProbe,
@@ -40,14 +44,7 @@ from vnetd.dataplane.supervise import (
     start_wireguard_go,
     write_device_id,
 )
-from vnetd.dataplane.uapi_client import SEND_ALLOWANCE, UAPI_TIMEOUT, UapiClient
-from vnetd.dataplane.uapi_protocol import (
-    SOCKET_DIR,
-    parse_peers,
-    plan_lines,
-    socket_path,
-    split_plan,
-)
+from vnetd.dataplane.wireguard_go.uapi_client import SEND_ALLOWANCE, UAPI_TIMEOUT, UapiClient
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
@@ -348,7 +345,7 @@ async def _stop(process: WireguardGo, config: DeviceConfig, netns: str | None) -
     try:
         # Bounded by the caller's cleanup deadline; a loaded machine can take
         # more than NETLINK_TIMEOUT to enter a namespace here.
-        await run_netlink(lambda: remove_link(netns, config), timeout=CLEANUP_DEADLINE)
+        await remove_link(netns, config, timeout=CLEANUP_DEADLINE)
     except DataplaneError as exc:
         log.error("%s: could not remove link or routes: %s", config.interface, exc)
 

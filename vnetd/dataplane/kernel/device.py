@@ -3,8 +3,9 @@
 The link is created through rtnetlink (``kind wireguard``); key, port and
 peers go through WireGuard's generic netlink family (``wg_netlink``): a plan's
 peer changes in as few ``WG_CMD_SET_DEVICE`` messages as fit (never
-``replace_peers``), all in one worker-thread batch. Address, MTU and routes are
-``vnetd.dataplane.link``'s, shared with the userspace data plane.
+``replace_peers``), all in one worker-thread batch. The link itself, its address,
+MTU and routes are ``vnetd.dataplane.rtnetlink.link``'s and ``linked_device``'s (rtnetlink,
+one write path), shared with the userspace data plane.
 
 What each change sends is built by pure functions (``device_attrs``,
 ``peer_messages``, ``handshake_messages``), packed by ``wg_netlink.set_requests``
@@ -26,26 +27,27 @@ import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 from ipaddress import ip_address
 from typing import Any, Protocol, TypeVar
 
 import trio
 
 from vnetd.dataplane.base import DeviceConfig, handshake_keepalives, keepalive_of, key_to_hex
-from vnetd.dataplane.link import (
-    NETLINK_TIMEOUT,
-    ROUTE_ALLOWANCE,
-    LinkedDevice,
-    configure_link,
+from vnetd.dataplane.kernel.wg_netlink import DeviceState, WgSocket, parse_dump
+from vnetd.dataplane.rtnetlink.link import (
     create_wireguard_link,
     kernel_unavailable,
-    link_kind,
     remove_link,
+    set_up_link,
+)
+from vnetd.dataplane.rtnetlink.link_reads import (
+    NETLINK_TIMEOUT,
+    ROUTE_ALLOWANCE,
+    link_kind,
     run_netlink,
 )
-from vnetd.dataplane.pyroute2_package import NetlinkError
-from vnetd.dataplane.wg_netlink import DeviceState, WgSocket, parse_dump
+from vnetd.dataplane.rtnetlink.linked_device import LinkedDevice
+from vnetd.dataplane.rtnetlink.pyroute2_package import NetlinkError
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Plan
 
@@ -304,7 +306,7 @@ class KernelDataplane(LinkedDevice):
         kind = await run_netlink(lambda: link_kind(netns, config.interface))
         adopted: dict[str, DevicePeer] | None = None
         if kind is None:
-            await run_netlink(lambda: create_wireguard_link(netns, config.interface))
+            await create_wireguard_link(netns, config.interface)
         elif kind == "wireguard":
             adopted = await self._check_ours()
         self.owns_link = kind in (None, "wireguard")
@@ -316,12 +318,10 @@ class KernelDataplane(LinkedDevice):
             )
         attrs = device_attrs(config)
         await run_netlink(lambda: self._call(lambda wg: wg.set_device(config.interface, **attrs)))
-        # configure_link reads the namespace's routes (fail_closed.route_unreachable): an
+        # set_up_link dumps the namespace's routes (fail_closed.route_unreachable): an
         # adopted link's come with it, one per peer (1000 missed the fixed 5 s in the guest).
         bound = NETLINK_TIMEOUT + ROUTE_ALLOWANCE * config.max_peers
-        self.index, self.noprefixroute = await run_netlink(
-            lambda: configure_link(netns, config), bound
-        )
+        self.index, self.noprefixroute = await set_up_link(netns, config, bound)
         if adopted is not None:
             await self._repair_adopted(adopted.values())
         return adopted is not None
@@ -386,6 +386,6 @@ async def open_kernel_dataplane(
             with trio.CancelScope(shield=True) as cleanup:
                 cleanup.deadline = trio.current_time() + CLEANUP_DEADLINE
                 try:
-                    await run_netlink(partial(remove_link, netns, config), CLEANUP_DEADLINE)
+                    await remove_link(netns, config, CLEANUP_DEADLINE)
                 except DataplaneError as exc:
                     log.error("%s: could not remove link or routes: %s", config.interface, exc)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import trio
 
-from vnetd.dataplane.uapi_protocol import (
+from vnetd.dataplane.codec.uapi_protocol import (
     GET_REQUEST,
     Lines,
     parse_response,

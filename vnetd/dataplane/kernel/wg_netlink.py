@@ -12,12 +12,12 @@ in order, the first refused one ending the message), so ``set_requests`` packs
 them, split into messages of at most ``CHUNK`` bytes (``wg`` itself splits at
 its socket buffer), with ``struct``: the bytes of pyroute2's ``wgmsg`` for the
 same peers (a unit test decodes them with it and compares). pyroute2 still
-provides the constants and, for a network namespace other than ours (tests), the
-socket (``netns.create_socket``).
+provides WireGuard's and generic netlink's constants and, for a network namespace
+other than ours (tests), the socket (``netns.create_socket``).
 
-``parse_dump`` reads a ``WG_CMD_GET_DEVICE`` dump by walking its attributes (a unit
-test parses dumps encoded by pyroute2's ``wgmsg``), where pyroute2's decoder took
-16 ms of CPU a peer in the guest.
+``parse_dump`` reads a ``WG_CMD_GET_DEVICE`` dump by walking its attributes with
+``netlink_wire``'s walker (a unit test parses dumps encoded by pyroute2's
+``wgmsg``), where pyroute2's decoder took 16 ms of CPU a peer in the guest.
 """
 
 from __future__ import annotations
@@ -31,21 +31,27 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from ipaddress import ip_address, ip_network
 from typing import Any
 
-from vnetd.dataplane.netlink_wire import ATTRIBUTE, ERRNO, HEADER, TYPE_MASK, U32, attribute
-from vnetd.dataplane.pyroute2_package import NetlinkError, defer_package_init
-from vnetd.model import DevicePeer
-
-defer_package_init()
-
-from pyroute2.netlink import (  # noqa: E402 (after the deferral)
-    NLA_F_NESTED,
+from vnetd.dataplane.codec.netlink_wire import (
+    ATTRIBUTE,
+    ERRNO,
+    HEADER,
     NLM_F_ACK,
     NLM_F_DUMP,
     NLM_F_REQUEST,
     NLMSG_DONE,
     NLMSG_ERROR,
+    U32,
+    attribute,
+    attribute_spans,
+    message_spans,
+    nested,
 )
-from pyroute2.netlink.generic import CTRL_CMD_GETFAMILY, GENL_ID_CTRL  # noqa: E402
+from vnetd.dataplane.rtnetlink.pyroute2_package import NetlinkError, defer_package_init
+from vnetd.model import DevicePeer
+
+defer_package_init()
+
+from pyroute2.netlink.generic import CTRL_CMD_GETFAMILY, GENL_ID_CTRL  # noqa: E402 (deferral)
 from pyroute2.netlink.generic.wireguard import (  # noqa: E402
     WG_CMD_GET_DEVICE,
     WG_CMD_SET_DEVICE,
@@ -105,10 +111,6 @@ _TIMESPEC = struct.Struct("=qq")
 # --- packing ----------------------------------------------------------------------------
 
 
-def _nested(kind: int, parts: Iterable[bytes]) -> bytes:
-    return attribute(kind | NLA_F_NESTED, b"".join(parts))
-
-
 def _key(value: str) -> bytes:
     return base64.b64decode(value)
 
@@ -156,9 +158,9 @@ def peer_attributes(peer: Mapping[str, Any]) -> bytes:
     if "allowed_ips" in peer:
         ips = peer["allowed_ips"]
         parts.append(
-            _nested(
+            nested(
                 WGPEER_A_ALLOWEDIPS,
-                (_nested(1 + i, [_allowed_ip(ip)]) for i, ip in enumerate(ips)),
+                (nested(1 + i, [_allowed_ip(ip)]) for i, ip in enumerate(ips)),
             )
         )
     return b"".join(parts)
@@ -191,8 +193,8 @@ def set_requests(
     size = 0
 
     def close() -> None:
-        nested = (_nested(1 + i, [attrs]) for i, attrs in enumerate(batch))
-        requests.append(head + _nested(WGDEVICE_A_PEERS, nested))
+        each = (nested(1 + i, [attrs]) for i, attrs in enumerate(batch))
+        requests.append(head + nested(WGDEVICE_A_PEERS, each))
 
     for peer in peers:
         attrs = peer_attributes(peer)
@@ -213,27 +215,6 @@ def dump_request(interface: str) -> bytes:
 # --- parsing ----------------------------------------------------------------------------
 
 
-def _attrs(data: bytes, offset: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(type, start of payload, end of payload) of each attribute in data[offset:end]."""
-    while offset + ATTRIBUTE.size <= end:
-        length, kind = ATTRIBUTE.unpack_from(data, offset)
-        if length < ATTRIBUTE.size:
-            return
-        yield kind & TYPE_MASK, offset + ATTRIBUTE.size, offset + length
-        offset += (length + 3) & ~3
-
-
-def _messages(data: bytes) -> Iterator[tuple[int, int, int, int]]:
-    """(type, sequence, start of payload, end) of each netlink message in ``data``."""
-    offset = 0
-    while offset + HEADER.size <= len(data):
-        length, kind, _, sequence, _ = HEADER.unpack_from(data, offset)
-        if length < HEADER.size:
-            return
-        yield kind, sequence, offset + HEADER.size, offset + length
-        offset += (length + 3) & ~3
-
-
 def _endpoint_text(data: bytes, start: int) -> str:
     family = _U16.unpack_from(data, start)[0]
     port = int.from_bytes(data[start + 2 : start + 4], "big")
@@ -245,7 +226,7 @@ def _endpoint_text(data: bytes, start: int) -> str:
 def _allowed_text(data: bytes, start: int, end: int) -> str | None:
     family = mask = None
     addr = b""
-    for kind, at, stop in _attrs(data, start, end):
+    for kind, at, stop in attribute_spans(data, start, end):
         if kind == WGALLOWEDIP_A_FAMILY:
             family = _U16.unpack_from(data, at)[0]
         elif kind == WGALLOWEDIP_A_IPADDR:
@@ -262,7 +243,7 @@ def _allowed_text(data: bytes, start: int, end: int) -> str | None:
 def _peer(data: bytes, start: int, end: int, peers: dict[str, dict[str, Any]]) -> None:
     fields: dict[str, Any] = {}
     allowed: list[str] = []
-    for kind, at, stop in _attrs(data, start, end):
+    for kind, at, stop in attribute_spans(data, start, end):
         if kind == WGPEER_A_PUBLIC_KEY:
             fields["public_key"] = base64.b64encode(data[at:stop]).decode("ascii")
         elif kind == WGPEER_A_ENDPOINT:
@@ -276,7 +257,7 @@ def _peer(data: bytes, start: int, end: int, peers: dict[str, dict[str, Any]]) -
         elif kind == WGPEER_A_TX_BYTES:
             fields["tx_bytes"] = _U64.unpack_from(data, at)[0]
         elif kind == WGPEER_A_ALLOWEDIPS:
-            for _, item, item_end in _attrs(data, at, stop):
+            for _, item, item_end in attribute_spans(data, at, stop):
                 text = _allowed_text(data, item, item_end)
                 if text is not None:
                     allowed.append(text)
@@ -303,16 +284,16 @@ def parse_dump(messages: Iterable[bytes]) -> DeviceState:
     port: int | None = None
     peers: dict[str, dict[str, Any]] = {}
     for data in messages:
-        for kind, _, start, end in _messages(data):
+        for kind, _, _, start, end in message_spans(data):
             if kind in (NLMSG_DONE, NLMSG_ERROR):
                 continue
-            for attr, at, stop in _attrs(data, start + _GENL.size, end):
+            for attr, at, stop in attribute_spans(data, start + _GENL.size, end):
                 if attr == WGDEVICE_A_PRIVATE_KEY:
                     private_key = base64.b64encode(data[at:stop]).decode("ascii")
                 elif attr == WGDEVICE_A_LISTEN_PORT:
                     port = _U16.unpack_from(data, at)[0]
                 elif attr == WGDEVICE_A_PEERS:
-                    for _, peer, peer_end in _attrs(data, at, stop):
+                    for _, peer, peer_end in attribute_spans(data, at, stop):
                         _peer(data, peer, peer_end, peers)
     return (
         private_key,
@@ -371,7 +352,7 @@ class WgSocket:
         NLMSG_DONE; an error answer raises ``NetlinkError``."""
         while True:
             data = self._socket.recv(RECEIVE)
-            for kind, seq, start, end in _messages(data):
+            for kind, _, seq, start, end in message_spans(data):
                 if seq != sequence:
                     continue  # a late answer to an earlier request of this socket
                 if kind == NLMSG_ERROR:
@@ -392,7 +373,7 @@ class WgSocket:
         sequence = self._send(GENL_ID_CTRL, NLM_F_REQUEST | NLM_F_ACK, payload)
         family: int | None = None
         for _, data, start, end in self._answers(sequence):
-            for kind, at, _ in _attrs(data, start + _GENL.size, end):
+            for kind, at, _ in attribute_spans(data, start + _GENL.size, end):
                 if kind == _CTRL_ATTR_FAMILY_ID:
                     family = _U16.unpack_from(data, at)[0]
         if family is None:

@@ -41,7 +41,7 @@ from types import MappingProxyType
 
 import trio
 
-from vnetd.dataplane.uapi_protocol import SOCKET_DIR, socket_path
+from vnetd.dataplane.codec.uapi_protocol import SOCKET_DIR, socket_path
 from vnetd.errors import DataplaneError
 
 log = logging.getLogger("vnetd.dataplane")
