@@ -122,6 +122,15 @@ def test_a_bad_input_is_named_before_the_host_is_read_further(tmp_path, monkeypa
     assert host.calls == []
 
 
+def test_a_bad_rank_is_named_before_the_host_is_read(tmp_path, monkeypatch) -> None:
+    """As before the record: the rank is the first input named, then the endpoint."""
+    host = HostReads(monkeypatch)
+    args = parsed(tmp_path, "--rank", "9", extra="mtu = 'auto'")
+    with pytest.raises(VnetdError, match="^--rank: rank 9 is out of range"):
+        up.daemon_settings(args, {"POD_IP": "x"})
+    assert host.calls == []
+
+
 # --- what the record hands down -------------------------------------------------------------
 
 

@@ -28,7 +28,8 @@ from vnetd.config import (
     settings_from_args,
 )
 from vnetd.daemon_settings import DaemonSettings, resolve_daemon_settings
-from vnetd.identity import needs_default_route, resolve_endpoint
+from vnetd.identity import needs_default_route, resolve_endpoint, resolve_rank_or_auto
+from vnetd.logs import set_rank
 from vnetd.spec import DATAPLANE_KINDS
 
 
@@ -120,9 +121,13 @@ def daemon_settings(args: argparse.Namespace, env: Mapping[str, str]) -> DaemonS
 
     flags = settings_from_args(Settings, args, env)
     spec = flags.spec
+    hostname = socket.gethostname()
+    # The rank first, before the host is read: a bad rank is named before an endpoint or
+    # MTU error, and the host probes' lines (``mtu auto: ...``) carry the rank.
+    rank = resolve_rank_or_auto(spec, flags.rank, env, hostname)
+    if isinstance(rank, int):
+        set_rank(rank)
     route = default_route_address() if needs_default_route(flags.endpoint, env) else None
     endpoint = resolve_endpoint(spec, flags.endpoint, env, route)
     mtu = resolve_mtu(spec, endpoint)
-    return resolve_daemon_settings(
-        flags, env, hostname=socket.gethostname(), endpoint=endpoint, mtu=mtu
-    )
+    return resolve_daemon_settings(flags, env, hostname=hostname, endpoint=endpoint, mtu=mtu)
