@@ -23,7 +23,11 @@ class RegistryError(VnetdError):
 
 
 class RegistryUnavailable(RegistryError):
-    """The registry could not be reached (connection refused, timeout, 5xx)."""
+    """The registry could not be reached (connection refused, timeout, 5xx), or refused
+    what may pass later; every registry task retries it (invariant 5). ``kind`` names
+    which: ``"unreachable"``, or ``"full"`` (a write refused for space: etcd's NOSPACE)."""
+
+    kind = "unreachable"
 
 
 class WatchCompacted(RegistryError):
