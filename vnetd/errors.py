@@ -30,6 +30,13 @@ class RegistryUnavailable(RegistryError):
     kind = "unreachable"
 
 
+REGISTRY_FULL_FIX = (
+    "free space in etcd: compact, defragment, then disarm the NOSPACE alarm "
+    '(docs/operations.md, "Registry full")'
+)
+"""The fix for a full registry, in one line: what ``doctor``, ``status`` and the log say."""
+
+
 class WatchCompacted(RegistryError):
     """A watch asked for a revision the registry has already compacted."""
 

@@ -7,15 +7,25 @@ for a put, a txn with a put and a lease grant alike.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trio
+from test_daemon import Cluster
 
+from vnetd.control.membership import member_key
 from vnetd.errors import RegistryError, RegistryUnavailable
+from vnetd.observe.endpoints import DaemonEndpoints
+from vnetd.observe.metrics import DaemonMetrics
+from vnetd.registry.base import KeyValue
 from vnetd.registry.etcd.client import EtcdRegistry
 from vnetd.registry.etcd.gateway import check_response
 from vnetd.registry.etcd.transport import RESOURCE_EXHAUSTED, Refused, RegistryFull, no_space
+from vnetd.registry.memory import MemoryRegistry
 
 NOSPACE_MESSAGE = "etcdserver: mvcc: database space exceeded"
 NOSPACE_BODY = {"error": NOSPACE_MESSAGE, "message": NOSPACE_MESSAGE, "code": 8}
@@ -112,3 +122,109 @@ async def test_a_refused_write_is_full_on_the_first_member_and_reads_still_pass(
     assert await registry.keepalive(42) == 5
     assert await registry.get("/m/spec") is None
     assert members.hosts[1:] == ["a", "a"]  # member a was not marked failed
+
+
+class FullMemoryRegistry(MemoryRegistry):
+    """The fake registry with etcd's NOSPACE behaviour while ``full``: puts, txns with a
+    put and lease grants refused; reads, deletes and keepalives served."""
+
+    full = False
+
+    def _refuse_if_full(self) -> None:
+        if self.full:
+            raise RegistryFull(f"etcd put: {NOSPACE_MESSAGE} (HTTP 429, code 8)")
+
+    async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
+        self._refuse_if_full()
+        return await super().create(key, value, lease)
+
+    async def create_all(self, items: Mapping[str, bytes]) -> bool:
+        self._refuse_if_full()
+        return await super().create_all(items)
+
+    async def replace(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
+        self._refuse_if_full()
+        return await super().replace(key, value, mod_revision, lease)
+
+    async def grant(self, ttl: int) -> int:
+        self._refuse_if_full()
+        return await super().grant(ttl)
+
+
+async def stored(registry: MemoryRegistry, key: str) -> bytes:
+    kv = await registry.get(key)
+    return kv.value if kv is not None else b""
+
+
+def full_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("registry full")]
+
+
+async def test_a_rank_that_cannot_claim_names_the_full_registry_and_the_mesh_stays(
+    tmp_path: Path, autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        registry = cluster.registry = FullMemoryRegistry()
+        for rank in (0, 1):
+            await cluster.start(rank)
+        await cluster.wait_full(["pod0", "pod1"], {0, 1})
+        peers = {name: dict(device.device) for name, device in cluster.devices.items()}
+
+        registry.full = True
+        late = await cluster.start(2)
+        await trio.sleep(60)  # ten lease TTLs, many claim retries
+        assert late.claim.state == "claiming" and late.health.full is not None
+        assert late.health.full_refusals > 5
+        assert len(full_lines(caplog)) == 1  # named once, not at every retry
+        assert await registry.get(member_key(late.spec, 2)) is None
+        for rank in (0, 1):  # keepalives pass while full: the mesh keeps its members
+            assert await registry.get(member_key(late.spec, rank)) is not None
+        assert {n: dict(cluster.devices[n].device) for n in peers} == peers  # invariant 5
+        assert cluster.peer_ranks("pod2") == {0, 1}  # peers before the claim, as ever
+
+        endpoints = DaemonEndpoints(late.spec, late.me, DaemonMetrics())
+        endpoints.attach(late)
+        ready = await endpoints.ready()
+        assert not ready.ok and "rank 2 is not claimed: registry full" in ready.detail
+        assert "database space exceeded" in ready.detail and "alarm" in ready.detail
+        status = await endpoints.status()
+        assert status["self"]["registry_full"] == late.health.full
+        assert any(
+            note.startswith("registry full: etcd refuses writes") for note in status["notes"]
+        )
+        metrics = (await endpoints.metrics()).decode()
+        assert "vnetd_registry_full 1.0" in metrics
+
+        registry.full = False
+        with trio.fail_after(10):
+            await late.claim.claimed.wait()
+        await cluster.wait_full(["pod0", "pod1", "pod2"], {0, 1, 2})
+        assert late.health.full is None
+        assert "vnetd_registry_full 0.0" in (await endpoints.metrics()).decode()
+        assert any("registry takes writes again" in r.getMessage() for r in caplog.records)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_record_update_refused_for_space_waits_and_keeps_the_claim(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(tmp_path, nursery)
+        registry = cluster.registry = FullMemoryRegistry()
+        held = await cluster.start(0)
+        await cluster.start(1)
+        await cluster.wait_full(["pod0", "pod1"], {0, 1})
+        registry.full = True
+        held.claim.set_device_id("feedfacefeedface")  # a new wireguard-go: a record update
+        await trio.sleep(30)
+        assert held.claim.state == "claimed" and held.health.full is not None
+        kv = await registry.get(member_key(held.spec, 0))
+        assert kv is not None and b"feedfacefeedface" not in kv.value
+        registry.full = False
+        with trio.fail_after(10):  # written at the next renewal
+            while b"feedfacefeedface" not in await stored(registry, member_key(held.spec, 0)):
+                await trio.sleep(0.1)
+        assert held.claim.claims == 1 and held.health.full is None
+        nursery.cancel_scope.cancel()
