@@ -7,6 +7,7 @@ for a put, a txn with a put and a lease grant alike.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,9 @@ import httpx
 import pytest
 import trio
 from test_daemon import Cluster
+from test_status_command import Screen, register, status, wall_clock
 
+from vnetd.commands.status.plan import StatusPlan
 from vnetd.control.membership import member_key
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.observe.endpoints import DaemonEndpoints
@@ -26,6 +29,7 @@ from vnetd.registry.etcd.client import EtcdRegistry
 from vnetd.registry.etcd.gateway import check_response
 from vnetd.registry.etcd.transport import RESOURCE_EXHAUSTED, Refused, RegistryFull, no_space
 from vnetd.registry.memory import MemoryRegistry
+from vnetd.spec import load_spec
 
 NOSPACE_MESSAGE = "etcdserver: mvcc: database space exceeded"
 NOSPACE_BODY = {"error": NOSPACE_MESSAGE, "message": NOSPACE_MESSAGE, "code": 8}
@@ -228,3 +232,52 @@ async def test_a_record_update_refused_for_space_waits_and_keeps_the_claim(
                 await trio.sleep(0.1)
         assert held.claim.claims == 1 and held.health.full is None
         nursery.cancel_scope.cancel()
+
+
+class CountingFullRegistry(FullMemoryRegistry):
+    grants = 0
+
+    async def grant(self, ttl: int) -> int:
+        self.grants += 1
+        return await super().grant(ttl)
+
+
+@pytest.mark.parametrize(
+    ("registered", "is_full", "note", "grants"),
+    [
+        pytest.param((0, 2), True, True, 1, id="ranks-missing-and-full-names-it"),
+        pytest.param((0, 2), False, False, 1, id="ranks-missing-writes-pass-no-note"),
+        pytest.param((0, 1, 2, 3), True, False, 0, id="all-registered-asks-nothing"),
+    ],
+)
+async def test_status_names_a_full_registry_when_ranks_are_missing(
+    config: Path, registered: tuple[int, ...], is_full: bool, note: bool, grants: int
+) -> None:
+    plan = StatusPlan(load_spec(config), json=True)
+    registry = CountingFullRegistry()
+    for rank in registered:
+        await register(registry, plan.spec, rank)
+    registry.full = is_full
+    screen = Screen()
+    assert await status(plan, registry, screen) == 0
+    notes = json.loads(screen.text)["notes"]
+    full_notes = [n for n in notes if n.startswith("registry full: etcd refuses writes")]
+    assert len(full_notes) == int(note), notes
+    if note:
+        assert "database space exceeded" in full_notes[0] and "alarm" in full_notes[0]
+    assert registry.grants == grants
+    assert not registry._leases  # the probe's lease, when granted, was revoked at once
+
+
+async def test_status_watch_asks_at_most_every_full_check(
+    config: Path, autojump_clock: object
+) -> None:
+    plan = StatusPlan(load_spec(config), json=True, watch=True, interval=2.0)
+    registry = CountingFullRegistry()
+    registry.full = True
+    screen = Screen()
+    await status(plan, registry, screen, iterations=25, clock=wall_clock)  # 48 s of views
+    views = [json.loads(line) for line in screen.text.splitlines()]
+    assert len(views) == 25
+    assert all(any(n.startswith("registry full") for n in v["notes"]) for v in views)
+    assert registry.grants == 2  # at 0 and 30 s, not at every view

@@ -20,23 +20,15 @@ from vnetd.control.claim import ClaimHolder
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane, restarts_of
-from vnetd.errors import REGISTRY_FULL_FIX, DataplaneError
+from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Member
 from vnetd.observe.http import Check
 from vnetd.observe.metrics import DaemonMetrics, Snapshot
 from vnetd.observe.readiness import readiness
 from vnetd.spec import MeshSpec
-from vnetd.status.view import as_json
+from vnetd.status.view import as_json, registry_full_note
 
 DEVICE_READ_TIMEOUT = 2.0
-
-
-def full_note(refusal: str) -> str:
-    """The line that names a full registry, with etcd's refusal and the fix."""
-    return (
-        f"registry full: etcd refuses writes ({refusal}); claims and record updates wait, "
-        f"the data plane stays as it is; {REGISTRY_FULL_FIX}"
-    )
 
 
 class PassCounts(Protocol):
@@ -131,7 +123,7 @@ class DaemonEndpoints:
             state,
             self.me.rank,
             holder,
-            full_note(full) if full is not None else None,
+            registry_full_note(full) if full is not None else None,
         )
 
     async def metrics(self) -> bytes:
@@ -148,7 +140,7 @@ class DaemonEndpoints:
         elif r.health.reachable is False:
             notes.append("registry unreachable: members as last seen")
         if r is not None and r.health.full is not None:
-            notes.append(full_note(r.health.full))
+            notes.append(registry_full_note(r.health.full))
         document = as_json(
             self.spec,
             r.view.members if r is not None else {},

@@ -27,7 +27,7 @@ def readiness(
     full: str | None = None,
 ) -> Check:
     """Whether a daemon with this link state and claim is ready, and why not; ``full``
-    names a full registry (``observe.endpoints.full_note``) that keeps a claim waiting."""
+    names a full registry (``status.view.registry_full_note``) that keeps a claim waiting."""
     if not link.exists:
         return Check(False, f"not ready: interface {interface} does not exist yet")
     if ip_address(address).compressed not in {ip_address(a).compressed for a in link.addresses}:
