@@ -21,6 +21,7 @@ from test_status_command import Screen, register, status, wall_clock
 
 from vnetd.commands.status.plan import StatusPlan
 from vnetd.control.membership import member_key
+from vnetd.control.write_probe import PROBE_TIMEOUT, writes_refused
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.observe.endpoints import DaemonEndpoints
 from vnetd.observe.metrics import DaemonMetrics
@@ -281,3 +282,53 @@ async def test_status_watch_asks_at_most_every_full_check(
     assert len(views) == 25
     assert all(any(n.startswith("registry full") for n in v["notes"]) for v in views)
     assert registry.grants == 2  # at 0 and 30 s, not at every view
+
+
+class ScriptedGrant(MemoryRegistry):
+    """A registry whose grant does what the case says; revokes are recorded."""
+
+    def __init__(self, grant: str, revoke: str = "ok") -> None:
+        super().__init__()
+        self.grant_does, self.revoke_does = grant, revoke
+        self.revoked: list[int] = []
+
+    async def grant(self, ttl: int) -> int:
+        if self.grant_does == "full":
+            raise RegistryFull(f"etcd /v3/lease/grant: {NOSPACE_MESSAGE} (HTTP 429, code 8)")
+        if self.grant_does == "down":
+            raise RegistryUnavailable("etcd /v3/lease/grant failed on every endpoint")
+        if self.grant_does == "refused":
+            raise Refused("etcd /v3/lease/grant: etcdserver: user name is empty", 3)
+        if self.grant_does == "silent":
+            await trio.sleep_forever()
+        return await super().grant(ttl)
+
+    async def revoke(self, lease: int) -> None:
+        self.revoked.append(lease)
+        if self.revoke_does == "down":
+            raise RegistryUnavailable("etcd /v3/lease/revoke failed on every endpoint")
+        await super().revoke(lease)
+
+
+@pytest.mark.parametrize(
+    ("grant", "revoke", "named", "revoked"),
+    [
+        pytest.param("full", "ok", True, 0, id="refused-for-space-is-named"),
+        pytest.param("ok", "ok", False, 1, id="writes-pass-and-the-lease-is-revoked"),
+        pytest.param("ok", "down", False, 1, id="a-lost-revoke-is-no-error"),
+        pytest.param("down", "ok", False, 0, id="an-outage-is-no-evidence"),
+        pytest.param("refused", "ok", False, 0, id="another-refusal-is-no-evidence"),
+        pytest.param("silent", "ok", False, 0, id="no-answer-is-bounded-and-no-evidence"),
+    ],
+)
+async def test_the_write_probe_names_only_a_refusal_for_space(
+    grant: str, revoke: str, named: bool, revoked: int, autojump_clock: object
+) -> None:
+    registry = ScriptedGrant(grant, revoke)
+    started = trio.current_time()
+    refusal = await writes_refused(registry, 10)
+    assert (refusal is not None) is named
+    if named:
+        assert refusal is not None and NOSPACE_MESSAGE in refusal
+    assert len(registry.revoked) == revoked
+    assert trio.current_time() - started <= PROBE_TIMEOUT
