@@ -38,6 +38,7 @@ from typing import Any
 import trio
 
 from vnetd.lab.cluster import MeshLab, http_get, log_lines, write_spec
+from vnetd.lab.etcd import ETCD_BIN
 from vnetd.lab.open_lab import ETCD_IP, ETCD_PORT, open_lab
 from vnetd.lab.sites import open_sites_lab
 from vnetd.spec import load_spec
@@ -293,6 +294,7 @@ async def test_a_full_registry_is_named_and_the_mesh_keeps_its_peers() -> None:
     with trio.fail_after(FORM + 2 * DOCTOR_TIMEOUT + 120):
         async with open_lab(3, with_etcd=False) as lab:
             await lab.start_etcd(extra_flags=("--quota-backend-bytes", str(QUOTA)))
+            print(f"etcd: {ETCD_BIN}, quota {QUOTA} B")
             mesh = MeshLab.create(lab)
             for rank in (0, 1):
                 await mesh.start_rank(rank)
@@ -351,8 +353,10 @@ async def test_a_full_registry_is_named_and_the_mesh_keeps_its_peers() -> None:
             await lab.etcdctl("compact", str(await etcd_revision(mesh)))
             await lab.etcdctl("defrag")
             await lab.etcdctl("alarm", "disarm")
+            disarmed = time.monotonic()
             with trio.fail_after(FORM):
                 while await mesh.registered_ranks() != {0, 1, 2}:
                     await trio.sleep(0.5)
+            print(f"rank 2 registered {time.monotonic() - disarmed:.1f} s after the disarm")
             await wait_formed(mesh, {0, 1, 2})
             assert any("registry takes writes again" in m for _, m in log_lines(late))
