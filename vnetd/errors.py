@@ -23,7 +23,18 @@ class RegistryError(VnetdError):
 
 
 class RegistryUnavailable(RegistryError):
-    """The registry could not be reached (connection refused, timeout, 5xx)."""
+    """The registry could not be reached (connection refused, timeout, 5xx), or refused
+    what may pass later; every registry task retries it (invariant 5). ``kind`` names
+    which: ``"unreachable"``, or ``"full"`` (a write refused for space: etcd's NOSPACE)."""
+
+    kind = "unreachable"
+
+
+REGISTRY_FULL_FIX = (
+    "free space in etcd: compact, defragment, then disarm the NOSPACE alarm "
+    '(docs/operations.md, "Registry full")'
+)
+"""The fix for a full registry, in one line: what ``doctor``, ``status`` and the log say."""
 
 
 class WatchCompacted(RegistryError):

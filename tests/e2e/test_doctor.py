@@ -20,6 +20,10 @@ every pair across. A pod moves to a new underlay address while one peer has
 lost the registry and takes WireGuard only on flows it opened:
 ``stale_endpoint`` for that pair, ``ok`` for every other.
 
+A registry filled to its quota (etcd's NOSPACE alarm) by a writer of one key:
+``registry_full`` for every pair with the rank that could not claim, ``ok`` between
+the ranks that were already in the mesh; ``vnetd status`` and the daemon name it too.
+
 The doctor runs in pod 0, as a user in a pod of the mesh would run it.
 """
 
@@ -28,11 +32,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from vnetd.lab.cluster import MeshLab, write_spec
+from vnetd.lab.cluster import MeshLab, http_get, log_lines, write_spec
+from vnetd.lab.etcd import ETCD_BIN
 from vnetd.lab.open_lab import ETCD_IP, ETCD_PORT, open_lab
 from vnetd.lab.sites import open_sites_lab
 from vnetd.spec import load_spec
@@ -260,3 +266,97 @@ async def test_a_stale_endpoint_after_a_move_is_named_and_nothing_else() -> None
             stale = [f["detail"] for f in doc["failing"]]
             assert all(f"sends to rank 2 at {old}, the registry has {new}" in d for d in stale)
             await doctor_text(mesh, len(doc["failing"]))
+
+
+QUOTA = 4 << 20
+"""The lab etcd's ``--quota-backend-bytes`` for the full-registry test: small, so the
+fill takes a second or two."""
+FILL_VALUE, FILL_MAX = 256 << 10, 64
+"""The attacker's puts (at most 16 MiB in all: four times the quota, a bounded loop)."""
+FILLER = Path(__file__).with_name("quota_filler.py")
+HTTP = "127.0.0.1:9100"
+"""Rank 2's ``--http-listen``, on its pod's loopback."""
+
+
+async def etcd_revision(mesh: MeshLab) -> int:
+    result = await mesh.lab.etcdctl("endpoint", "status", "-w", "json")
+    return int(json.loads(result.stdout)[0]["Status"]["header"]["revision"])
+
+
+async def test_a_full_registry_is_named_and_the_mesh_keeps_its_peers() -> None:
+    """etcd with a 4 MiB quota; ranks 0 and 1 form a mesh; a writer in pod 2 fills the
+    quota with puts to one key of its own. Rank 2 then starts and cannot claim (its lease
+    grant is refused): its log names it once, its /status, /readyz and /metrics say so,
+    ``vnetd doctor`` names ``registry_full`` for every pair with rank 2 and ``vnetd
+    status`` a note, while ranks 0 and 1 keep their leases (keepalives pass while full)
+    and reach each other. Once space is freed as docs/operations.md says (compact,
+    defragment, alarm disarm), rank 2 claims."""
+    with trio.fail_after(FORM + 2 * DOCTOR_TIMEOUT + 120):
+        async with open_lab(3, with_etcd=False) as lab:
+            await lab.start_etcd(extra_flags=("--quota-backend-bytes", str(QUOTA)))
+            print(f"etcd: {ETCD_BIN}, quota {QUOTA} B")
+            mesh = MeshLab.create(lab)
+            for rank in (0, 1):
+                await mesh.start_rank(rank)
+            await wait_formed(mesh, {0, 1})
+
+            junk = f"{mesh.spec.registry.prefix}/{mesh.spec.name}/junk"
+            argv = [sys.executable, str(FILLER), lab.etcd_url, junk, str(FILL_VALUE),
+                    str(FILL_MAX)]  # fmt: skip
+            fill = await lab.run(mesh.pod(2), argv, 60)
+            assert fill.returncode == 0, fill.stderr.decode()
+            filled = json.loads(fill.stdout)
+            print(f"fill: {filled['puts']} puts of {FILL_VALUE} B in {filled['seconds']} s, "
+                  f"then HTTP {filled['status']} {filled['body']}")  # fmt: skip
+            assert filled["status"] == 429, filled
+            assert filled["body"]["code"] == 8, filled
+            assert "database space exceeded" in filled["body"]["message"], filled
+            alarms = (await lab.etcdctl("alarm", "list")).stdout.decode()
+            assert "NOSPACE" in alarms, alarms
+
+            late = await mesh.start_rank(2, "--http-listen", HTTP)
+            await trio.sleep(3 * mesh.spec.registry.lease_ttl)  # leases would have ended
+            assert await mesh.registered_ranks() == {0, 1}
+            full_lines = [m for _, m in log_lines(late) if m.startswith("registry full")]
+            assert len(full_lines) == 1, full_lines  # named once, though retried all along
+            assert "database space exceeded" in full_lines[0] and "alarm" in full_lines[0]
+            assert await mesh.device_ranks(0) == {1} and await mesh.device_ranks(1) == {0}
+
+            status, body = await http_get(lab, mesh.pod(2), f"http://{HTTP}/status")
+            assert status == 200, body
+            own = json.loads(body)
+            assert own["self"]["claim"] == "claiming", own["self"]
+            assert "database space exceeded" in own["self"]["registry_full"], own["self"]
+            status, body = await http_get(lab, mesh.pod(2), f"http://{HTTP}/readyz")
+            assert status == 503 and "registry full" in body, body
+            status, body = await http_get(lab, mesh.pod(2), f"http://{HTTP}/metrics")
+            assert "vnetd_registry_full 1.0" in body, body[-2000:]
+
+            code, doc, _ = await doctor(mesh)
+            assert code == 1
+            causes = {(f["from"], f["to"]): f["cause"] for f in doc["failing"]}
+            assert causes == {pair: "registry_full" for pair in ((0, 2), (2, 0), (1, 2), (2, 1))}
+            assert {tuple(w[:2]) for w in doc["working"]} == {(0, 1), (1, 0)}
+            assert any(n.startswith("registry full") for n in doc["notes"]), doc["notes"]
+            print(next(f["detail"] for f in doc["failing"]))
+            argv = [sys.executable, "-m", "vnetd", "status", "--config", str(mesh.spec_path),
+                    "--json"]  # fmt: skip
+            shown = await lab.run(mesh.pod(0), argv, 30)
+            assert shown.returncode == 0, shown.stderr.decode()
+            document = json.loads(shown.stdout)
+            assert document["missing"] == [2]
+            notes = [n for n in document["notes"] if n.startswith("registry full")]
+            assert notes and "NOSPACE" in notes[0], document["notes"]
+            print(notes[0])
+
+            await lab.etcdctl("del", junk)
+            await lab.etcdctl("compact", str(await etcd_revision(mesh)))
+            await lab.etcdctl("defrag")
+            await lab.etcdctl("alarm", "disarm")
+            disarmed = time.monotonic()
+            with trio.fail_after(FORM):
+                while await mesh.registered_ranks() != {0, 1, 2}:
+                    await trio.sleep(0.5)
+            print(f"rank 2 registered {time.monotonic() - disarmed:.1f} s after the disarm")
+            await wait_formed(mesh, {0, 1, 2})
+            assert any("registry takes writes again" in m for _, m in log_lines(late))

@@ -177,6 +177,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.control.proof": CONTROL,
     "vnetd.control.holders": CONTROL,
     "vnetd.control.retry": CONTROL,
+    "vnetd.control.write_probe": CONTROL,
     "vnetd.control.storm": CONTROL,
     "vnetd.control.watcher": CONTROL,
     "vnetd.control.member_view": CONTROL,

@@ -68,6 +68,13 @@ def without_member(ev: Evidence, rank: int) -> Evidence:
 
 
 Fault = Callable[[Evidence], Evidence]
+NOSPACE = "etcd /v3/lease/grant: etcdserver: mvcc: database space exceeded (HTTP 429, code 8)"
+
+
+def full(ev: Evidence) -> Evidence:
+    """The doctor's own write (a lease grant) was refused for space."""
+    return replace(ev, registry_full=NOSPACE)
+
 
 UDP_DROPPED: Fault = lambda ev: with_seen(  # noqa: E731
     with_seen(without_row(ev, 1), 0, 1, small_rtt=None, full_rtt=None, largest=None,
@@ -85,6 +92,14 @@ CASES = [
                  id="never-started-target"),
     pytest.param(FLAT, lambda ev: without_member(ev, 0), (0, 1), cause.NOT_REGISTERED,
                  id="never-started-source"),
+    pytest.param(FLAT, lambda ev: full(without_member(ev, 1)), (0, 1), cause.REGISTRY_FULL,
+                 id="could-not-claim-target-registry-full"),
+    pytest.param(FLAT, lambda ev: full(without_member(ev, 0)), (0, 1), cause.REGISTRY_FULL,
+                 id="could-not-claim-source-registry-full"),
+    pytest.param(FLAT, lambda ev: full(ev), (0, 1), cause.OK,
+                 id="registered-ranks-still-reach-each-other-while-full"),
+    pytest.param(FLAT, lambda ev: full(with_seen(ev, 0, 1, full_rtt=None, largest=1300)),
+                 (0, 1), cause.MTU_BLACK_HOLE, id="full-names-no-registered-pair"),
     pytest.param(FLAT, lambda ev: replace(ev, members={**ev.members, 3: replace(
         ev.members[3], public_key=key(1))}), (0, 1), cause.CLAIMED_TWICE, id="key-under-two-ranks"),
     pytest.param(FLAT, lambda ev: replace(ev, rows={**ev.rows, 1: replace(
@@ -155,6 +170,14 @@ def test_each_fault_gets_its_one_cause(
     assert verdict.ok == (expected == cause.OK)
     if not verdict.ok:
         assert verdict.detail
+
+
+def test_a_full_registry_names_nospace_and_the_fix_in_one_line() -> None:
+    verdict = classify(full(without_member(healthy(), 3)), 3, 0)
+    assert verdict.cause == cause.REGISTRY_FULL
+    assert "\n" not in verdict.detail
+    for words in ("rank 3 has no entry", "NOSPACE", "compact", "defragment", "alarm"):
+        assert words in verdict.detail
 
 
 def test_a_healthy_mesh_has_no_failing_pair_and_says_how_each_is_reached() -> None:

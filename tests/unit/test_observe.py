@@ -45,6 +45,22 @@ def test_readiness(link: LinkState, claim: ClaimState, ok: bool, why: str) -> No
     assert why in check.detail
 
 
+@pytest.mark.parametrize(
+    ("claim", "why"),
+    [
+        pytest.param("claiming", "rank 1 is not claimed: registry full", id="full-names-why"),
+        pytest.param("waiting", "rank 1 is held by pod9", id="a-holder-comes-first"),
+        pytest.param("claimed", "ready", id="claimed-stays-ready-while-full"),
+    ],
+)
+def test_readiness_names_a_full_registry_that_keeps_the_claim_waiting(
+    claim: ClaimState, why: str
+) -> None:
+    check = readiness(UP, "vnet0", ADDR, claim, 1, "pod9", "registry full: etcd refuses writes")
+    assert why in check.detail
+    assert check.ok is (claim == "claimed")
+
+
 def test_readiness_compares_ipv6_addresses_in_any_notation() -> None:
     link = LinkState(True, True, frozenset({"fd00:250:0:0::2"}))
     assert readiness(link, "vnet0", "fd00:250::2", "claimed").ok

@@ -352,7 +352,7 @@ class ClaimHolder:
         overwritten = self.view.overwritten.get(me.rank, 0) if self.view is not None else 0
         try:
             result = await try_claim(self.registry, self.spec, me, lease, self.signer, self._ours())
-            self.health.ok()
+            self.health.ok("claim")
         except RegistryUnavailable as exc:
             self.health.failed("claim", exc)
             return None

@@ -19,11 +19,15 @@ from typing import TypeVar
 
 import trio
 
-from vnetd.errors import RegistryUnavailable
+from vnetd.errors import REGISTRY_FULL_FIX, RegistryUnavailable
 
 log = logging.getLogger("vnetd.registry")
 
 T = TypeVar("T")
+
+WRITES = frozenset({"claim"})
+"""Operations whose success shows that the registry takes writes again: a claim or an
+update of our record is a txn with a put, which etcd refuses whole while it is full."""
 
 
 class Backoff:
@@ -44,21 +48,48 @@ class Backoff:
 
 
 class RegistryHealth:
-    """Tracks whether the registry answers and logs only the transitions."""
+    """Tracks whether the registry answers and logs only the transitions.
+
+    A write refused for space (``kind == "full"``: etcd's NOSPACE alarm) is counted and
+    named apart: reads and keepalives still pass, so the registry is not unreachable,
+    and it stays full until one of our writes (``WRITES``) passes again.
+    """
 
     def __init__(self) -> None:
         self.reachable: bool | None = None
         self.errors = 0
         self.errors_by_operation: Counter[str] = Counter()
+        self.full: str | None = None
+        """etcd's refusal of our last write for space; None once a write passed."""
+        self.full_refusals = 0
+        """Writes refused for space, all told."""
 
-    def ok(self) -> None:
+    def ok(self, operation: str = "") -> None:
         if self.reachable is False:
             log.info("registry reachable again")
         self.reachable = True
+        if self.full is not None and operation in WRITES:
+            log.info(
+                "registry takes writes again (%s passed; %d writes were refused for space)",
+                operation,
+                self.full_refusals,
+            )
+            self.full = None
 
     def failed(self, operation: str, exc: Exception) -> None:
         self.errors += 1
         self.errors_by_operation[operation] += 1
+        if getattr(exc, "kind", "") == "full":
+            self.full_refusals += 1
+            if self.full is None:
+                log.warning(
+                    "registry full during %s: %s; data plane left as it is, retrying; %s",
+                    operation,
+                    exc,
+                    REGISTRY_FULL_FIX,
+                )
+            self.full = str(exc)
+            return
         if self.reachable is not False:
             log.warning(
                 "registry unreachable during %s: %s; data plane left as it is, retrying",
@@ -90,5 +121,5 @@ async def retry_registry(
             health.failed(operation, exc)
             await trio.sleep(backoff.next_delay())
             continue
-        health.ok()
+        health.ok(operation)
         return result

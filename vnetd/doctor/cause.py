@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from vnetd.doctor.evidence import LAG_LIMIT, SMALL, PeerSeen, Row
+from vnetd.errors import REGISTRY_FULL_FIX
 from vnetd.model import Member
 from vnetd.spec import MeshSpec
 
 OK = "ok"
+REGISTRY_FULL = "registry_full"
 NOT_REGISTERED = "not_registered"
 CLAIMED_TWICE = "claimed_twice"
 KEY_MISMATCH = "key_mismatch"
@@ -36,6 +38,7 @@ SESSION_LIFETIME = 180.0
 """WireGuard's REJECT_AFTER_TIME (s): an older handshake holds no session."""
 
 CAUSES = (
+    REGISTRY_FULL,
     NOT_REGISTERED,
     CLAIMED_TWICE,
     KEY_MISMATCH,
@@ -78,6 +81,9 @@ class Evidence:
     spec: MeshSpec
     members: Mapping[int, Member]
     rows: Mapping[int, Row]
+    registry_full: str | None = None
+    """etcd's refusal of a write for space (its NOSPACE alarm), when the doctor's own
+    write was refused (``control.write_probe``); None: writes pass, or not asked."""
 
     def holder_of(self, key: str | None) -> list[int]:
         """The ranks whose entries carry ``key``, lowest first."""
@@ -101,6 +107,12 @@ def classify(evidence: Evidence, source: int, target: int) -> Verdict:
         return Verdict(source, target, cause, detail, **extra)  # type: ignore[arg-type]
 
     for rank in (source, target):
+        if rank not in members and evidence.registry_full is not None:
+            return verdict(
+                REGISTRY_FULL,
+                f"rank {rank} has no entry and cannot claim one: etcd refuses writes for "
+                f"space (NOSPACE); {REGISTRY_FULL_FIX}",
+            )
         if rank not in members:
             return verdict(NOT_REGISTERED, f"rank {rank} has no entry in the registry")
     for rank in (source, target):

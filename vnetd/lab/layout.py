@@ -107,7 +107,13 @@ class Lab:
         """The etcd server once started (its ``pid`` is 0 while stopped)."""
         return self._etcd
 
-    async def start_etcd(self, *, fresh: bool = False, tls: EtcdTls | None = None) -> EtcdServer:
+    async def start_etcd(
+        self,
+        *,
+        fresh: bool = False,
+        tls: EtcdTls | None = None,
+        extra_flags: Sequence[str] = (),
+    ) -> EtcdServer:
         """Start etcd in the etcd namespace (again, on the same data, after ``stop_etcd``).
 
         Args:
@@ -116,6 +122,8 @@ class Lab:
             tls: the first start only: serve clients over https
                 (``open_lab(..., with_etcd=False)``, then this); ``etcd_url`` and
                 ``etcdctl`` follow.
+            extra_flags: the first start only: more of etcd's flags
+                (``--quota-backend-bytes``, say), kept across restarts.
 
         Raises:
             EtcdStartError: it did not answer within 20 s.
@@ -123,7 +131,7 @@ class Lab:
         """
         self._check_open()
         if self.etcd_cluster is not None:
-            if tls is not None or fresh:
+            if tls is not None or fresh or extra_flags:
                 raise LabError("an etcd cluster starts plain and once; use its own faults")
             self._etcd_stack.push_async_callback(self.etcd_cluster.close)
             await self.etcd_cluster.start()
@@ -137,6 +145,7 @@ class Lab:
                     netns=self.etcd_netns,
                     name=f"vlab-{self.id}",
                     tls=tls,
+                    extra_flags=extra_flags,
                 )
             )
             self.etcd_url = self._etcd.url

@@ -26,7 +26,7 @@ from vnetd.observe.http import Check
 from vnetd.observe.metrics import DaemonMetrics, Snapshot
 from vnetd.observe.readiness import readiness
 from vnetd.spec import MeshSpec
-from vnetd.status.view import as_json
+from vnetd.status.view import as_json, registry_full_note
 
 DEVICE_READ_TIMEOUT = 2.0
 
@@ -109,13 +109,22 @@ class DaemonEndpoints:
         claim = self.running.claim if self.running is not None else None
         state = claim.state if claim is not None else "claiming"
         holder = claim.holder if claim is not None else None
+        full = self.running.health.full if self.running is not None else None
         addresses = [str(address) for address in self.spec.addresses(self.me.rank)]
         # Dual stack: the link must hold both addresses before the claim counts.
         for address in addresses[1:]:
             check = readiness(link, self.spec.interface, address, "claimed")
             if not check.ok:
                 return check
-        return readiness(link, self.spec.interface, addresses[0], state, self.me.rank, holder)
+        return readiness(
+            link,
+            self.spec.interface,
+            addresses[0],
+            state,
+            self.me.rank,
+            holder,
+            registry_full_note(full) if full is not None else None,
+        )
 
     async def metrics(self) -> bytes:
         if self.running is not None:
@@ -130,6 +139,8 @@ class DaemonEndpoints:
             notes.append("daemon starting: no members read yet")
         elif r.health.reachable is False:
             notes.append("registry unreachable: members as last seen")
+        if r is not None and r.health.full is not None:
+            notes.append(registry_full_note(r.health.full))
         document = as_json(
             self.spec,
             r.view.members if r is not None else {},
@@ -150,6 +161,7 @@ class DaemonEndpoints:
             "holder": r.claim.holder if r is not None else None,
             "spec_differs": r.claim.spec_check.differs if r is not None else None,
             "black_holes": {str(rank): mtu for rank, mtu in sorted(self.black_holes.items())},
+            "registry_full": r.health.full if r is not None else None,
         }
         return document
 
@@ -178,6 +190,8 @@ class DaemonEndpoints:
             restores=r.claim.restores,
             spec_differs=r.claim.spec_check.differs is not None,
             registry_errors=dict(r.health.errors_by_operation),
+            registry_full=r.health.full is not None,
+            registry_full_refusals=r.health.full_refusals,
             wireguard_restarts=restarts_of(r.dataplane),
             now=time.time(),
         )

@@ -40,6 +40,8 @@ class Snapshot:
     restores: int = 0
     spec_differs: bool = False
     registry_errors: Mapping[str, int] = field(default_factory=dict)
+    registry_full: bool = False
+    registry_full_refusals: int = 0
     wireguard_restarts: int = 0
     now: float = 0.0
 
@@ -83,6 +85,17 @@ class _SnapshotCollector(Collector):
         for operation, count in sorted(s.registry_errors.items()):
             errors.add_metric([operation], count)
         yield errors
+        yield _gauge(
+            "vnetd_registry_full",
+            "1 while the registry refuses this daemon's writes for space (etcd's NOSPACE "
+            "alarm): a claim or record update waits, the data plane stays as it is.",
+            int(s.registry_full),
+        )
+        yield _counter(
+            "vnetd_registry_full_refusals",
+            "Writes (claims, record updates, lease grants) the registry refused for space.",
+            s.registry_full_refusals,
+        )
         yield _counter(
             "vnetd_registry_bad_entries", "Registry entries skipped as invalid.", s.bad_entries
         )

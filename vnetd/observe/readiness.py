@@ -24,8 +24,10 @@ def readiness(
     claim: ClaimState,
     rank: int = 0,
     holder: str | None = None,
+    full: str | None = None,
 ) -> Check:
-    """Whether a daemon with this link state and claim is ready, and why not."""
+    """Whether a daemon with this link state and claim is ready, and why not; ``full``
+    names a full registry (``status.view.registry_full_note``) that keeps a claim waiting."""
     if not link.exists:
         return Check(False, f"not ready: interface {interface} does not exist yet")
     if ip_address(address).compressed not in {ip_address(a).compressed for a in link.addresses}:
@@ -40,6 +42,8 @@ def readiness(
         )
     if claim == "waiting":
         return Check(False, f"not ready: rank {rank} is held by {holder}; waiting for it to go")
+    if claim != "claimed" and full is not None:
+        return Check(False, f"not ready: rank {rank} is not claimed: {full}")
     if claim != "claimed":
         return Check(False, "not ready: the rank is not claimed yet (see the log for who holds it)")
     return Check(True, f"ready: {interface} holds {address}, rank claimed")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from vnetd.errors import REGISTRY_FULL_FIX
 from vnetd.mesh.peers import desired_peers
 from vnetd.model import DevicePeer, Member
 from vnetd.ranks import format_ranks
@@ -250,6 +251,15 @@ def utc_text(when: float) -> str:
 
 
 # --- the JSON document -------------------------------------------------------------------
+
+
+def registry_full_note(refusal: str) -> str:
+    """The note that names a full registry (etcd's NOSPACE): its refusal and the fix; the
+    same line in ``vnetd status`` and the daemon's ``/status``."""
+    return (
+        f"registry full: etcd refuses writes ({refusal}); ranks not registered cannot "
+        f"claim and records are not updated, the data plane stays as it is; {REGISTRY_FULL_FIX}"
+    )
 
 
 def as_json(

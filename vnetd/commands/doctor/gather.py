@@ -1,8 +1,10 @@
 """``vnetd doctor``'s run: one list of the members, every daemon's row, the verdicts.
 
-The I/O around ``vnetd.doctor.cause``: the registry is read once, the probe
-services are asked over the overlay (``CONNECTIONS`` at a time), and the whole
-run stays inside ``--timeout``. A progress line goes to stderr on long runs.
+The I/O around ``vnetd.doctor.cause``: the registry is read once (and, when
+ranks are missing, asked whether it takes writes: ``control.write_probe``, so a
+full registry is named as their cause), the probe services are asked over the
+overlay (``CONNECTIONS`` at a time), and the whole run stays inside ``--timeout``.
+A progress line goes to stderr on long runs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import trio
 
 from vnetd.commands.doctor.plan import DoctorPlan
 from vnetd.control.membership import read_members
+from vnetd.control.write_probe import writes_refused
 from vnetd.daemon.probe_echo import ECHO_WAIT
 from vnetd.doctor.cause import Evidence, classify
 from vnetd.doctor.evidence import (
@@ -29,7 +32,7 @@ from vnetd.doctor.evidence import (
     merge_rows,
 )
 from vnetd.doctor.report import Run, document, text
-from vnetd.errors import RegistryUnavailable
+from vnetd.errors import REGISTRY_FULL_FIX, RegistryUnavailable
 from vnetd.model import Member
 from vnetd.registry import RegistryOpener
 
@@ -75,6 +78,10 @@ async def doctor(
                 f"reading the members of mesh {spec.name}: no answer within "
                 f"{plan.timeout - SLACK - ROW_DEADLINE:g} s; check --etcd or raise --timeout"
             )
+        # Ranks missing: could they claim at all? (One lease grant, revoked at once.)
+        full = None
+        if len(members) < spec.size:
+            full = await writes_refused(registry, spec.registry.lease_ttl)
     ranks = tuple(sorted(members))
     asks = {rank: ranks for rank in ranks}
     rows = await ask_all(plan, asks, deadline, _progress(err, started, len(asks)))
@@ -91,7 +98,9 @@ async def doctor(
             "no probe service answered: run vnetd doctor inside a pod of the mesh "
             f"(it reaches the daemons over the overlay, port {spec.doctor_port})"
         )
-    evidence = Evidence(spec, members, rows)
+    if full is not None:
+        notes.append(f"registry full: etcd refuses writes ({full}); {REGISTRY_FULL_FIX}")
+    evidence = Evidence(spec, members, rows, full)
     verdicts = tuple(
         classify(evidence, a, b) for a in range(spec.size) for b in range(spec.size) if a != b
     )

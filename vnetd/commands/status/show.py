@@ -1,6 +1,8 @@
 """What ``vnetd status`` shows: one look at the registry and the device, drawn once or live.
 
-One list of the members per view (each bounded by ``READ_TIMEOUT``); where
+One list of the members per view (each bounded by ``READ_TIMEOUT``), and while
+ranks are missing a write probe at most every ``FULL_CHECK_EVERY`` s (a full
+registry, etcd's NOSPACE, is then a note: they could not claim); where
 this host sees the mesh's WireGuard device (inside a pod, beside ``vnetd
 up``) also its handshakes and counters. With ``--watch`` a registry outage
 is a note in the view, not an exit. The command's parser and options are
@@ -25,12 +27,13 @@ from rich.text import Text
 
 from vnetd.commands.status.plan import StatusPlan
 from vnetd.control.membership import read_members
+from vnetd.control.write_probe import writes_refused
 from vnetd.errors import DataplaneError, RegistryError, RegistryUnavailable
 from vnetd.model import DevicePeer, Member
 from vnetd.registry import Registry, RegistryOpener
 from vnetd.spec import MeshSpec
 from vnetd.status.table import plain_console, print_plain, status_renderable
-from vnetd.status.view import as_json, rank_rows, utc_text
+from vnetd.status.view import as_json, rank_rows, registry_full_note, utc_text
 
 if TYPE_CHECKING:  # the reader imports pyroute2: only when a device is read
     from vnetd.dataplane.device_reader import LocalDevice
@@ -39,6 +42,9 @@ READ_TIMEOUT = 10.0
 """One read of the members, seconds (every endpoint tried within it)."""
 DEVICE_TIMEOUT = 2.0
 """One request to the local device (a UAPI ``get`` or a netlink dump), seconds."""
+FULL_CHECK_EVERY = 30.0
+"""With ``--watch``, how often a mesh with missing ranks is asked whether the registry
+takes writes (``control.write_probe``: one lease grant, revoked), seconds."""
 
 DeviceReader = Callable[[Path], Awaitable["LocalDevice"]]
 Clock = Callable[[], float]
@@ -98,6 +104,9 @@ class Observer:
         self.clock = clock
         self.last: tuple[dict[int, Member], int, float] | None = None
         """The last members read, the bad entries among them, and when."""
+        self.full: str | None = None
+        """etcd's refusal of our write probe for space, as last asked."""
+        self.full_checked_at: float | None = None
 
     async def snapshot(self) -> Snapshot | str:
         """A snapshot; with ``--watch``, the reason instead when there has never been one.
@@ -110,6 +119,9 @@ class Observer:
         try:
             members, bad = await self._read_members()
             self.last = (members, bad, self.clock())
+            full = await self._writes_refused(members)
+            if full is not None:
+                notes.append(registry_full_note(full))
         except RegistryError as exc:
             if not self.plan.watch:
                 raise
@@ -125,6 +137,20 @@ class Observer:
         if problem is not None:
             notes.append(f"no device columns: {problem}")
         return Snapshot(self.clock(), members, bad, device, tuple(notes))
+
+    async def _writes_refused(self, members: Mapping[int, Member]) -> str | None:
+        """etcd's refusal of writes for space while ranks are missing (they could not
+        claim), else None; asked (one lease grant, revoked) at most every
+        ``FULL_CHECK_EVERY`` s with ``--watch``."""
+        spec = self.plan.spec
+        if len(members) >= spec.size:
+            self.full = None
+            return None
+        now = self.clock()
+        if self.full_checked_at is None or now - self.full_checked_at >= FULL_CHECK_EVERY:
+            self.full_checked_at = now
+            self.full = await writes_refused(self.registry, spec.registry.lease_ttl)
+        return self.full
 
     async def _read_members(self) -> tuple[dict[int, Member], int]:
         spec = self.plan.spec

@@ -59,7 +59,7 @@ from vnetd.registry.etcd.security import (
     tls_problem,
 )
 from vnetd.registry.etcd.tokens import AuthTokens
-from vnetd.registry.etcd.transport import NOT_FOUND, PageTooLarge, Refused
+from vnetd.registry.etcd.transport import NOT_FOUND, PageTooLarge, Refused, RegistryFull
 from vnetd.registry.etcd.watch import QuietHints, resuming_watch
 
 __all__ = [
@@ -143,8 +143,8 @@ class EtcdRegistry:
             with trio.move_on_after(bound):
                 try:
                     data = await self._call(endpoint, path, body, cap, extra)
-                except RegistryAccessError:
-                    raise
+                except (RegistryAccessError, RegistryFull):
+                    raise  # every member would say the same (NOSPACE is cluster-wide)
                 except (httpx.TransportError, RegistryUnavailable) as exc:
                     problem = tls_problem(exc, endpoint)
                     if problem is not None:

@@ -38,6 +38,8 @@ from vnetd.registry.etcd.transport import (
     RangePage,
     RangeRequest,
     Refused,
+    RegistryFull,
+    no_space,
     prefix_end,
 )
 
@@ -91,6 +93,8 @@ def check_response(response: httpx.Response, where: str) -> JSON:
     if error is not None or status >= 400:
         message, code = error or (response.text[:200] or response.reason_phrase, None)
         text = f"etcd {where}: {message} (HTTP {status}, code {code})"
+        if no_space(message, code):
+            raise RegistryFull(text)  # HTTP 429, code 8: a retry passes once space is freed
         if status >= 500 or status == UNAVAILABLE_STATUS or code in UNAVAILABLE_CODES:
             raise RegistryUnavailable(text)
         raise Refused(text, code)

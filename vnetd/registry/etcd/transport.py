@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from vnetd.errors import RegistryError
+from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.registry.access_base import Permission
 from vnetd.registry.base import KeyValue
 
@@ -20,11 +20,18 @@ from vnetd.registry.base import KeyValue
 INVALID_ARGUMENT = 3
 NOT_FOUND = 5
 PERMISSION_DENIED = 7
+RESOURCE_EXHAUSTED = 8
+"""A write past etcd's quota (``NO_SPACE``), and other limits ("too many requests")."""
 FAILED_PRECONDITION = 9
 OUT_OF_RANGE = 11
 """A range at a compacted revision."""
 UNAUTHENTICATED = 16
 UNAVAILABLE_CODES = frozenset({1, 4, 14})  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE
+NO_SPACE = "database space exceeded"
+"""etcd's words ("etcdserver: mvcc: database space exceeded", ``RESOURCE_EXHAUSTED``) for a
+put, a txn with a put or a lease grant while its NOSPACE alarm is on, or that would raise
+it; the JSON gateway answers HTTP 429 with that message and code 8 (etcd 3.4.23 and 3.5.1,
+checked in the lab)."""
 
 
 class Refused(RegistryError):
@@ -33,6 +40,25 @@ class Refused(RegistryError):
     def __init__(self, message: str, code: int | None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class RegistryFull(RegistryUnavailable):
+    """etcd refused a write for space: its quota is reached and the cluster-wide NOSPACE
+    alarm is on. Reads, deletes and keepalives of existing leases still pass; puts, txns
+    with a put and lease grants do not, until an operator frees space and disarms the
+    alarm (docs/operations.md, "Registry full"). A ``RegistryUnavailable``, so every
+    registry task retries it with backoff and keeps the data plane (invariant 5); its
+    ``kind`` lets them name it."""
+
+    kind = "full"
+
+
+def no_space(message: str, code: int | None) -> bool:
+    """Whether etcd's refusal ``message`` (gRPC ``code``, if the answer had one) is NOSPACE.
+
+    By etcd's words, not by the code alone: ``RESOURCE_EXHAUSTED`` is also "too many
+    requests" (a member whose applied index lags) and gRPC's own size limits."""
+    return NO_SPACE in message and code in (RESOURCE_EXHAUSTED, None)
 
 
 class PageTooLarge(RegistryError):
