@@ -28,6 +28,7 @@ from vnetd.errors import IdentityError
 from vnetd.identity import (
     resolve_instance,
     resolve_public_endpoint,
+    resolve_rank_cert,
     resolve_rank_or_auto,
     resolve_signing_key_file,
     resolve_site,
@@ -63,6 +64,9 @@ class DaemonSettings:
     preshared_key: str | None = field(repr=False)
     signing_key_file: tuple[str, Path] | None
     """The record signing key's file and what named it; None: the state dir's."""
+    rank_cert: tuple[str, str] | None = None
+    """The rank certificate (base64 DER) every record carries and what named it, read
+    once at start (a renewed file is not re-read); None: none."""
     public_endpoint_file: Path | None
     """``--public-endpoint-file``, followed while running."""
     exit_file: Path | None
@@ -98,6 +102,7 @@ class DaemonSettings:
             site=self.site,
             public_endpoint=self.public_endpoint,
             signing_key=signing_key,
+            cert=self.rank_cert[1] if self.rank_cert else "",
         )
 
 
@@ -136,6 +141,7 @@ def resolve_daemon_settings(
         resync_interval=flags.resync_interval,
         preshared_key=resolve_preshared_key(flags.preshared_key_file, env, spec),
         signing_key_file=resolve_signing_key_file(flags.signing_key_file, env, spec),
+        rank_cert=resolve_rank_cert(flags.rank_cert_file, env, spec),
         public_endpoint_file=flags.public_endpoint_file,
         exit_file=exit_file,
         wireguard_log=env.get(ENV_WIREGUARD_LOG, DEFAULT_WIREGUARD_LOG),

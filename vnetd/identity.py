@@ -15,6 +15,9 @@ default route. The key pair is ``vnetd.keys``'s.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from collections.abc import Mapping
 from ipaddress import ip_address
 from pathlib import Path
@@ -29,6 +32,9 @@ AUTO: Literal["auto"] = "auto"
 ENV_RANK = "VNETD_RANK"
 ENV_POD_IP = "POD_IP"
 ENV_SIGNING_KEY_FILE = "VNETD_SIGNING_KEY_FILE"
+ENV_RANK_CERT_FILE = "VNETD_RANK_CERT_FILE"
+RANK_CERT_FILE_MAX = 64 * 1024
+"""Largest rank certificate file read (a PEM chain of a few certificates)."""
 
 
 def _rank_sources(flag: str | None, env: Mapping[str, str]) -> list[tuple[str, str | None]]:
@@ -187,3 +193,52 @@ def resolve_signing_key_file(
         ("wireguard.signing_key_file", spec.local.signing_key_file),
     ]
     return next(((source, Path(value)) for source, value in sources if value), None)
+
+
+def resolve_rank_cert(
+    flag: str | None, env: Mapping[str, str], spec: MeshSpec
+) -> tuple[str, str] | None:
+    """The rank certificate this member's records carry and what named it (for
+    messages): ``--rank-cert-file``, ``VNETD_RANK_CERT_FILE``, then ``[wireguard]
+    rank_cert_file``; the file DER, or PEM (its first certificate: the csi-driver's
+    ``tls.crt``), read once, given as base64 DER; None: no file named.
+
+    Raises:
+        IdentityError: the file cannot be read or holds no certificate.
+    """
+    sources = [
+        ("--rank-cert-file", flag),
+        (ENV_RANK_CERT_FILE, env.get(ENV_RANK_CERT_FILE)),
+        ("wireguard.rank_cert_file", spec.local.rank_cert_file),
+    ]
+    named = next(((source, Path(value)) for source, value in sources if value), None)
+    if named is None:
+        return None
+    source, path = named
+    try:
+        with path.open("rb") as file:
+            data = file.read(RANK_CERT_FILE_MAX + 1)
+    except OSError as exc:
+        raise IdentityError(f"{source} {path}: cannot read the rank certificate: "
+                            f"{exc.strerror}") from None  # fmt: skip
+    if len(data) > RANK_CERT_FILE_MAX or not data.strip():
+        raise IdentityError(f"{source} {path}: empty or over {RANK_CERT_FILE_MAX} bytes; "
+                            "name the rank certificate (DER or PEM)")  # fmt: skip
+    return f"{source} {path}", base64.b64encode(_der_of(data)).decode()
+
+
+_PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----([A-Za-z0-9+/=\s]+)-----END CERTIFICATE-----")
+
+
+def _der_of(data: bytes) -> bytes:
+    """DER as it is, or the first certificate of a PEM file (what it holds is checked
+    by ``control.rank_cert``, which names the fault)."""
+    if b"-----BEGIN" not in data:
+        return data
+    match = _PEM_CERT.search(data)
+    if match is None:
+        return b""
+    try:
+        return base64.b64decode(b"".join(match.group(1).split()), validate=True)
+    except (binascii.Error, ValueError):
+        return b""
