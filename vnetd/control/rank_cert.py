@@ -102,6 +102,9 @@ class CertCache:
             self._seen.popitem(last=False)
         return found
 
+    def clear(self) -> None:
+        self._seen.clear()
+
     def __len__(self) -> int:
         return len(self._seen)
 
