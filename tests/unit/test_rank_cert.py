@@ -331,3 +331,40 @@ def test_rank_ca_and_rank_cert_issue_what_readers_take(
     argv[4], argv[-1] = str(other), str(tmp_path / "x.der")
     assert main(argv) == 2
     assert "is not in mesh.rank_ca" in capsys.readouterr().err
+
+
+def test_vnetd_up_resolves_its_certificate_once_and_refuses_one_readers_would(
+    tmp_path: Path,
+) -> None:
+    """``--rank-cert-file`` (else the variable, else the spec key) is read in the settings
+    layer; the record carries it; a daemon whose pair readers would refuse exits 2."""
+    from vnetd.cli import build_parser
+    from vnetd.commands import up
+    from vnetd.daemon.root import prepare
+    from vnetd.daemon_settings import DaemonSettings
+
+    key_file = tmp_path / "sign.key"
+    key_file.write_text(base64.b64encode(HOLDER.private_bytes()).decode() + "\n")
+    key_file.chmod(0o600)
+    (tmp_path / "r1.der").write_bytes(base64.b64decode(b64(cert_der(["vnetd://m/rank/1"]))))
+    config = tmp_path / "mesh.toml"
+    config.write_text(f'[mesh]\nname = "m"\nsize = 4\nnetwork = "10.0.0.0/24"\n'
+                      f'rank_ca = ["{CA.public_key}"]\n[wireguard]\n'
+                      f'rank_cert_file = "{tmp_path}/r1.der"\n')  # fmt: skip
+
+    def settings(rank: str, *flags: str) -> DaemonSettings:
+        argv = ["up", "--config", str(config), "--rank", rank, "--endpoint", "198.18.0.9:1",
+                "--state-dir", str(tmp_path / "state"), "--signing-key-file", str(key_file),
+                *flags]  # fmt: skip
+        return up.daemon_settings(build_parser().parse_args(argv), {})
+
+    resolved = settings("1")
+    me, _config, _signer = prepare(resolved, 1)
+    assert me.cert == b64((tmp_path / "r1.der").read_bytes())
+    assert resolved.rank_cert is not None
+    assert resolved.rank_cert[0] == f"wireguard.rank_cert_file {tmp_path}/r1.der"
+    with pytest.raises(IdentityError, match=r"^rank 2: .*\(wireguard.rank_cert_file .*\) field "
+                       "cert names rank 1, not rank 2"):  # fmt: skip
+        prepare(settings("2"), 2)
+    with pytest.raises(IdentityError, match=r"^--rank-cert-file .*/none: cannot read"):
+        settings("1", "--rank-cert-file", str(tmp_path / "none"))
