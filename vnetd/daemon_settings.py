@@ -26,6 +26,7 @@ from vnetd import __version__
 from vnetd.config import Settings
 from vnetd.errors import IdentityError
 from vnetd.identity import (
+    RankCertFile,
     resolve_instance,
     resolve_public_endpoint,
     resolve_rank_cert,
@@ -64,9 +65,9 @@ class DaemonSettings:
     preshared_key: str | None = field(repr=False)
     signing_key_file: tuple[str, Path] | None
     """The record signing key's file and what named it; None: the state dir's."""
-    rank_cert: tuple[str, str] | None = None
-    """The rank certificate (base64 DER) every record carries and what named it, read
-    once at start (a renewed file is not re-read); None: none."""
+    rank_cert: RankCertFile | None = None
+    """The rank certificate every record carries, read at start (and followed while
+    running: ``control.rank_cert.follow_rank_cert``); None: none."""
     public_endpoint_file: Path | None
     """``--public-endpoint-file``, followed while running."""
     exit_file: Path | None
@@ -102,7 +103,7 @@ class DaemonSettings:
             site=self.site,
             public_endpoint=self.public_endpoint,
             signing_key=signing_key,
-            cert=self.rank_cert[1] if self.rank_cert else "",
+            cert=self.rank_cert.cert if self.rank_cert else "",
         )
 
 

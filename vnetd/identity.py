@@ -19,6 +19,7 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
@@ -195,13 +196,23 @@ def resolve_signing_key_file(
     return next(((source, Path(value)) for source, value in sources if value), None)
 
 
+@dataclass(frozen=True)
+class RankCertFile:
+    """The rank certificate every record carries, as read at start."""
+
+    named: str
+    """What named the file, and the file (``--rank-cert-file FILE``), for messages."""
+    path: Path
+    cert: str
+    """Base64 DER."""
+
+
 def resolve_rank_cert(
     flag: str | None, env: Mapping[str, str], spec: MeshSpec
-) -> tuple[str, str] | None:
-    """The rank certificate this member's records carry and what named it (for
-    messages): ``--rank-cert-file``, ``VNETD_RANK_CERT_FILE``, then ``[wireguard]
-    rank_cert_file``; the file DER, or PEM (its first certificate: the csi-driver's
-    ``tls.crt``), read once, given as base64 DER; None: no file named.
+) -> RankCertFile | None:
+    """The rank certificate this member's records carry: the file ``--rank-cert-file``,
+    ``VNETD_RANK_CERT_FILE``, then ``[wireguard] rank_cert_file`` names, read once
+    (``read_rank_cert``); None: no file named.
 
     Raises:
         IdentityError: the file cannot be read or holds no certificate.
@@ -216,29 +227,38 @@ def resolve_rank_cert(
         return None
     source, path = named
     try:
-        with path.open("rb") as file:
-            data = file.read(RANK_CERT_FILE_MAX + 1)
+        return RankCertFile(f"{source} {path}", path, read_rank_cert(path))
     except OSError as exc:
         raise IdentityError(f"{source} {path}: cannot read the rank certificate: "
                             f"{exc.strerror}") from None  # fmt: skip
+    except ValueError as exc:
+        raise IdentityError(f"{source} {path}: {exc}") from None
+
+
+def read_rank_cert(path: Path) -> str:
+    """The certificate in ``path`` as base64 DER: the file DER, or PEM (its first
+    certificate: the csi-driver's ``tls.crt``); what it holds is checked by
+    ``control.rank_cert``, which names the fault.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is empty, too large, or PEM without a certificate.
+    """
+    with path.open("rb") as file:
+        data = file.read(RANK_CERT_FILE_MAX + 1)
     if len(data) > RANK_CERT_FILE_MAX or not data.strip():
-        raise IdentityError(f"{source} {path}: empty or over {RANK_CERT_FILE_MAX} bytes; "
-                            "name the rank certificate (DER or PEM)")  # fmt: skip
-    return f"{source} {path}", base64.b64encode(_der_of(data)).decode()
+        raise ValueError(f"empty or over {RANK_CERT_FILE_MAX} bytes; name the rank "
+                         "certificate (DER or PEM)")  # fmt: skip
+    if b"-----BEGIN" not in data:
+        return base64.b64encode(data).decode()
+    match = _PEM_CERT.search(data)
+    try:
+        der = base64.b64decode(b"".join(match.group(1).split()), validate=True) if match else b""
+    except (binascii.Error, ValueError):
+        der = b""
+    if not der:
+        raise ValueError("PEM without a CERTIFICATE block; name the rank certificate")
+    return base64.b64encode(der).decode()
 
 
 _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----([A-Za-z0-9+/=\s]+)-----END CERTIFICATE-----")
-
-
-def _der_of(data: bytes) -> bytes:
-    """DER as it is, or the first certificate of a PEM file (what it holds is checked
-    by ``control.rank_cert``, which names the fault)."""
-    if b"-----BEGIN" not in data:
-        return data
-    match = _PEM_CERT.search(data)
-    if match is None:
-        return b""
-    try:
-        return base64.b64decode(b"".join(match.group(1).split()), validate=True)
-    except (binascii.Error, ValueError):
-        return b""

@@ -11,6 +11,7 @@ own lease, four ways: with no certificate, with rank 2's certificate (public, in
 from a CA of its own. Over each sampling window rank 0 never routes rank 1's address
 to the thief, the thief's device receives nothing, rank 0 counts each refusal, and
 rank 1 takes its entry back. A daemon given a certificate for another rank exits 2.
+Rank 1's certificate renewed in place is carried by its record.
 Unit twin: tests/unit/test_rank_cert.py.
 """
 
@@ -45,6 +46,9 @@ TAKEN_BACK = 2 * TTL
 """Rank 1's entry is its own again: its view loses its entry at once (readers refuse
 the forgery) and it claims over the refused entry; below two leases of the forgery."""
 
+RENEWAL_CARRIED = 3 * rank_cert.RANK_CERT_POLL
+"""The file is read every poll and the record rewritten at once: one poll and a write."""
+
 
 @pytest.fixture
 async def lab4() -> AsyncIterator[Lab]:
@@ -71,9 +75,9 @@ def plain_host(mesh: MeshLab, ca: Signer, rank: int) -> list[str]:
     return ["--signing-key-file", str(key_file), "--rank-cert-file", str(cert)]
 
 
-def csi_pod(mesh: MeshLab, ca: Signer, rank: int) -> list[str]:
+def csi_pod(mesh: MeshLab, ca: Signer, rank: int) -> tuple[list[str], Signer]:
     """``tls.key`` (PKCS8 PEM, 0440) and ``tls.crt`` (PEM) as the csi-driver writes them,
-    the URI SAN templated from an Indexed Job's pod: its flags."""
+    the URI SAN templated from an Indexed Job's pod: its flags, and its key."""
     volume = mesh.lab.workdir / f"csi-{rank}"
     volume.mkdir()
     signer = Signer.generate()
@@ -81,13 +85,21 @@ def csi_pod(mesh: MeshLab, ca: Signer, rank: int) -> list[str]:
     key.write_bytes(signer.private_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8,
                                                      NoEncryption()))  # fmt: skip
     key.chmod(0o440)
+    csi_renew(mesh, ca, rank, signer)
+    return ["--signing-key-file", str(key), "--rank-cert-file", str(volume / "tls.crt")], signer
+
+
+def csi_renew(mesh: MeshLab, ca: Signer, rank: int, signer: Signer) -> str:
+    """A new ``tls.crt`` for the same key (``reuse-private-key``); its base64 DER."""
     uri = f"vnetd://lab/default/lab-{rank}-x7k2q/0b5e-uid"
     der = rank_cert.issue(ca, signer.public_key, uri, days=1)
     block = base64.encodebytes(der).decode()
-    (volume / "tls.crt").write_text(
+    crt = mesh.lab.workdir / f"csi-{rank}" / "tls.crt"
+    crt.with_suffix(".new").write_text(
         f"-----BEGIN CERTIFICATE-----\n{block}-----END CERTIFICATE-----\n"
     )
-    return ["--signing-key-file", str(key), "--rank-cert-file", str(volume / "tls.crt")]
+    crt.with_suffix(".new").replace(crt)  # the csi-driver swaps its ..data link: atomic
+    return base64.b64encode(der).decode()
 
 
 async def refusals(mesh: MeshLab) -> int:
@@ -105,7 +117,8 @@ async def test_a_stolen_etcd_credential_routes_no_rank_to_the_thief(lab4: Lab) -
         ca = Signer.generate()
         mesh = vouched_mesh(lab, ca)
         await mesh.start_rank(0, *plain_host(mesh, ca, 0), "--http-listen", f"127.0.0.1:{PORT}")
-        await mesh.start_rank(1, *csi_pod(mesh, ca, 1))
+        csi_flags, signer1 = csi_pod(mesh, ca, 1)
+        await mesh.start_rank(1, *csi_flags)
         await mesh.start_rank(2, *plain_host(mesh, ca, 2))
         await mesh.start_probes()
         await form(mesh, {0, 1, 2})
@@ -167,5 +180,12 @@ async def test_a_stolen_etcd_credential_routes_no_rank_to_the_thief(lab4: Lab) -
         assert "field cert" in log0 and "carries no field cert" in log0, log0[-2000:]
         log1 = mesh.daemons[1].log_text()
         assert "took over" in log1, log1[-2000:]
+
+        # The csi-driver renews rank 1's certificate in place: its record carries it.
+        renewed = csi_renew(mesh, ca, 1, signer1)
+        with trio.fail_after(RENEWAL_CARRIED):
+            while (await record_of(mesh, 1)).get("cert") != renewed:
+                await trio.sleep(0.5)
+        assert await key_at(mesh, 0, 1) == real_key
         assert not mesh.dead_daemons()
         print(f"{samples} samples over 4 forgeries, rank 0 counted {counted} refusals")

@@ -6,12 +6,15 @@ tests/e2e/test_rank_ca.py."""
 from __future__ import annotations
 
 import base64
+import dataclasses
+import logging
 import re
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import trio
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -35,7 +38,7 @@ from vnetd.control.membership import (
 )
 from vnetd.control.proof import Signer, load_signer
 from vnetd.errors import IdentityError, SpecError
-from vnetd.identity import resolve_rank_cert
+from vnetd.identity import RankCertFile, resolve_rank_cert
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue
 from vnetd.spec import MeshSpec, parse_spec
@@ -297,9 +300,13 @@ def test_the_rank_cert_file_is_read_once_as_der_or_pem(tmp_path: Path) -> None:
     block = base64.encodebytes(der).decode()
     pem.write_text(f"-----BEGIN CERTIFICATE-----\n{block}-----END CERTIFICATE-----\n")
     (tmp_path / "c.der").write_bytes(der)
-    assert resolve_rank_cert(str(pem), {}, SPEC) == (f"--rank-cert-file {pem}", RANK3)
+    assert resolve_rank_cert(str(pem), {}, SPEC) == RankCertFile(
+        f"--rank-cert-file {pem}", pem, RANK3
+    )
     env = {"VNETD_RANK_CERT_FILE": str(tmp_path / "c.der")}
-    assert resolve_rank_cert(None, env, SPEC) == (f"VNETD_RANK_CERT_FILE {tmp_path}/c.der", RANK3)
+    found = resolve_rank_cert(None, env, SPEC)
+    assert found is not None and found.cert == RANK3
+    assert found.named == f"VNETD_RANK_CERT_FILE {tmp_path}/c.der"
     assert resolve_rank_cert(None, {}, SPEC) is None
     with pytest.raises(IdentityError, match=r"^--rank-cert-file .*/nope: cannot read the rank"):
         resolve_rank_cert(str(tmp_path / "nope"), {}, SPEC)
@@ -362,9 +369,58 @@ def test_vnetd_up_resolves_its_certificate_once_and_refuses_one_readers_would(
     me, _config, _signer = prepare(resolved, 1)
     assert me.cert == b64((tmp_path / "r1.der").read_bytes())
     assert resolved.rank_cert is not None
-    assert resolved.rank_cert[0] == f"wireguard.rank_cert_file {tmp_path}/r1.der"
+    assert resolved.rank_cert.named == f"wireguard.rank_cert_file {tmp_path}/r1.der"
     with pytest.raises(IdentityError, match=r"^rank 2: .*\(wireguard.rank_cert_file .*\) field "
                        "cert names rank 1, not rank 2"):  # fmt: skip
         prepare(settings("2"), 2)
     with pytest.raises(IdentityError, match=r"^--rank-cert-file .*/none: cannot read"):
         settings("1", "--rank-cert-file", str(tmp_path / "none"))
+
+
+class FakeClaim:
+    def __init__(self, me: Member) -> None:
+        self.me = me
+        self.set: list[str] = []
+
+    def set_cert(self, cert: str) -> None:
+        self.set.append(cert)
+        self.me = dataclasses.replace(self.me, cert=cert)
+
+
+async def test_a_renewed_certificate_is_carried_and_a_bad_one_kept_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The csi-driver renews ``tls.crt`` in place: the daemon carries the new one once
+    it would be accepted; an unreadable file or a certificate readers would refuse is
+    logged once and the carried one kept."""
+    carried = b64(cert_der(["vnetd://m/rank/1"]))
+    renewed = b64(cert_der(["vnetd://m/rank/1"], start=NOW))
+    other_rank = b64(cert_der(["vnetd://m/rank/2"], start=NOW))
+    claim = FakeClaim(Member(1, WG_KEY, None, "pod", signing_key=HOLDER.public_key, cert=carried))
+    file: list[str | OSError] = [carried, OSError(2, "No such file"), other_rank, other_rank,
+                                 renewed, renewed]  # fmt: skip
+
+    def read() -> str:
+        value = file.pop(0) if len(file) > 1 else file[0]
+        if isinstance(value, OSError):
+            raise value
+        return value
+
+    caplog.set_level(logging.INFO, "vnetd.claim")
+    monkeypatch.setattr(rank_cert, "RANK_CERT_POLL", 0.001)  # real time: the read is a thread's
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rank_cert.follow_rank_cert, read, "--rank-cert-file F", SPEC, claim)
+            while len(file) > 1 or not claim.set:
+                await trio.sleep(0.01)
+            await trio.sleep(0.05)  # a few more reads of the same file
+            nursery.cancel_scope.cancel()
+    assert claim.set == [renewed]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "rank 1: --rank-cert-file F: No such file; keeping the certificate carried",
+        "rank 1: --rank-cert-file F: field cert names rank 2, not rank 1 (m-1); keeping the "
+        "certificate carried",
+    ]
+    assert any("rank certificate renewed from --rank-cert-file F (valid until" in r.getMessage()
+               for r in caplog.records)  # fmt: skip

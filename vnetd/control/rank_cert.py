@@ -25,16 +25,21 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from vnetd.control.proof import Signer, verify_signature
 from vnetd.errors import IdentityError
-from vnetd.model import is_ascii_number, key_bytes
+from vnetd.model import Member, is_ascii_number, key_bytes
 from vnetd.spec import MeshSpec
+
+log = logging.getLogger("vnetd.claim")
 
 SCHEME = "vnetd://"
 SKEW = 60.0
@@ -247,6 +252,60 @@ def check_own_cert(spec: MeshSpec, rank: int, signing_key: str, cert: str, sourc
         f"rank {rank}: the spec pins mesh.rank_ca, and this record{where} {why}; issue one "
         f"for this signing key with `vnetd rank-cert --rank {rank} ...` or mount the pod's"
     )
+
+
+RANK_CERT_POLL = 5.0
+"""How often ``follow_rank_cert`` reads the certificate file (a renewal is due at two
+thirds of a certificate's life: hours)."""
+
+
+class CertHolder(Protocol):
+    """What ``follow_rank_cert`` needs of the claim (``control.claim.ClaimHolder``)."""
+
+    @property
+    def me(self) -> Member: ...
+
+    def set_cert(self, cert: str) -> None: ...
+
+
+async def follow_rank_cert(
+    read: Callable[[], str], named: str, spec: MeshSpec, claim: CertHolder
+) -> None:
+    """Carry the certificate the file holds whenever it changes (the csi-driver renews
+    it in place): checked as readers will check it, then our record rewritten
+    (``claim.set_cert``). A file that cannot be read, or a certificate readers would
+    refuse (a renewal under a new key, another rank), is logged once and the carried
+    one kept.
+
+    Args:
+        read: the file's certificate as base64 DER (``identity.read_rank_cert``).
+        named: the flag, variable or spec key and the file, for the log.
+    """
+    import trio  # the daemon's: the codec that imports this module serves --help too
+
+    complaint: str | None = ""
+    while True:
+        await trio.sleep(RANK_CERT_POLL)
+        me = claim.me
+        try:
+            cert = await trio.to_thread.run_sync(read)
+        except (OSError, ValueError) as exc:
+            problem: str | None = exc.strerror if isinstance(exc, OSError) else str(exc)
+        else:
+            problem = None if cert == me.cert else refusal(spec, me.rank, me.signing_key, cert)
+            if problem is None and cert != me.cert:
+                claim.set_cert(cert)
+                log.info("rank %d: rank certificate renewed from %s (%s)", me.rank, named,
+                         _validity(cert, spec))  # fmt: skip
+        if problem is not None and problem != complaint:
+            log.warning("rank %d: %s: %s; keeping the certificate carried", me.rank, named,
+                        problem)  # fmt: skip
+        complaint = problem
+
+
+def _validity(cert: str, spec: MeshSpec) -> str:
+    facts = CACHE.lookup(cert, spec)
+    return f"valid until {_utc(facts.not_after)}" if isinstance(facts, RankCert) else facts
 
 
 def _utc(stamp: float) -> str:

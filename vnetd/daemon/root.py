@@ -73,7 +73,7 @@ def prepare(
     key, source = signer or daemon_signer(settings)
     check_pinned_signer(settings.spec, rank, key.public_key, source)
     me = settings.member(rank, keys.public_key, key.public_key, started=time.time())
-    cert_source = settings.rank_cert[0] if settings.rank_cert else ""
+    cert_source = settings.rank_cert.named if settings.rank_cert else ""
     check_own_cert(settings.spec, rank, key.public_key, me.cert, cert_source)
     return me, device_config(settings, rank, keys.private_key), key
 
