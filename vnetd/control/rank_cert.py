@@ -76,8 +76,10 @@ class RankCert:
 
     @property
     def named(self) -> str:
-        return "rank " + self.holder[1] if len(self.holder) == 2 else "pod " + "/".join(
-            self.holder[:2])  # fmt: skip
+        """The holder, for a message: ``rank 3``, or ``pod <namespace>/<name>``."""
+        if len(self.holder) == 2:
+            return f"rank {self.holder[1]}"
+        return f"pod {self.holder[0]}/{self.holder[1]}"
 
 
 class CertCache:
