@@ -37,7 +37,7 @@ EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 def commands() -> tuple[ModuleType, ...]:
     """Every command's module, in the order ``vnetd --help`` lists them (render adds
     ``render`` and ``hosts``)."""
-    from vnetd.commands import address_plan, demo, provision, register, signing_key
+    from vnetd.commands import address_plan, demo, provision, rank_cert, register, signing_key
     from vnetd.commands.doctor import command as doctor_command
     from vnetd.commands.render import command as render_command
     from vnetd.commands.status import command as status_command
@@ -52,6 +52,7 @@ def commands() -> tuple[ModuleType, ...]:
         wait_command,
         provision,
         signing_key,
+        rank_cert,
         doctor_command,
         demo,
     )

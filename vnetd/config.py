@@ -86,6 +86,9 @@ class Settings:
     signing_key_file: str | None = None
     """``--signing-key-file``; None: VNETD_SIGNING_KEY_FILE, ``[wireguard]
     signing_key_file``, else ``signing.key`` in the state dir."""
+    rank_cert_file: str | None = None
+    """``--rank-cert-file``; None: VNETD_RANK_CERT_FILE, ``[wireguard] rank_cert_file``,
+    else none."""
     site: str | None = None
     """``--site``; None: VNETD_SITE, then ``[site] name``."""
     public_endpoint: str | None = None

@@ -26,8 +26,10 @@ from vnetd import __version__
 from vnetd.config import Settings
 from vnetd.errors import IdentityError
 from vnetd.identity import (
+    RankCertFile,
     resolve_instance,
     resolve_public_endpoint,
+    resolve_rank_cert,
     resolve_rank_or_auto,
     resolve_signing_key_file,
     resolve_site,
@@ -63,6 +65,9 @@ class DaemonSettings:
     preshared_key: str | None = field(repr=False)
     signing_key_file: tuple[str, Path] | None
     """The record signing key's file and what named it; None: the state dir's."""
+    rank_cert: RankCertFile | None = None
+    """The rank certificate every record carries, read at start (and followed while
+    running: ``control.rank_cert.follow_rank_cert``); None: none."""
     public_endpoint_file: Path | None
     """``--public-endpoint-file``, followed while running."""
     exit_file: Path | None
@@ -98,6 +103,7 @@ class DaemonSettings:
             site=self.site,
             public_endpoint=self.public_endpoint,
             signing_key=signing_key,
+            cert=self.rank_cert.cert if self.rank_cert else "",
         )
 
 
@@ -136,6 +142,7 @@ def resolve_daemon_settings(
         resync_interval=flags.resync_interval,
         preshared_key=resolve_preshared_key(flags.preshared_key_file, env, spec),
         signing_key_file=resolve_signing_key_file(flags.signing_key_file, env, spec),
+        rank_cert=resolve_rank_cert(flags.rank_cert_file, env, spec),
         public_endpoint_file=flags.public_endpoint_file,
         exit_file=exit_file,
         wireguard_log=env.get(ENV_WIREGUARD_LOG, DEFAULT_WIREGUARD_LOG),

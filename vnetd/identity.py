@@ -15,7 +15,11 @@ default route. The key pair is ``vnetd.keys``'s.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
@@ -29,6 +33,9 @@ AUTO: Literal["auto"] = "auto"
 ENV_RANK = "VNETD_RANK"
 ENV_POD_IP = "POD_IP"
 ENV_SIGNING_KEY_FILE = "VNETD_SIGNING_KEY_FILE"
+ENV_RANK_CERT_FILE = "VNETD_RANK_CERT_FILE"
+RANK_CERT_FILE_MAX = 64 * 1024
+"""Largest rank certificate file read (a PEM chain of a few certificates)."""
 
 
 def _rank_sources(flag: str | None, env: Mapping[str, str]) -> list[tuple[str, str | None]]:
@@ -187,3 +194,71 @@ def resolve_signing_key_file(
         ("wireguard.signing_key_file", spec.local.signing_key_file),
     ]
     return next(((source, Path(value)) for source, value in sources if value), None)
+
+
+@dataclass(frozen=True)
+class RankCertFile:
+    """The rank certificate every record carries, as read at start."""
+
+    named: str
+    """What named the file, and the file (``--rank-cert-file FILE``), for messages."""
+    path: Path
+    cert: str
+    """Base64 DER."""
+
+
+def resolve_rank_cert(
+    flag: str | None, env: Mapping[str, str], spec: MeshSpec
+) -> RankCertFile | None:
+    """The rank certificate this member's records carry: the file ``--rank-cert-file``,
+    ``VNETD_RANK_CERT_FILE``, then ``[wireguard] rank_cert_file`` names, read once
+    (``read_rank_cert``); None: no file named.
+
+    Raises:
+        IdentityError: the file cannot be read or holds no certificate.
+    """
+    sources = [
+        ("--rank-cert-file", flag),
+        (ENV_RANK_CERT_FILE, env.get(ENV_RANK_CERT_FILE)),
+        ("wireguard.rank_cert_file", spec.local.rank_cert_file),
+    ]
+    named = next(((source, Path(value)) for source, value in sources if value), None)
+    if named is None:
+        return None
+    source, path = named
+    try:
+        return RankCertFile(f"{source} {path}", path, read_rank_cert(path))
+    except OSError as exc:
+        raise IdentityError(f"{source} {path}: cannot read the rank certificate: "
+                            f"{exc.strerror}") from None  # fmt: skip
+    except ValueError as exc:
+        raise IdentityError(f"{source} {path}: {exc}") from None
+
+
+def read_rank_cert(path: Path) -> str:
+    """The certificate in ``path`` as base64 DER: the file DER, or PEM (its first
+    certificate: the csi-driver's ``tls.crt``); what it holds is checked by
+    ``control.rank_cert``, which names the fault.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is empty, too large, or PEM without a certificate.
+    """
+    with path.open("rb") as file:
+        data = file.read(RANK_CERT_FILE_MAX + 1)
+    if len(data) > RANK_CERT_FILE_MAX or not data.strip():
+        raise ValueError(f"empty or over {RANK_CERT_FILE_MAX} bytes; name the rank "
+                         "certificate (DER or PEM)")  # fmt: skip
+    if b"-----BEGIN" not in data:
+        return base64.b64encode(data).decode()
+    match = _PEM_CERT.search(data)
+    try:
+        der = base64.b64decode(b"".join(match.group(1).split()), validate=True) if match else b""
+    except (binascii.Error, ValueError):
+        der = b""
+    if not der:
+        raise ValueError("PEM without a CERTIFICATE block; name the rank certificate")
+    return base64.b64encode(der).decode()
+
+
+_PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----([A-Za-z0-9+/=\s]+)-----END CERTIFICATE-----")

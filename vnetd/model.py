@@ -33,6 +33,10 @@ class Member:
     the record carried and which verified (``""``: an unsigned record, as older
     versions write). Only its holder can change a signed entry
     (docs/architecture.md, "Registry layout").
+
+    ``cert`` is the holder's rank certificate (base64 DER, covered by the proof):
+    where the spec pins a rank CA (``mesh.rank_ca``) it vouches for ``signing_key``
+    at this rank (``control.rank_cert``); ``""``: none.
     """
 
     rank: int
@@ -45,6 +49,7 @@ class Member:
     site: str = DEFAULT_SITE
     public_endpoint: str | None = None
     signing_key: str = ""
+    cert: str = ""
 
     def endpoint_from(self, site: str) -> str | None:
         """The endpoint a member of ``site`` reaches this one at: its site endpoint

@@ -175,6 +175,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.control.spec_check": CONTROL,
     "vnetd.control.membership": CONTROL,
     "vnetd.control.proof": CONTROL,
+    "vnetd.control.rank_cert": CONTROL,
     "vnetd.control.holders": CONTROL,
     "vnetd.control.retry": CONTROL,
     "vnetd.control.write_probe": CONTROL,
@@ -203,6 +204,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.commands.provision": COMMANDS,
     "vnetd.commands.register": COMMANDS,
     "vnetd.commands.signing_key": COMMANDS,
+    "vnetd.commands.rank_cert": COMMANDS,
     "vnetd.commands.up": COMMANDS,
     "vnetd.commands.render": COMMANDS,
     "vnetd.commands.render.cluster": COMMANDS,
@@ -252,7 +254,12 @@ ONLY_IMPORTED_BY: dict[str, set[str]] = {
         for name in LAYER_OF
         if name.startswith(("vnetd.dataplane.rtnetlink.", "vnetd.dataplane.kernel."))
     },
-    "cryptography": {"vnetd.keys", "vnetd.registry.etcd.security", "vnetd.control.proof"},
+    "cryptography": {
+        "vnetd.keys",
+        "vnetd.registry.etcd.security",
+        "vnetd.control.proof",
+        "vnetd.control.rank_cert",
+    },
 }
 """The library rules: only these modules import the library (the lab, test tooling, is
 exempt: it checks etcd's health over httpx)."""

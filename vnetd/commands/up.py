@@ -69,6 +69,13 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         "VNETD_SIGNING_KEY_FILE, else [wireguard] signing_key_file, else signing.key in "
         "the state dir)",
     )
+    up.add_argument(
+        "--rank-cert-file",
+        metavar="FILE",
+        help="the rank certificate (DER or PEM) for the record signing key, where the "
+        "spec pins [mesh] rank_ca: the csi-driver's tls.crt, or vnetd rank-cert's (else "
+        "VNETD_RANK_CERT_FILE, else [wireguard] rank_cert_file)",
+    )
     add_exit_on_file_argument(up)
     up.add_argument(
         "--instance", help="the name that owns the claim (else POD_NAME, else hostname)"

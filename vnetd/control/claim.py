@@ -136,6 +136,14 @@ class ClaimHolder:
             if self._wake is not None:
                 self._wake.cancel()
 
+    def set_cert(self, cert: str) -> None:
+        """Our rank certificate was renewed: carry it (at once if claimed)."""
+        if cert != self.me.cert:
+            self.me = replace(self.me, cert=cert)
+            self._record_changed.set()
+            if self._wake is not None:
+                self._wake.cancel()
+
     async def release(self, timeout: float = 2.0) -> None:  # noqa: ASYNC109 (a bounded cleanup)
         """Revoke the lease so peers drop this rank at once. Bounded; never raises."""
         if not self.lease:

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from vnetd.control import rank_cert
 from vnetd.control.proof import Signer, verify
 from vnetd.errors import IdentityError, RegistryError, SpecError, SpecMismatch, VnetdError
 from vnetd.model import Member, check_public_key, is_ascii_number, parse_endpoint
@@ -77,8 +78,9 @@ def encode_member(
         del record["site"]
     if member.public_endpoint is None:
         del record["public_endpoint"]
-    if not member.signing_key:
-        del record["signing_key"]
+    for field in ("signing_key", "cert"):
+        if not record[field]:
+            del record[field]
     body = _canonical(record)
     if signer is None and not member.signing_key:
         return body
@@ -159,6 +161,10 @@ def decode_member(
             key, record.get("public_endpoint"), "public_endpoint", spec=spec
         ),
     }
+    fields["cert"] = cert = _cert(key, record.get("cert", ""))
+    refused = rank_cert.refusal(spec, rank, record.get("signing_key"), cert)
+    if refused is not None:  # before the proof: a certificate seen before costs a lookup
+        raise BadEntry(f"{key}: {refused}")
     signing_key = _proven_signer(key, raw_key, record, lease, proven)
     _check_pin(spec, key, rank, signing_key)
     return Member(rank=rank, **fields, signing_key=signing_key)  # type: ignore[arg-type]
@@ -274,6 +280,14 @@ def _text(key: str, field: str, value: object, *, required: bool) -> str:
     return value
 
 
+def _cert(key: str, value: object) -> str:
+    """Optional: a rank certificate, base64, bounded (``control.rank_cert``)."""
+    if not isinstance(value, str) or len(value) > rank_cert.CERT_MAX:
+        raise BadEntry(f"{key}: field cert is not a string of at most {rank_cert.CERT_MAX} "
+                       "characters")  # fmt: skip
+    return value
+
+
 DEVICE_ID_MAX = 64
 """Longest ``device_id`` accepted (vnetd writes 16 hex digits)."""
 
@@ -367,7 +381,8 @@ async def try_claim(
     """
     key = member_key(spec, me.rank)
     value = encode_member(me, signer, key=key, lease=lease)
-    pinned = spec.pinned_key(me.rank) == me.signing_key != ""
+    pinned = _PINNED if spec.pinned_key(me.rank) == me.signing_key != "" else (
+        _VOUCHED if spec.rank_ca else "")  # fmt: skip
     for _ in range(3):  # a lost compare-and-swap race is retried a few times
         existing = await registry.create(key, value, lease)
         if existing is None:
@@ -384,17 +399,22 @@ async def try_claim(
     raise RegistryError(f"{key}: claim kept losing compare-and-swap races")
 
 
+_PINNED = "an entry not signed by the rank's pinned key"
+_VOUCHED = "an entry with no rank certificate for its key at this rank"
+
+
 def _replaceable(
-    existing: KeyValue, holder: Member | None, me: Member, ours: int, pinned: bool = False
+    existing: KeyValue, holder: Member | None, me: Member, ours: int, pinned: str = ""
 ) -> str | None:
     """Why ``me`` may replace ``existing`` ("" for our own entry), or None: it is held.
 
-    ``pinned``: the spec pins our rank to our signing key, so an entry not signed by
-    it (readers skip it: ``_check_pin``) holds nothing either."""
+    ``pinned`` (what such an entry is): the spec pins our rank to our signing key or
+    a rank CA, so an entry readers skip (``_check_pin``, ``rank_cert.refusal``) holds
+    nothing either."""
     if existing.lease == 0:
         return "a leaseless entry"  # every claim is bound to a lease: this holds nothing
-    if pinned and (holder is None or holder.signing_key != me.signing_key):
-        return "an entry not signed by the rank's pinned key"
+    if pinned and holder is None:  # readers take no entry but the pinned or vouched one
+        return pinned
     overwritten = holder is None or holder.signing_key != me.signing_key
     if ours and existing.create_revision == ours and overwritten:
         return "our entry, overwritten by another writer"

@@ -64,6 +64,11 @@ class Signer:
     def private_bytes(self) -> bytes:
         return self._private.private_bytes_raw()
 
+    @property
+    def private_key(self) -> Ed25519PrivateKey:
+        """The key itself, for what signs other than a record (a rank certificate)."""
+        return self._private
+
     def sign(self, key: str, lease: int, body: bytes) -> str:
         """The base64 proof of ``body`` written at registry ``key`` under ``lease``."""
         return base64.b64encode(self._private.sign(signed_bytes(key, lease, body))).decode()
@@ -90,6 +95,21 @@ def verify(signing_key: str, proof: str, key: str, lease: int, body: bytes) -> b
             return False
         crypto_sign_open(signature + signed_bytes(key, lease, body), public)
     except (ValueError, binascii.Error, BadSignatureError):
+        return False
+    return True
+
+
+def verify_signature(public: bytes, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is the Ed25519 signature of ``message`` by ``public`` (raw
+    bytes: a rank certificate's, ``control.rank_cert``), with libsodium as proofs."""
+    from nacl.bindings import crypto_sign_BYTES, crypto_sign_open
+    from nacl.exceptions import BadSignatureError
+
+    if len(signature) != crypto_sign_BYTES or len(public) != 32:
+        return False
+    try:
+        crypto_sign_open(signature + message, public)
+    except (ValueError, BadSignatureError):
         return False
     return True
 
@@ -137,8 +157,10 @@ def open_signer(
 
 
 def load_signer(path: Path, source: str = "") -> Signer:
-    """The signing key in the file ``path`` (``signing.key``'s format: base64 of the
-    32-byte Ed25519 seed, no access for group or others: 0600, or a Secret's 0400).
+    """The signing key in the file ``path``: ``signing.key``'s format (base64 of the
+    32-byte Ed25519 seed) or a PKCS8 PEM Ed25519 key (cert-manager's csi-driver's
+    ``tls.key``); readable by the owner and at most its group (0600, a Secret's 0400,
+    the csi-driver's 0440), writable by the owner alone.
 
     Args:
         source: the flag, variable or spec key that named ``path``, put before it in
@@ -151,7 +173,7 @@ def load_signer(path: Path, source: str = "") -> Signer:
     named = f"{source} {path}" if source else str(path)
     try:
         mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
+        if mode & 0o037:
             raise IdentityError(
                 f"{named}: mode {mode:04o} lets others read the signing key; run chmod 600 {path}"
             )
@@ -159,12 +181,30 @@ def load_signer(path: Path, source: str = "") -> Signer:
     except OSError as exc:
         raise IdentityError(f"{named}: cannot use the signing key: {exc.strerror}") from None
     try:
+        if text.lstrip().startswith("-----BEGIN"):
+            return _pem_signer(text.encode())
         return Signer.from_private_bytes(base64.b64decode(text.strip(), validate=True))
     except ValueError:
         raise IdentityError(
             f"{named}: not a base64 Ed25519 private key (make one with "
             "`vnetd signing-key --create --key-file FILE`)"
         ) from None
+
+
+def _pem_signer(text: bytes) -> Signer:
+    """A PKCS8 PEM key, unencrypted. Raises ValueError: not one, encrypted, or not
+    Ed25519."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        key = load_pem_private_key(text, password=None)
+    except (TypeError, UnsupportedAlgorithm):
+        raise ValueError("not an unencrypted PEM key") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError("not an Ed25519 key")
+    return Signer(key)
 
 
 def create_signer_file(path: Path, source: str) -> Signer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -17,12 +18,14 @@ import trio
 from vnetd.control.claim import ClaimHolder, follow_public_endpoint
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.proof import Signer
+from vnetd.control.rank_cert import follow_rank_cert
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.daemon.reconciler import Reconciler
 from vnetd.daemon.running import Running
 from vnetd.daemon_settings import DaemonSettings
 from vnetd.dataplane.base import Dataplane, RestartingDataplane, device_id_of
+from vnetd.identity import read_rank_cert
 from vnetd.model import Member
 from vnetd.registry import Registry
 from vnetd.spec import MeshSpec
@@ -109,6 +112,9 @@ async def run_control_plane(
             await nursery.start(claim.run)
             if settings.public_endpoint_file is not None:
                 nursery.start_soon(follow_public_endpoint, settings.public_endpoint_file, claim)
+            if settings.rank_cert is not None and spec.rank_ca:
+                read = partial(read_rank_cert, settings.rank_cert.path)
+                nursery.start_soon(follow_rank_cert, read, settings.rank_cert.named, spec, claim)
             task_status.started(Running(spec, me, view, claim, reconciler, dataplane, health))
     finally:
         await claim.release()

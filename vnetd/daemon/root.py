@@ -32,6 +32,7 @@ import trio
 from vnetd import gc_pause
 from vnetd.control.membership import check_pinned_signer
 from vnetd.control.proof import open_signer
+from vnetd.control.rank_cert import check_own_cert
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.daemon_settings import DaemonSettings
 from vnetd.dataplane.base import Dataplane, DeviceConfig, device_id_of
@@ -72,6 +73,8 @@ def prepare(
     key, source = signer or daemon_signer(settings)
     check_pinned_signer(settings.spec, rank, key.public_key, source)
     me = settings.member(rank, keys.public_key, key.public_key, started=time.time())
+    cert_source = settings.rank_cert.named if settings.rank_cert else ""
+    check_own_cert(settings.spec, rank, key.public_key, me.cert, cert_source)
     return me, device_config(settings, rank, keys.private_key), key
 
 

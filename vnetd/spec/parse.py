@@ -49,6 +49,7 @@ _MESH_KEYS: dict[str, type] = {
     "persistent_keepalive": int,
     "site_keepalive": int,
     "doctor_port": int,
+    "rank_ca": list,
 }
 _REGISTRY_KEYS: dict[str, type] = {
     "endpoints": list,
@@ -150,6 +151,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         site=_site_spec(_table(data, "site")),
         gateways=_gateways(_table(data, "sites"), size),
         gateway_keys=_gateway_keys(_table(data, "sites")),
+        rank_ca=_rank_ca(mesh["rank_ca"]) if "rank_ca" in mesh else (),
         registry=_registry(registry),
         http=HttpSpec(
             listen=check_listen(http["listen"], "http.listen") if "listen" in http else None
@@ -170,6 +172,7 @@ _WIREGUARD_KEYS: dict[str, type] = {
     "dataplane": str,
     "preshared_key_file": str,
     "signing_key_file": str,
+    "rank_cert_file": str,
 }
 
 
@@ -182,6 +185,7 @@ def _dataplane_spec(table: Mapping[str, Any]) -> DataplaneSpec:
         dataplane=value,
         preshared_key_file=table.get("preshared_key_file"),
         signing_key_file=table.get("signing_key_file"),
+        rank_cert_file=table.get("rank_cert_file"),
     )
 
 
@@ -246,6 +250,29 @@ def _gateway_keys(table: Mapping[str, Any]) -> tuple[tuple[int, str], ...]:
                 ) from None
             pins.append((int(text), value))
     return tuple(sorted(pins))
+
+
+def _rank_ca(values: list[Any]) -> tuple[str, ...]:
+    """``[mesh] rank_ca = ["CA public key", ...]``: base64 Ed25519 public keys, each once,
+    kept in the order given (the stored spec compares them as written)."""
+    from vnetd.model import key_bytes  # as in _gateway_keys
+
+    if not values:
+        raise SpecError("mesh.rank_ca: empty; list the rank CA's public key or drop the key")
+    for index, value in enumerate(values):
+        key = f"mesh.rank_ca[{index}]"
+        if not isinstance(value, str):
+            raise SpecError(f"{key}: expected a string, got {_kind(value)}")
+        try:
+            key_bytes(value)
+        except ValueError:
+            raise SpecError(
+                f"{key}: {value[:60]!r} is not an Ed25519 public key: give the rank CA's "
+                "(base64 of 32 bytes), as `vnetd rank-ca --key-file FILE` prints it"
+            ) from None
+        if value in values[:index]:
+            raise SpecError(f"{key}: {value[:12]!r} is listed twice; list each CA once")
+    return tuple(values)
 
 
 def check_site_name(value: str, source: str) -> str:

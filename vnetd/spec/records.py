@@ -70,6 +70,9 @@ class DataplaneSpec:
     signing_key_file: str | None = None
     """A file holding this node's record signing key (``signing.key``'s format), e.g.
     a pinned gateway's; None: the state dir's ``signing.key``."""
+    rank_cert_file: str | None = None
+    """A file holding this node's rank certificate (DER or PEM), where ``[mesh]
+    rank_ca`` is pinned; None: none."""
 
 
 DEFAULT_SITE = "default"
@@ -117,6 +120,10 @@ class MeshSpec:
     gateway_keys: tuple[tuple[int, str], ...] = ()
     """``[sites.<name>] gateway_keys``: (gateway rank, the record signing public key
     pinned for it), sorted by rank; () : none pinned."""
+    rank_ca: tuple[str, ...] = ()
+    """``[mesh] rank_ca``: the Ed25519 public keys (base64) whose rank certificates
+    vouch for a record's signing key at its rank (``control.rank_cert``), more than
+    one while a CA is rotated; () : records are not vouched for."""
     site: SiteSpec = SiteSpec()
 
     @property
@@ -244,6 +251,10 @@ class MeshSpec:
             table["gateway_keys"] = {str(rank): key for rank, key in self.gateway_keys}
         else:
             del table["gateway_keys"]  # absent without pins: older meshes compare equal
+        if self.rank_ca:
+            table["rank_ca"] = list(self.rank_ca)
+        else:
+            del table["rank_ca"]  # as gateway_keys
         table["network"] = str(self.network)
         if self.network6 is None:
             # Absent, not null: the stored spec of a mesh made before network6 existed
