@@ -10,6 +10,13 @@ password is generated here and written to ``--passwords DIR/<user>`` (mode 0600,
 never printed); a file already there is used as the password instead (a run that
 failed part-way). Existing users keep their passwords. What each user may do:
 docs/security.md, "Scoped credentials"; the plan itself is ``vnetd.control.access``.
+
+``--enable-auth`` makes it the deployment's step that locks etcd down (docs/kubernetes.md,
+"etcd with auth on"): given ``--etcd-user root`` and root's password, it asks etcd
+without a user whether auth is on; if not, it applies the plan unauthenticated, makes
+the user ``root`` with that password (if absent) and turns auth on, so every user exists
+before auth is; if auth is on, it applies the plan as root. ``--wait S`` tries again
+for up to S seconds while etcd does not answer (a Job started beside etcd).
 Exit status: 0 done, 2 bad input or etcd refused.
 """
 
@@ -19,17 +26,26 @@ import argparse
 import os
 import secrets
 import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vnetd.config import add_etcd_arguments, spec_from_args
 from vnetd.control.access import access_plan
 from vnetd.errors import IdentityError, SpecError
 from vnetd.ranks import parse_ranks
-from vnetd.registry.access_base import AccessPlan, User
+from vnetd.registry.access_base import AccessControl, AccessPlan, User
+from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
 
 PASSWORD_BYTES = 24
+ROOT_USER = "root"
+"""The user ``--enable-auth`` needs: etcd enables auth only once a user ``root`` exists."""
+WAIT_BACKOFF = (0.5, 5.0)
+"""``--wait``'s first and longest pause between tries, in seconds."""
+
+T = TypeVar("T")
 
 
 def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
@@ -73,6 +89,19 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         metavar="PATTERN",
         help="a rank user's name, with {name} and {rank} (default: the spec's hostname "
         "pattern, i.e. the StatefulSet pod's name)",
+    )
+    parser.add_argument(
+        "--enable-auth",
+        action="store_true",
+        help="also make the user root (password: --etcd-password-file) and turn etcd's "
+        "auth on, once the roles and users exist; needs --etcd-user root",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="try again for up to SECONDS while etcd does not answer (default 0)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the roles and users; change nothing"
@@ -140,29 +169,88 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--passwords: give the directory for new users' passwords")
     if not args.passwords.is_dir():
         raise SpecError(f"--passwords {args.passwords}: not a directory; create it (mode 0700)")
-    changes = trio.run(provision, spec, plan, args.passwords)
+    if args.wait < 0:
+        raise SpecError(f"--wait {args.wait:g}: give 0 or more seconds")
+    root_password = root_password_of(spec) if args.enable_auth else None
+    changes = trio.run(
+        waiting, args.wait, lambda: provision(spec, plan, args.passwords, root_password)
+    )
     for line in changes or ["nothing to change"]:
         print(line)
     sys.stdout.flush()
     return 0
 
 
-async def provision(spec: MeshSpec, plan: AccessPlan, passwords: Path) -> list[str]:
-    """Store the spec and apply ``plan``; returns the changes made."""
-    from vnetd.control.membership import ensure_spec, spec_key
-    from vnetd.errors import RegistryError, plain_errors
+def root_password_of(spec: MeshSpec) -> str:
+    """Root's password for ``--enable-auth``, from the etcd flags (errors name them)."""
+    registry = spec.registry
+    if registry.username != ROOT_USER or not registry.password:
+        raise SpecError(
+            f"--enable-auth: give --etcd-user {ROOT_USER} and --etcd-password-file with "
+            f"{ROOT_USER}'s password (etcd enables auth only once user {ROOT_USER} exists; "
+            "it is made with that password if absent)"
+        )
+    return registry.password
+
+
+async def waiting(seconds: float, attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``, tried again while the registry is unavailable, for up to
+    ``seconds`` (each failure one line on stderr; the last one is raised)."""
+    import trio
+
+    from vnetd.control.retry import Backoff
+    from vnetd.errors import RegistryUnavailable
+
+    deadline = trio.current_time() + seconds
+    backoff = Backoff(*WAIT_BACKOFF)
+    while True:
+        try:
+            return await attempt()
+        except RegistryUnavailable as exc:
+            delay = backoff.next_delay()
+            if trio.current_time() + delay > deadline:
+                raise
+            print(f"provision: {exc}; trying again in {delay:.1f} s", file=sys.stderr)
+            await trio.sleep(delay)
+
+
+async def provision(
+    spec: MeshSpec, plan: AccessPlan, passwords: Path, root_password: str | None = None
+) -> list[str]:
+    """Store the spec and apply ``plan``; with ``root_password``, also make root and
+    turn auth on if it is off (the module's docstring). Returns the changes made."""
+    from vnetd.errors import plain_errors
     from vnetd.registry import open_registry
-    from vnetd.registry.access_base import AccessControl
 
     with plain_errors():
+        if root_password is not None:
+            anonymous = replace(spec.registry, username=None, password=None, password_file=None)
+            async with open_registry(anonymous) as registry:
+                access = access_control(registry)
+                if not await access.auth_enabled():
+                    changes = await apply(registry, spec, plan, passwords)
+                    return changes + await access.enable_auth(root_password)
         async with open_registry(spec.registry) as registry:
-            if not isinstance(registry, AccessControl):
-                raise RegistryError("registry: this backend has no users and roles to provision")
-            stored = await ensure_spec(registry, spec)
-            changes = [f"spec {spec_key(spec)}: stored"] if stored else []
-            return changes + await registry.apply_access(
-                plan, lambda user: password_file(passwords, user)
-            )
+            return await apply(registry, spec, plan, passwords)
+
+
+def access_control(registry: Registry) -> AccessControl:
+    from vnetd.errors import RegistryError
+
+    if not isinstance(registry, AccessControl):
+        raise RegistryError("registry: this backend has no users and roles to provision")
+    return registry
+
+
+async def apply(registry: Registry, spec: MeshSpec, plan: AccessPlan, passwords: Path) -> list[str]:
+    """The spec stored (create-if-absent) and ``plan`` applied through ``registry``."""
+    from vnetd.control.membership import ensure_spec, spec_key
+
+    stored = await ensure_spec(registry, spec)
+    changes = [f"spec {spec_key(spec)}: stored"] if stored else []
+    return changes + await access_control(registry).apply_access(
+        plan, lambda user: password_file(passwords, user)
+    )
 
 
 def describe(plan: AccessPlan) -> list[str]:
