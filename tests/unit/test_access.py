@@ -7,6 +7,7 @@ against a stand-in for etcd's auth store that answers as etcd 3.4 was seen to
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -231,7 +232,7 @@ class AuthRegistry(MemoryRegistry):
         return ["auth: enabled"]
 
 
-ROOT_SPEC = replace(SPEC, registry=replace(SPEC.registry, username="root", password="root-secret"))
+ROOT = replace(SPEC.registry, username="root", password="root-secret")
 
 
 @pytest.mark.parametrize(
@@ -246,12 +247,44 @@ async def test_enable_auth_applies_the_plan_before_auth_is_on_and_as_root_after(
 ) -> None:
     etcd = AuthEtcd(enabled=enabled)
     monkeypatch.setattr(vnetd.registry, "open_registry", etcd.open)
-    changes = await provision_command.provision(ROOT_SPEC, plan(), tmp_path, "root-secret")
+    mesh = provision_command.MeshAccess(SPEC, plan(), tmp_path)
+    changes = await provision_command.provision(ROOT, mesh, "root-secret")
     assert etcd.events == events
     assert changes[-1] == last
     assert etcd.enabled
-    again = await provision_command.provision(ROOT_SPEC, plan(), tmp_path, "root-secret")
+    again = await provision_command.provision(ROOT, mesh, "root-secret")
     assert etcd.events[len(events) :] == ["plan as root"] and "auth: enabled" not in again
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+async def test_without_a_spec_only_root_and_auth_are_made(
+    monkeypatch: pytest.MonkeyPatch, enabled: bool
+) -> None:
+    """``vnetd provision --enable-auth`` without ``--config``: the Job etcd-auth."""
+    etcd = AuthEtcd(enabled=enabled)
+    monkeypatch.setattr(vnetd.registry, "open_registry", etcd.open)
+    changes = await provision_command.provision(ROOT, None, "root-secret")
+    assert (etcd.events, changes) == (
+        ([], []) if enabled else (["enable as None"], ["auth: enabled"])
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        pytest.param([], "--config: give the mesh spec", id="no-config-no-enable-auth"),
+        pytest.param(["--enable-auth"], "--etcd: give etcd's client URL", id="no-etcd"),
+        pytest.param(["--enable-auth", "--etcd", "http://e:2379"], "--enable-auth: give",
+                     id="no-root"),
+        pytest.param(["--enable-auth", "--wait", "-1"], "--wait -1", id="negative-wait"),
+    ],
+)  # fmt: skip
+def test_provision_without_a_spec_names_the_missing_flag(argv: list[str], needle: str) -> None:
+    from vnetd.cli import build_parser
+
+    args = build_parser().parse_args(["provision", *argv])
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        provision_command.run(args)
 
 
 @pytest.mark.parametrize(
@@ -260,9 +293,9 @@ async def test_enable_auth_applies_the_plan_before_auth_is_on_and_as_root_after(
      pytest.param("root", None, id="no-password")],
 )  # fmt: skip
 def test_enable_auth_needs_roots_credentials(user: str | None, password: str | None) -> None:
-    spec = replace(SPEC, registry=replace(SPEC.registry, username=user, password=password))
+    registry = replace(SPEC.registry, username=user, password=password)
     with pytest.raises(SpecError, match="--enable-auth: give --etcd-user root"):
-        provision_command.root_password_of(spec)
+        provision_command.root_password_of(registry)
 
 
 async def test_wait_tries_again_while_etcd_is_unreachable_and_gives_up_at_its_bound(
