@@ -107,7 +107,8 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="try again for up to SECONDS while etcd does not answer (default 0)",
+        help="try again for up to SECONDS while etcd does not answer or does not take the "
+        "credential yet (default 0)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the roles and users; change nothing"
