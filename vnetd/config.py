@@ -251,14 +251,33 @@ def with_http_listen(spec: MeshSpec, listen: str | None) -> MeshSpec:
 
 def with_etcd_access(spec: MeshSpec, access: AccessFlags, env: Mapping[str, str]) -> MeshSpec:
     """``spec`` with its ``[registry]`` access settings overridden by flags, then env,
-    and the password read.
+    and the password read (``registry_access``)."""
+    return replace(spec, registry=registry_access(spec.registry, access, env))
+
+
+def registry_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> RegistrySpec:
+    """The registry settings of a command given no spec (``vnetd provision
+    --enable-auth``): ``--etcd`` URLs, then the access flags and environment.
+
+    Raises:
+        SpecError: no ``--etcd`` URL, or what ``registry_access`` raises.
+    """
+    if not args.etcd:
+        raise SpecError("--etcd: give etcd's client URL (without --config no spec names one)")
+    endpoints = tuple(check_etcd_url(url) for url in args.etcd)
+    return registry_access(RegistrySpec(endpoints=endpoints), etcd_access(args), env)
+
+
+def registry_access(
+    registry: RegistrySpec, access: AccessFlags, env: Mapping[str, str]
+) -> RegistrySpec:
+    """``registry``'s access settings overridden by flags, then env, and the password read.
 
     Raises:
         SpecError: a file is missing or unreadable, a user has no password (or
             a password no user), a certificate has no key, or TLS files are
             given for http:// endpoints; the message names the flag.
     """
-    registry = spec.registry
     values: dict[str, str | None] = {}
     for name, (_flag, variable) in _ACCESS.items():
         value = access.get(name) or env.get(variable) or getattr(registry, name)
@@ -267,7 +286,7 @@ def with_etcd_access(spec: MeshSpec, access: AccessFlags, env: Mapping[str, str]
     _check_files(registry)
     password = _password(registry, env)
     _check_combination(registry, password)
-    return replace(spec, registry=replace(registry, password=password))
+    return replace(registry, password=password)
 
 
 def _where(name: str) -> str:

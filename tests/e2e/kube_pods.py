@@ -4,14 +4,17 @@ A pod is a lab pod (its network namespace) plus a "sandbox" process whose
 mount and UTS namespaces the containers join (``Lab.start(beside=...)``):
 every volume of the template becomes a directory (ConfigMap items, Secret
 keys with ``defaultMode``, ``emptyDir`` as 0777, ``hostPath`` directories
-per node, the node's own under ``/dev``) bind-mounted at each ``mountPath`` (read-only where asked), over
+per node, the node's own under ``/dev``) bind-mounted at each ``mountPath``
+(read-only where asked; a ``subPath`` mount binds one file of it), over
 private overlays of ``/etc`` and ``/var/lib`` so the mount points can exist.
 Each container runs its exact ``command``/``args`` (the image's ENTRYPOINT
 when there is no ``command``) after Kubernetes' ``$(VAR)`` expansion, with
 the env the manifest gives it (``fieldRef`` resolved), under ``setpriv`` as
 its user (``runAsUser``, else the image's user), with its capabilities as
 the bounding set and ``no_new_privs`` when privilege escalation is off; a
-``privileged`` container runs as root with every capability.
+``privileged`` container runs as root with every capability. A pod's
+``fsGroup`` owns its Secret and ConfigMap files, and is its containers' one
+supplementary group, as the kubelet does it.
 
 Not emulated: seccomp, the container's own root filesystem (one mount
 namespace per pod), resource limits, probes (callers wait themselves).
@@ -25,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -114,7 +118,9 @@ class KubePod:
         bounding = ",".join(["-all", *(f"+{c.lower()}" for c in caps.get("add", []))])
         argv = ["setpriv", f"--bounding-set={bounding}"]
         if uid != 0:
-            argv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+            group = self.spec.get("securityContext", {}).get("fsGroup")
+            groups = "--clear-groups" if group is None else f"--groups={group}"
+            argv += [f"--reuid={uid}", f"--regid={uid}", groups]
         if security.get("allowPrivilegeEscalation") is False:
             argv.append("--no-new-privs")
         return [*argv, "--"]
@@ -146,6 +152,7 @@ def materialize_volumes(
 ) -> dict[str, Path | None]:
     """A directory per volume of the pod (None: a host device already in place)."""
     sources: dict[str, Path | None] = {}
+    group = spec.get("securityContext", {}).get("fsGroup", -1)
     for volume in spec.get("volumes", []):
         name = volume["name"]
         target = root / "volumes" / name
@@ -163,11 +170,13 @@ def materialize_volumes(
             for item in items:
                 (target / item["path"]).write_text(data[item["key"]])
                 (target / item["path"]).chmod(volume["configMap"].get("defaultMode", 0o644))
+                os.chown(target / item["path"], -1, group)
         elif "secret" in volume:
             data = secrets[volume["secret"]["secretName"]]
             for key, value in data.items():
                 (target / key).write_bytes(value)
                 (target / key).chmod(volume["secret"].get("defaultMode", 0o644))
+                os.chown(target / key, -1, group)
         elif "emptyDir" in volume:
             target.chmod(0o777)
         sources[name] = target
@@ -200,8 +209,13 @@ def mount_script(spec: Obj, sources: Mapping[str, Path | None], work: Path) -> s
         source = sources[name]
         if source is None:
             continue
-        lines += [f"mkdir -p {shlex.quote(path)}",
-                  f"mount --bind {shlex.quote(str(source))} {shlex.quote(path)}"]  # fmt: skip
+        if "subPath" in mount:  # one file of the volume, bound over a file
+            source = source / mount["subPath"]
+            target = shlex.quote(path)
+            lines += [f"mkdir -p $(dirname {target})", f"touch {target}"]
+        else:
+            lines.append(f"mkdir -p {shlex.quote(path)}")
+        lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(path)}")
         if mount.get("readOnly"):
             lines.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
     return "\n".join(lines) + "\n"
@@ -251,9 +265,15 @@ def shim_directory(prefix: str, extra: Mapping[str, Path] | None = None) -> Iter
     try:
         directory.chmod(0o755)
         vnetd = directory / "vnetd"
+        python, path = shlex.quote(sys.executable), shlex.quote(str(root))
+        packages = shlex.quote(f"{root}:{sysconfig.get_paths()['purelib']}")
+        # A container of a non-root user (the provisioning Jobs) may not reach this
+        # interpreter (pyenv under /root, mode 0700): it gets the system's python3 of
+        # the same minor version, with this interpreter's packages.
         vnetd.write_text(
-            f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(root))} "
-            f'exec {shlex.quote(sys.executable)} -m vnetd "$@"\n'
+            f"#!/bin/sh\nif [ -x {python} ]; then\n"
+            f'  PYTHONPATH={path} exec {python} -m vnetd "$@"\nfi\n'
+            f'PYTHONPATH={packages} exec /usr/bin/python3 -m vnetd "$@"\n'
         )
         for name, source in (extra or {}).items():
             shutil.copy(source, directory / name)

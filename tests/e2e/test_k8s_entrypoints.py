@@ -5,7 +5,11 @@ The pods of ``manifests/sidecar/vnetd.yaml`` (the Indexed Job) and
 volumes mounted from the ConfigMap and Secrets, the exact ``command`` and
 ``args`` after ``$(VAR)`` expansion, each container's user and capabilities.
 etcd serves TLS with ``--client-cert-auth`` from certificates made by the
-documented ``openssl`` commands, and answers as ``etcd-client``. Flux is not
+documented ``openssl`` commands, and answers as ``etcd-client``; its auth is
+turned on as shipped: the Job ``etcd-auth`` (manifests/etcd/auth-job.yaml) and
+then the mesh's provisioning Job (``provision.yaml`` beside ``vnetd.yaml``) run
+to their end, each in a pod of its own, with the documented passwords as their
+Secrets, before the mesh's pods start with the user the Job made. Flux is not
 installed: ``flux`` is ``flux_stub.py``, which checks what ``flux broker``
 would read (config, a 0400 certificate of its own user, the bind address up)
 and says so. So a manifest that would fail at start fails here.
@@ -47,18 +51,20 @@ def shims() -> Iterator[Path]:
 
 
 def documented_certificates(directory: Path) -> dict[str, bytes]:
-    """Run docs/kubernetes.md's openssl commands ("etcd over TLS by hand") in ``directory``."""
+    """Run docs/kubernetes.md's openssl commands ("etcd over TLS by hand", and the
+    passwords of "etcd with auth on") in ``directory``."""
     text = (ROOT / "docs" / "kubernetes.md").read_text()
     blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
     commands = [line for b in blocks for line in b.splitlines() if line.startswith("openssl ")]
-    assert len(commands) == 7
+    assert len([c for c in commands if not c.startswith("openssl rand ")]) == 8
     for command in commands:
         result = subprocess.run(
             shlex.split(command), cwd=directory, capture_output=True, timeout=60
         )
         assert result.returncode == 0, result.stderr.decode()
     return {name: (directory / name).read_bytes() for name in
-            ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}  # fmt: skip
+            ("ca.crt", "server.crt", "server.key", "client.crt", "client.key", "root.pw",
+             "vnetd-flux-sample")}  # fmt: skip
 
 
 class EtcdTlsByName(EtcdTls):
@@ -81,7 +87,47 @@ async def start_tls_etcd(lab: Lab, directory: Path) -> dict[str, dict[str, bytes
     await lab.start_etcd(tls=tls)
     client = {"ca.crt": files["ca.crt"], "tls.crt": files["client.crt"],
               "tls.key": files["client.key"]}  # fmt: skip
-    return {"vnetd-etcd-client-tls": client}
+    mesh_users = {"vnetd-flux-sample": files["vnetd-flux-sample"], "vnetd-hpc-nodes": b"hpc-pw\n"}
+    return {"vnetd-etcd-client-tls": client, "etcd-root": {"password": files["root.pw"]},
+            "vnetd-etcd-password": mesh_users}  # fmt: skip
+
+
+def job_pod(path: Path) -> dict:
+    """The pod template of the Job in ``path``."""
+    return job_pod_of(path.read_text())
+
+
+def job_pod_of(text: str) -> dict:
+    """The pod template of the Job in a YAML stream."""
+    (job,) = [d for d in yaml.safe_load_all(text) if d["kind"] == "Job"]
+    return job["spec"]["template"]["spec"]
+
+
+async def run_auth_jobs(
+    lab: Lab, pods: list, shims: Path, mesh_job: dict, config_maps: dict, secrets: dict
+) -> list[str]:
+    """etcd-auth, then the mesh's provisioning Job (``mesh_job``: its pod template), each
+    to its end in a pod of its own (their output); etcd answers with auth on afterwards,
+    and the lab's etcdctl logs in as root."""
+    outputs = []
+    jobs = {"etcd-auth": job_pod(ROOT / "manifests" / "etcd" / "auth-job.yaml"), "mesh": mesh_job}
+    for pod, (name, spec) in zip(pods, jobs.items(), strict=True):
+        kube = await start_pod(
+            lab, pod, spec, hostname=name, fields={}, extra_env={"PATH": f"{shims}:{PATH}"},
+            config_maps=config_maps, secrets=secrets,
+        )  # fmt: skip
+        result = await kube.run_to_end("provision", 90)
+        output = result.stdout.decode() + result.stderr.decode()
+        assert result.returncode == 0, f"{name}: {output}"
+        print(f"Job {name}:\n{output}")
+        outputs.append(result.stdout.decode())
+    root = secrets["etcd-root"]["password"].decode().strip()
+    lab.etcdctl_flags += ["--user", f"root:{root}"]  # the lab's own etcdctl, from now on
+    return outputs
+
+
+def provision_job(base: str) -> dict:
+    return job_pod(ROOT / "manifests" / base / "provision.yaml")
 
 
 def rendered(base: str) -> dict[str, list[dict]]:
@@ -104,11 +150,17 @@ async def test_job_pods_start_as_the_manifests_say(shims: Path, tmp_path: Path):
     config_maps = {c["metadata"]["name"]: c for c in objects["ConfigMap"]}
     name, size = job["metadata"]["name"], job["spec"]["completions"]
     with trio.fail_after(240):
-        async with open_lab(size, with_etcd=False) as lab:
+        async with open_lab(size + 2, with_etcd=False) as lab:
             secrets = await start_tls_etcd(lab, tmp_path)
             secrets[f"{name}-curve-cert"] = {"curve.cert": CURVE_CERT}
+            auth, mesh_user = await run_auth_jobs(lab, lab.pods[size:], shims,
+                                                  provision_job("sidecar"), config_maps, secrets)  # fmt: skip
+            assert auth.splitlines() == ["user root: created", "user root: granted role root",
+                                         "auth: enabled"]  # fmt: skip
+            assert "user vnetd-flux-sample: created (mesh)" in mesh_user.splitlines()
+            assert "auth: enabled" not in mesh_user, "auth was on: the user is made as root"
             pods: list[KubePod] = []
-            for index, pod in enumerate(lab.pods):
+            for index, pod in enumerate(lab.pods[:size]):
                 pods.append(await start_pod(
                     lab, pod, spec, hostname=f"{name}-{index}",
                     fields={"status.podIP": pod.underlay_ip,
@@ -157,10 +209,13 @@ async def test_daemonset_pods_start_and_take_the_underlay_interface(shims: Path,
     spec = daemonset["spec"]["template"]["spec"]
     config_maps = {c["metadata"]["name"]: c for c in objects["ConfigMap"]}
     with trio.fail_after(180):
-        async with open_lab(3, with_etcd=False) as lab:
+        async with open_lab(5, with_etcd=False) as lab:
             secrets = await start_tls_etcd(lab, tmp_path)
+            _, mesh_user = await run_auth_jobs(lab, lab.pods[3:], shims,
+                                               provision_job("daemonset"), config_maps, secrets)  # fmt: skip
+            assert "user vnetd-hpc-nodes: created (mesh)" in mesh_user.splitlines()
             nodes: list[KubePod] = []
-            for index, pod in enumerate(lab.pods):
+            for index, pod in enumerate(lab.pods[:3]):
                 underlay = "eth0" if index < 2 else "ib0"
                 nodes.append(await start_pod(
                     lab, pod, spec, hostname=f"node-{index}",
@@ -207,10 +262,13 @@ async def test_the_old_layout_fails_at_start(shims: Path, tmp_path: Path):
     config_maps = {c["metadata"]["name"]: c for c in objects["ConfigMap"]}
     name = job["metadata"]["name"]
     with trio.fail_after(120):
-        async with open_lab(1, with_etcd=False) as lab:
+        async with open_lab(3, with_etcd=False) as lab:
             secrets = await start_tls_etcd(lab, tmp_path)
             secrets[f"{name}-curve-cert"] = {"curve.cert": CURVE_CERT}
-            (pod,) = lab.pods
+            await run_auth_jobs(
+                lab, lab.pods[1:], shims, provision_job("sidecar"), config_maps, secrets
+            )
+            pod = lab.pods[0]
             kube = await start_pod(
                 lab, pod, spec, hostname=f"{name}-0",
                 fields={"status.podIP": pod.underlay_ip, "metadata.name": f"{name}-0-x"},

@@ -31,10 +31,11 @@ import pytest
 import trio
 import yaml
 from kube_pods import KubePod, by_kind, shim_directory, start_pod
-from test_k8s_entrypoints import PATH, start_tls_etcd, wait_exit
+from test_k8s_entrypoints import PATH, job_pod_of, run_auth_jobs, start_tls_etcd, wait_exit
 
 from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.render.minicluster import OPERATOR_MARKER, MiniClusterOptions, render_minicluster
+from vnetd.render.provision_job import render_provision
 from vnetd.spec import load_spec
 
 ROOT = Path(__file__).parents[2]
@@ -51,8 +52,9 @@ GO = "job-may-end"
 Obj = dict[str, Any]
 
 
-def render(tmp_path: Path) -> tuple[Obj, Obj]:
-    """The spec beside the sidecar example, resized, rendered as a MiniCluster."""
+def render(tmp_path: Path) -> tuple[Obj, Obj, Obj]:
+    """The spec beside the sidecar example, resized, rendered as a MiniCluster, and the
+    pod of its provisioning Job (``vnetd render provision``)."""
     text = SPEC.read_text().replace("size = 4 ", f"size = {SIZE} ")
     text = text.replace("lease_ttl = 10", f"lease_ttl = {LEASE_TTL}")
     assert f"size = {SIZE}" in text and f"lease_ttl = {LEASE_TTL}" in text
@@ -63,7 +65,7 @@ def render(tmp_path: Path) -> tuple[Obj, Obj]:
     ))))  # fmt: skip
     (config_map,) = docs["ConfigMap"]
     (minicluster,) = docs["MiniCluster"]
-    return config_map, minicluster
+    return config_map, minicluster, job_pod_of(render_provision(load_spec(path)))
 
 
 def job_script(minicluster: Obj) -> str:
@@ -164,15 +166,16 @@ def shims() -> Any:  # noqa: ANN401 - the shim directory's iterator
 async def test_a_batch_minicluster_completes_and_each_rank_leaves_at_once(
     shims: Path, tmp_path: Path
 ):
-    config_map, minicluster = render(tmp_path)
+    config_map, minicluster, provisioning = render(tmp_path)
     spec, entrypoints = operator_pod(minicluster)
     name = minicluster["metadata"]["name"]
     config_maps = {m["metadata"]["name"]: m for m in (config_map, entrypoints)}
     with trio.fail_after(300):
-        async with open_lab(SIZE, with_etcd=False) as lab:
+        async with open_lab(SIZE + 2, with_etcd=False) as lab:
             secrets = await start_tls_etcd(lab, tmp_path)
+            await run_auth_jobs(lab, lab.pods[SIZE:], shims, provisioning, config_maps, secrets)
             pods: list[KubePod] = []
-            for index, pod in enumerate(lab.pods):
+            for index, pod in enumerate(lab.pods[:SIZE]):
                 added = await lab.run(pod, ["ip", "route", "add", "default", "via", GATEWAY])
                 assert added.returncode == 0, added.stderr.decode()
                 pods.append(await start_pod(

@@ -1,16 +1,28 @@
 """The scoped-credential plan (``vnetd.control.access``) and its idempotent apply (``etcd.auth``),
 against a stand-in for etcd's auth store that answers as etcd 3.4 was seen to
-(``tests/e2e/test_scoped_credentials.py`` runs the same command against real etcd)."""
+(``tests/e2e/test_scoped_credentials.py`` runs the same command against real etcd), and
+``vnetd provision --enable-auth``'s order: users first, then auth on
+(``tests/e2e/test_provision_auth.py`` against real etcd)."""
 
 from __future__ import annotations
 
-import pytest
+import argparse
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
 
+import pytest
+import trio
+
+import vnetd.registry
+from vnetd.commands import provision as provision_command
 from vnetd.control.access import access_plan
 from vnetd.control.membership import ensure_spec, spec_key
-from vnetd.errors import SpecError
-from vnetd.registry.access_base import READ, READWRITE, Permission, User
-from vnetd.registry.etcd.auth import apply_plan
+from vnetd.errors import RegistryUnavailable, SpecError
+from vnetd.registry.access_base import READ, READWRITE, AccessPlan, Permission, User
+from vnetd.registry.etcd.auth import apply_plan, enable_auth
 from vnetd.registry.etcd.gateway import JSON, GatewayAuth, b64, unb64
 from vnetd.registry.etcd.transport import Refused, prefix_end
 from vnetd.registry.memory import MemoryRegistry
@@ -27,6 +39,7 @@ class AuthStore:
         self.users: dict[str, set[str]] = {}
         self.passwords: dict[str, str] = {}
         self.calls: list[str] = []
+        self.enabled = False
 
     async def call(self, path: str, body: JSON) -> JSON:
         self.calls.append(path)
@@ -57,6 +70,10 @@ class AuthStore:
             self.users[body["user"]].add(body["role"])
         elif verb == "user/revoke":
             self.users[body["name"]].discard(body["role"])
+        elif verb == "enable":
+            if "root" not in self.users.get("root", set()):
+                raise Refused("etcdserver: root user does not have root role", 9)
+            self.enabled = True
         return {}
 
 
@@ -154,3 +171,162 @@ async def test_apply_keeps_the_roles_of_a_mesh_whose_name_extends_ours() -> None
     changes = await apply_plan(GatewayAuth(store.call), plan(), lambda u: "pw")  # type: ignore[arg-type]
     assert changes == ["user vnetd-m: revoked role vnetd-m-rank-9"]
     assert {"vnetd-m-eu-read", "vnetd-m-eu-mesh"} <= store.users["vnetd-m"]
+
+
+async def test_enable_auth_makes_root_with_its_role_and_turns_auth_on_last() -> None:
+    store = AuthStore()
+    changes = await enable_auth(GatewayAuth(store.call), "root-secret")
+    assert changes == ["user root: created", "user root: granted role root", "auth: enabled"]
+    assert store.passwords["root"] == "root-secret" and store.enabled
+    assert store.calls[-1] == "/v3/auth/enable"
+
+
+async def test_enable_auth_keeps_an_existing_roots_password() -> None:
+    store = AuthStore()
+    store.users["root"], store.passwords["root"] = set(), "chosen-before"
+    changes = await enable_auth(GatewayAuth(store.call), "other")
+    assert changes == ["user root: granted role root", "auth: enabled"]
+    assert store.passwords["root"] == "chosen-before"
+
+
+class AuthEtcd:
+    """One etcd's auth state, shared by the registries ``open_registry`` opens on it."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self.events: list[str] = []
+        self.store = MemoryRegistry()
+
+    @asynccontextmanager
+    async def open(self, settings: object) -> AsyncIterator[object]:
+        yield AuthRegistry(self, getattr(settings, "username", None))
+
+
+class AuthRegistry(MemoryRegistry):
+    """``AccessControl`` on an ``AuthEtcd``: it logs what is done and by whom."""
+
+    def __init__(self, etcd: AuthEtcd, user: str | None) -> None:
+        super().__init__()
+        self.etcd, self.user = etcd, user
+
+    async def get(self, key: str) -> object:  # type: ignore[override]
+        return await self.etcd.store.get(key)
+
+    async def create(self, key: str, value: bytes, lease: int = 0) -> object:  # type: ignore[override]
+        return await self.etcd.store.create(key, value, lease)
+
+    async def apply_access(
+        self, plan: AccessPlan, password_for: Callable[[User], str]
+    ) -> list[str]:
+        self.etcd.events.append(f"plan as {self.user}")
+        return [f"user {u.name}: created ({u.scope})" for u in plan.users]
+
+    async def auth_enabled(self) -> bool:
+        assert self.user is None, "asked through a registry with a user"
+        return self.etcd.enabled
+
+    async def enable_auth(self, root_password: str) -> list[str]:
+        assert root_password == "root-secret"
+        self.etcd.events.append(f"enable as {self.user}")
+        self.etcd.enabled = True
+        return ["auth: enabled"]
+
+
+ROOT = replace(SPEC.registry, username="root", password="root-secret")
+
+
+@pytest.mark.parametrize(
+    ("enabled", "events", "last"),
+    [
+        pytest.param(False, ["plan as None", "enable as None"], "auth: enabled", id="auth-off"),
+        pytest.param(True, ["plan as root"], "user vnetd-m: created (mesh)", id="auth-on"),
+    ],
+)
+async def test_enable_auth_applies_the_plan_before_auth_is_on_and_as_root_after(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, enabled: bool, events: list[str], last: str
+) -> None:
+    etcd = AuthEtcd(enabled=enabled)
+    monkeypatch.setattr(vnetd.registry, "open_registry", etcd.open)
+    mesh = provision_command.MeshAccess(SPEC, plan(), tmp_path)
+    changes = await provision_command.provision(ROOT, mesh, "root-secret")
+    assert etcd.events == events
+    assert changes[-1] == last
+    assert etcd.enabled
+    again = await provision_command.provision(ROOT, mesh, "root-secret")
+    assert etcd.events[len(events) :] == ["plan as root"] and "auth: enabled" not in again
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+async def test_without_a_spec_only_root_and_auth_are_made(
+    monkeypatch: pytest.MonkeyPatch, enabled: bool
+) -> None:
+    """``vnetd provision --enable-auth`` without ``--config``: the Job etcd-auth."""
+    etcd = AuthEtcd(enabled=enabled)
+    monkeypatch.setattr(vnetd.registry, "open_registry", etcd.open)
+    changes = await provision_command.provision(ROOT, None, "root-secret")
+    assert (etcd.events, changes) == (
+        ([], []) if enabled else (["enable as None"], ["auth: enabled"])
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        pytest.param([], "--config: give the mesh spec", id="no-config-no-enable-auth"),
+        pytest.param(["--enable-auth"], "--etcd: give etcd's client URL", id="no-etcd"),
+        pytest.param(["--enable-auth", "--etcd", "http://e:2379"], "--enable-auth: give",
+                     id="no-root"),
+        pytest.param(["--enable-auth", "--wait", "-1"], "--wait -1", id="negative-wait"),
+    ],
+)  # fmt: skip
+def test_provision_without_a_spec_names_the_missing_flag(argv: list[str], needle: str) -> None:
+    from vnetd.cli import build_parser
+
+    args = build_parser().parse_args(["provision", *argv])
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        provision_command.run(args)
+
+
+@pytest.mark.parametrize(
+    ("user", "password"),
+    [pytest.param(None, None, id="no-user"), pytest.param("vnetd-m", "pw", id="not-root"),
+     pytest.param("root", None, id="no-password")],
+)  # fmt: skip
+def test_enable_auth_needs_roots_credentials(user: str | None, password: str | None) -> None:
+    registry = replace(SPEC.registry, username=user, password=password)
+    with pytest.raises(SpecError, match="--enable-auth: give --etcd-user root"):
+        provision_command.root_password_of(registry)
+
+
+async def test_wait_tries_again_while_etcd_is_unreachable_and_gives_up_at_its_bound(
+    autojump_clock: object,
+) -> None:
+    tries: list[float] = []
+
+    async def unreachable_twice() -> str:
+        tries.append(trio.current_time())
+        if len(tries) <= 2:
+            raise RegistryUnavailable("etcd down")
+        return "done"
+
+    assert await provision_command.waiting(30, unreachable_twice) == "done"
+    assert len(tries) == 3
+    tries.clear()
+
+    async def never() -> str:
+        tries.append(trio.current_time())
+        raise RegistryUnavailable("etcd down")
+
+    start = trio.current_time()
+    with pytest.raises(RegistryUnavailable):
+        await provision_command.waiting(20, never)
+    assert trio.current_time() - start <= 20 and len(tries) > 3
+
+
+def test_provision_parses_enable_auth_and_wait() -> None:
+    from vnetd.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["provision", "--config", "m.toml", "--enable-auth", "--wait", "300", "--passwords", "d"]
+    )
+    assert isinstance(args, argparse.Namespace) and args.enable_auth and args.wait == 300

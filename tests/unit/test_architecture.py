@@ -113,6 +113,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.render.manifests": VIEWS,
     "vnetd.render.minicluster": VIEWS,
     "vnetd.render.monitoring": VIEWS,
+    "vnetd.render.provision_job": VIEWS,
     "vnetd.render.output": VIEWS,
     "vnetd.render.pods": VIEWS,
     "vnetd.render.podscripts": VIEWS,

@@ -15,7 +15,12 @@
   that select, volumes and ports that exist, references that resolve, the
   vnetd command line, the etcd member list.
 * The sidecar and DaemonSet bases are exactly what ``vnetd render manifests``
-  writes for the ``mesh.toml`` beside them.
+  and ``vnetd render provision`` write for the ``mesh.toml`` beside them.
+* etcd as shipped is locked down: every composition with etcd holds a Job that runs
+  ``vnetd provision --enable-auth`` against it as root, every mesh's spec names the
+  user its Job makes; the peer port trusts a CA of its own that issued only the peer
+  certificate, whose CN is ``--peer-cert-allowed-cn``; history is compacted within a
+  bound the registry's resumes fit in, and the quota is alerted on.
 * Every shell command in ``docs/kubernetes.md`` and ``manifests/README.md``
   exists: vnetd's parse with vnetd's own parser, kubectl's with kubectl
   (``--help`` rejects unknown subcommands and flags without a cluster); the
@@ -24,6 +29,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import shutil
@@ -41,8 +47,13 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from vnetd.cli import build_parser
+from vnetd.commands.provision import plan_of
+from vnetd.control.watcher import WATCH_RESTARTS
+from vnetd.pacing import spaced
+from vnetd.registry.etcd.pages import RESUME_WITHIN
 from vnetd.render.manifests import ManifestOptions, Mode, render_manifests
 from vnetd.render.monitoring import render_monitoring
+from vnetd.render.provision_job import render_provision
 from vnetd.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).parents[2]
@@ -80,6 +91,8 @@ USER_SECRETS = {
     "etcd-server-tls",
     "etcd-peer-tls",
     "vnetd-etcd-client-tls",
+    "etcd-root",
+    "vnetd-etcd-password",
 }
 BASES: dict[str, Mode] = {"sidecar": "sidecar", "daemonset": "daemonset"}
 FIELD_PATHS = {"metadata.name", "metadata.namespace", "status.podIP", "spec.nodeName"}
@@ -192,6 +205,9 @@ def test_rendered_manifests_validate(config: Path, mode: Mode):
     )
     for doc in docs:
         validate(doc, f"render manifests --config {rel(config)} --mode {mode}")
+    if config != EXAMPLE:  # the example names no etcd user: it runs with auth off
+        (job,) = yaml.safe_load_all(render_provision(load_spec(config)))
+        validate(job, f"render provision --config {rel(config)}")
 
 
 PIN = 'gateway_keys = { 32 = "Ucb74ZcCxteNhokZkr//PfqCutO0VXNAQ6t5imezO7w=" }\n'
@@ -349,6 +365,8 @@ def check_pod(pod: Obj, by_kind: dict[str, list[Obj]], where: str, claims: list[
             assert container["startupProbe"]["httpGet"]["path"] == "/readyz", at
         if container["name"] == "vnetd":
             check_vnetd(container, volumes, config_maps, by_kind, pod, at)
+        if container["name"] == "provision":
+            check_provision(container, volumes, config_maps, at)
     assert set(volumes) == mounted, f"{where}: unused volumes {set(volumes) - mounted}"
     for volume in volumes.values():
         if "configMap" in volume:
@@ -389,6 +407,26 @@ def check_vnetd(
         assert hosts <= services, f"{at}: registry.endpoints {hosts} are not Services here"
 
 
+def check_provision(
+    container: Obj, volumes: dict[str, Obj], config_maps: dict[str, Obj], at: str
+) -> None:
+    """A provisioning Job's ``vnetd provision`` parses, turns auth on as root with root's
+    password from its Secret, and its spec (if any) is a ConfigMap's naming the user."""
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "provision" and args.enable_auth and args.wait > 0, at
+    assert args.etcd_user == "root", at
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    root = Path(args.etcd_password_file)
+    assert mounts[str(root.parent)]["secret"]["secretName"] == "etcd-root", at
+    if args.config is None:
+        assert args.etcd == ["https://etcd-client:2379"], at
+        return
+    source = config_maps[mounts[str(args.config.parent)]["configMap"]["name"]]
+    spec = parse_spec(tomllib.loads(source["data"][args.config.name]))
+    assert spec.registry.password_file == f"{args.passwords}/{spec.registry.username}", at
+    assert mounts[str(args.passwords)]["secret"]["secretName"] == "vnetd-etcd-password", at
+
+
 def check_service(service: Obj, pods: list[tuple[Obj, Obj]], by_kind: dict[str, list[Obj]]) -> None:
     selector = service["spec"]["selector"].items()
     selected = [t for _, t in pods if selector <= t["metadata"]["labels"].items()]
@@ -412,6 +450,11 @@ def test_bases_are_rendered_from_their_spec(base: str):
     config = MANIFESTS / base / "mesh.toml"
     expected = render_manifests(
         load_spec(config), config.read_text(), ManifestOptions(mode=BASES[base])
+    )
+    assert (MANIFESTS / base / "provision.yaml").read_text() == render_provision(
+        load_spec(config)
+    ), (
+        f"run: vnetd render provision --config manifests/{base}/mesh.toml -o manifests/{base}/provision.yaml"
     )
     assert (MANIFESTS / base / "vnetd.yaml").read_text() == expected, (
         f"run: vnetd render manifests --config manifests/{base}/mesh.toml --mode {BASES[base]} "
@@ -472,6 +515,137 @@ def test_etcd_members_peers_budget_and_probes():
     assert {"name": claim["metadata"]["name"], "mountPath": "/var/lib/etcd"} in container[
         "volumeMounts"
     ]
+
+
+def etcd_flags(directory: Path) -> dict[str, str]:
+    objects = {key(o)[::2]: o for o in compose(directory)}
+    (container,) = objects[("StatefulSet", "etcd")]["spec"]["template"]["spec"]["containers"]
+    return dict(arg.removeprefix("--").partition("=")[::2] for arg in container["args"])
+
+
+def etcd_compositions() -> list[Path]:
+    """Every kustomization a ``kubectl kustomize`` builds that holds etcd."""
+    return [
+        d
+        for d in kustomization_dirs(components=False)
+        if any(key(o)[::2] == ("StatefulSet", "etcd") for o in compose(d))
+    ]
+
+
+def provision_argvs(objects: list[Obj]) -> list[argparse.Namespace]:
+    """The parsed command lines of every Job container that runs ``vnetd provision``."""
+    parser = build_parser()
+    return [
+        parser.parse_args(container["args"])
+        for job in objects
+        if job["kind"] == "Job"
+        for container in job["spec"]["template"]["spec"]["containers"]
+        if container.get("args", [])[:1] == ["provision"]
+    ]
+
+
+@pytest.mark.parametrize("directory", etcd_compositions(), ids=rel)
+def test_shipped_etcd_has_auth_turned_on(directory: Path):
+    """Every deployment that ships etcd ships the Job that turns its auth on (``vnetd
+    provision --enable-auth`` as root, no spec needed), and each mesh in it a Job that
+    makes the user its spec runs as, before or after auth is on (``check_provision``
+    checks the files and Secrets)."""
+    objects = compose(directory)
+    runs = provision_argvs(objects)
+    assert any(a.enable_auth and a.config is None and a.etcd_user == "root" for a in runs)
+    specs = {
+        c["metadata"]["name"]: parse_spec(tomllib.loads(c["data"]["mesh.toml"]))
+        for c in objects
+        if c["kind"] == "ConfigMap" and "mesh.toml" in c.get("data", {})
+    }
+    for name, spec in specs.items():
+        mine = [a for a in runs if a.config is not None and a.enable_auth]
+        jobs = [
+            j
+            for j in objects
+            if j["kind"] == "Job"
+            and any(v.get("configMap", {}).get("name") == name
+                    for v in j["spec"]["template"]["spec"].get("volumes", []))
+            and j["spec"]["template"]["spec"]["containers"][0].get("args", [])[:1] == ["provision"]
+        ]  # fmt: skip
+        assert mine and len(jobs) == 1, f"{rel(directory)}: no provisioning Job for {name}"
+        made = {u.name for u in plan_of(mine[0], spec).users}
+        assert spec.registry.username in made, (name, spec.registry.username, made)
+
+
+def test_peer_port_takes_only_the_peer_cas_certificate_with_its_cn():
+    """The peer CA (a second self-signed CA) issues the peer certificate and nothing
+    else; client and server certificates stay on the client CA, whose certificates are
+    therefore no peer; ``--peer-cert-allowed-cn`` is the peer certificate's CN."""
+    objects = compose(MANIFESTS / "overlays" / "etcd")
+    certs = {o["spec"]["secretName"]: o for o in objects if o["kind"] == "Certificate"}
+    issuers = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "Issuer"}
+
+    def ca_of(cert: Obj) -> Obj:
+        return certs[issuers[cert["spec"]["issuerRef"]["name"]]["ca"]["secretName"]]
+
+    peer, server = certs["etcd-peer-tls"], certs["etcd-server-tls"]
+    peer_ca, client_ca = ca_of(peer), ca_of(server)
+    assert peer_ca is not client_ca
+    for ca in (peer_ca, client_ca):
+        assert ca["spec"]["isCA"] and "selfSigned" in issuers[ca["spec"]["issuerRef"]["name"]]
+    assert ca_of(certs["vnetd-etcd-client-tls"]) is client_ca
+    leaves = [c for c in certs.values() if not c["spec"].get("isCA")]
+    assert [c for c in leaves if ca_of(c) is peer_ca] == [peer]
+    flags = etcd_flags(MANIFESTS / "overlays" / "etcd")
+    assert flags["peer-cert-allowed-cn"] == peer["spec"]["commonName"] == "etcd-peer"
+    assert "peer-cert-allowed-hostname" not in flags  # etcd refuses both at once
+
+
+def duration(text: str) -> float:
+    """A Go duration of one unit (``10m``, ``1h``, ``300s``) in seconds."""
+    match = re.fullmatch(r"(\d+)(s|m|h)", text)
+    assert match, text
+    return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def test_history_is_compacted_within_the_registrys_resume_windows_and_quota_kept():
+    """Periodic compaction keeps ``R`` of history: short, so history alone fills the quota
+    only at a writer's rate over R; but a revision lives at least R, and a paged list
+    resumes at its revision within ``RESUME_WITHIN``, a 1024-member mesh's watch restart
+    resumes after ``spaced(60, 1024, WATCH_RESTARTS)``: both within R, with room."""
+    flags = etcd_flags(MANIFESTS / "etcd")
+    assert flags["auto-compaction-mode"] == "periodic"
+    retention = duration(flags["auto-compaction-retention"])
+    assert retention >= 2 * RESUME_WITHIN
+    assert retention >= 2 * spaced(60.0, 1024, WATCH_RESTARTS)
+    assert retention <= 900, "history beyond 15 minutes serves no resume"
+    assert int(flags["quota-backend-bytes"]) == 512 * 1024 * 1024
+    assert (
+        f"--auto-compaction-retention={flags['auto-compaction-retention']}"
+        in (ROOT / "docs" / "operations.md").read_text()
+    )
+
+
+def test_etcd_quota_is_alerted_on_as_documented(tmp_path: Path):
+    """components/etcd-monitoring alerts on the database against its quota (etcd 3.5 has
+    no NOSPACE gauge), each alert named in docs/operations.md; promtool accepts them."""
+    docs = load_documents(MANIFESTS / "components" / "etcd-monitoring" / "monitoring.yaml")
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    (group,) = rule["spec"]["groups"]
+    ratio = "(etcd_mvcc_db_total_size_in_bytes / etcd_server_quota_backend_bytes) * 100"
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    thresholds = []
+    for alert in group["rules"]:
+        assert alert["expr"].startswith(f"{ratio} > "), alert
+        thresholds.append(int(alert["expr"].rpartition("> ")[2]))
+        assert alert["alert"] in operations, f"docs/operations.md does not name {alert['alert']}"
+    assert thresholds == [80, 95]
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        print("promtool is not installed: the etcd rules were checked against the schema only")
+        return
+    rules = tmp_path / "etcd.yaml"
+    rules.write_text(yaml.safe_dump(rule["spec"]))
+    result = subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "SUCCESS: 2 rules found" in result.stdout, result
 
 
 def shell_commands(walkthrough_only: bool = False) -> list[str]:
@@ -556,23 +730,33 @@ def test_doc_kubectl_commands_exist(command: str):
 
 
 def test_manual_tls_commands_make_what_etcd_and_vnetd_need(tmp_path: Path):
-    """The documented openssl commands (etcd over TLS by hand) run, and make a CA, a
-    server, a peer and a client certificate with the names and usages the manifests use."""
+    """The documented openssl commands (etcd over TLS by hand, the passwords) run, and
+    make the client CA with a server and a client certificate, and the peer CA with the
+    peer certificate (CN etcd-peer, not verifiable with the client CA), with the names and
+    usages the manifests use; each password file is made."""
     if shutil.which("openssl") is None:
         print("openssl is not installed: the manual TLS commands were not run")
         pytest.skip("openssl is not installed")
     from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     commands = [c for c in shell_commands() if c.startswith("openssl ")]
-    assert len(commands) == 7
+    assert len([c for c in commands if not c.startswith("openssl rand ")]) == 8
     for command in commands:
         result = subprocess.run(
             shlex.split(command), cwd=tmp_path, capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 0, f"{command}: {result.stderr}"
+    for command in commands:
+        if command.startswith("openssl rand "):
+            made = tmp_path / shlex.split(command)[shlex.split(command).index("-out") + 1]
+            assert len(made.read_text().strip()) >= 32, command
     ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
-    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    peer_ca = x509.load_pem_x509_certificate((tmp_path / "peer-ca.crt").read_bytes())
+    for authority in (ca, peer_ca):
+        assert authority.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert peer_ca.subject != ca.subject
     server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
     expected = {
         "server": (
@@ -584,10 +768,15 @@ def test_manual_tls_commands_make_what_etcd_and_vnetd_need(tmp_path: Path):
     }
     for name, (names, usages) in expected.items():
         cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.crt").read_bytes())
-        assert cert.issuer == ca.subject
-        ca.public_key().verify(  # type: ignore[union-attr,call-arg]
+        issuer, other = (peer_ca, ca) if name == "peer" else (ca, peer_ca)
+        assert cert.issuer == issuer.subject
+        issuer.public_key().verify(  # type: ignore[union-attr,call-arg]
             cert.signature, cert.tbs_certificate_bytes, cert.signature_algorithm_parameters
         )
+        with pytest.raises(InvalidSignature):
+            other.public_key().verify(  # type: ignore[union-attr,call-arg]
+                cert.signature, cert.tbs_certificate_bytes, cert.signature_algorithm_parameters
+            )
         assert set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == usages
         if names:
             sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -596,6 +785,9 @@ def test_manual_tls_commands_make_what_etcd_and_vnetd_need(tmp_path: Path):
     # No CN: etcd 3.4's gateway refuses a client certificate with one once auth is on.
     client_cert = x509.load_pem_x509_certificate((tmp_path / "client.crt").read_bytes())
     assert len(client_cert.subject) == 0
+    peer_cert = x509.load_pem_x509_certificate((tmp_path / "peer.crt").read_bytes())
+    (cn,) = peer_cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    assert cn.value == etcd_flags(MANIFESTS / "etcd")["peer-cert-allowed-cn"]
 
 
 def test_etcd_monitoring_scrapes_the_metrics_port_it_opens():

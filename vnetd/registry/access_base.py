@@ -73,3 +73,12 @@ class AccessControl(Protocol):
         """Create or update the plan's roles and users, idempotently; one line per change.
         ``password_for`` gives a new user's password (existing users keep theirs)."""
         ...
+
+    async def auth_enabled(self) -> bool:
+        """Whether the registry demands a user; asked through one opened without a user."""
+        ...
+
+    async def enable_auth(self, root_password: str) -> list[str]:
+        """Make the administrator (with ``root_password`` if it is new) and turn access
+        control on; one line per change. Called while it is off."""
+        ...

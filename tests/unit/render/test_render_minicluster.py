@@ -109,9 +109,11 @@ def test_pods_are_named_like_the_spec_hosts_and_vnetd_runs_beside_flux():
     assert "/dev/tcp/127.0.0.1/9090" in flux["commands"]["pre"]
     assert "exit 1" in flux["commands"]["pre"], "the wait is bounded"
     assert vnetd["name"] == "vnetd" and vnetd["image"] == IMAGE
-    prefix = "unset PYTHONPATH; exec "
-    assert vnetd["command"].startswith(prefix)
-    argv = shlex.split(vnetd["command"].removeprefix(prefix))
+    # The spec's etcd password file is copied out of its 0644 Secret mount first.
+    assert vnetd["command"].startswith("unset PYTHONPATH; ")
+    setup, _, run = vnetd["command"].rpartition("exec ")
+    assert "install -D -m 0400 " in setup and str(spec.registry.password_file) in setup
+    argv = shlex.split(run)
     assert argv[0] == "vnetd"
     build_parser().parse_args(argv[1:])
     assert "--rank" not in argv, "JOB_COMPLETION_INDEX gives the rank"

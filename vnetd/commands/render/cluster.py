@@ -1,9 +1,9 @@
-"""``vnetd render minicluster`` and ``vnetd render monitoring``: parsers and runs.
+"""``vnetd render minicluster``, ``monitoring`` and ``provision``: parsers and runs.
 
 ``vnetd.commands.render.command.add_parser`` calls ``add_kinds`` with its subparsers;
 each kind loads the spec, calls its pure renderer and prints the text or
 writes it atomically. ``docs/flux.md`` documents ``minicluster``,
-``docs/kubernetes.md`` ``monitoring``.
+``docs/kubernetes.md`` ``monitoring`` and ``provision``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from vnetd.render.minicluster import (
 )
 from vnetd.render.monitoring import render_monitoring
 from vnetd.render.output import warn_on_stderr, write_file
+from vnetd.render.provision_job import render_provision
 from vnetd.spec import load_spec
 
 
@@ -81,6 +82,16 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
     )
     monitoring.set_defaults(run=run_monitoring)
 
+    provision = kinds.add_parser(
+        "provision",
+        help="the Job that makes the mesh's etcd users (vnetd provision) and turns auth on",
+    )
+    _add_config_and_output(provision)
+    provision.add_argument(
+        "--image", default=DEFAULT_IMAGE, help=f"the vnetd image (default {DEFAULT_IMAGE})"
+    )
+    provision.set_defaults(run=run_provision)
+
 
 def _add_config_and_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -111,6 +122,11 @@ def run_minicluster(args: argparse.Namespace) -> int:
 
 def run_monitoring(args: argparse.Namespace) -> int:
     _write(render_monitoring(load_spec(args.config), args.expected_ranks), args.output)
+    return 0
+
+
+def run_provision(args: argparse.Namespace) -> int:
+    _write(render_provision(load_spec(args.config), args.image), args.output)
     return 0
 
 

@@ -23,7 +23,7 @@ import trio
 from vnetd.errors import RegistryError, RegistryUnavailable
 from vnetd.registry.access_base import AccessPlan, User
 from vnetd.registry.base import KeyValue, WatchEvent
-from vnetd.registry.etcd.auth import apply_plan
+from vnetd.registry.etcd.auth import ROOT, apply_plan, enable_auth
 from vnetd.registry.etcd.endpoints import EndpointOrder
 from vnetd.registry.etcd.gateway import (
     JSON,
@@ -52,6 +52,7 @@ from vnetd.registry.etcd.gateway import (
 from vnetd.registry.etcd.httpcore_package import import_httpcore
 from vnetd.registry.etcd.pages import ListResumes, list_pages
 from vnetd.registry.etcd.security import (
+    AuthRequired,
     EtcdSecurity,
     RegistryAccessError,
     SharedTls,
@@ -59,7 +60,13 @@ from vnetd.registry.etcd.security import (
     tls_problem,
 )
 from vnetd.registry.etcd.tokens import AuthTokens
-from vnetd.registry.etcd.transport import NOT_FOUND, PageTooLarge, Refused, RegistryFull
+from vnetd.registry.etcd.transport import (
+    FAILED_PRECONDITION,
+    NOT_FOUND,
+    PageTooLarge,
+    Refused,
+    RegistryFull,
+)
 from vnetd.registry.etcd.watch import QuietHints, resuming_watch
 
 __all__ = [
@@ -200,6 +207,29 @@ class EtcdRegistry:
     ) -> list[str]:
         """``AccessControl``: etcd's roles and users made the plan's (``auth``)."""
         return await apply_plan(GatewayAuth(self.call), plan, password_for)
+
+    async def auth_enabled(self) -> bool:
+        """``AccessControl``: whether etcd demands a user, asked as no user (a registry
+        opened with one cannot tell: with auth off its authentication is refused).
+
+        Raises:
+            RegistryError: this registry was opened with a user, or etcd refused the
+                question for another reason.
+        """
+        if self._security.username is not None:
+            raise RegistryError("etcd auth_enabled: ask through a registry opened without a user")
+        try:
+            await GatewayAuth(self.call).user_roles(ROOT)
+        except AuthRequired:
+            return True
+        except Refused as exc:
+            if exc.code != FAILED_PRECONDITION or "not found" not in str(exc):
+                raise
+        return False
+
+    async def enable_auth(self, root_password: str) -> list[str]:
+        """``AccessControl``: user root made if absent, then auth on (``auth``)."""
+        return await enable_auth(GatewayAuth(self.call), root_password)
 
     async def call(self, path: str, body: JSON) -> JSON:
         """One gateway call by path (``/v3/auth/...`` for ``auth``), with the same

@@ -291,6 +291,9 @@ class GatewayAuth:
     async def revoke_role(self, user: str, role: str) -> None:
         await self._call("/v3/auth/user/revoke", {"name": user, "role": role})
 
+    async def enable_auth(self) -> None:
+        await self._call("/v3/auth/enable", {})
+
 
 WATCH_MESSAGE_BYTES = 16 * 1024 * 1024
 """The longest watch message read (docs/architecture.md, "Bounded reads"). etcd sends a

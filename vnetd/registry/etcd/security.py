@@ -26,6 +26,10 @@ class RegistryAccessError(RegistryUnavailable):
     """etcd refused our credentials: TLS verification, authentication or a permission."""
 
 
+class AuthRequired(RegistryAccessError):
+    """etcd's auth is on and the call named no user ("user name is empty")."""
+
+
 @dataclass(frozen=True)
 class EtcdSecurity:
     """How to reach a secured etcd: TLS files and a user. The password is never shown."""

@@ -21,7 +21,7 @@ from vnetd.registry.etcd.gateway import (
     check_response,
     key_of,
 )
-from vnetd.registry.etcd.security import EtcdSecurity, RegistryAccessError
+from vnetd.registry.etcd.security import AuthRequired, EtcdSecurity, RegistryAccessError
 from vnetd.registry.etcd.transport import (
     INVALID_ARGUMENT,
     PERMISSION_DENIED,
@@ -97,7 +97,7 @@ class AuthTokens:
                 "grant the user's role readwrite on the mesh prefix (docs/security.md)"
             )
         if "user name is empty" in text or exc.code == UNAUTHENTICATED:
-            return RegistryAccessError(
+            return AuthRequired(
                 f"etcd {endpoint}: etcd requires authentication; give --etcd-user and "
                 "--etcd-password-file (or VNETD_ETCD_USER, VNETD_ETCD_PASSWORD)"
             )
