@@ -33,6 +33,10 @@ class Member:
     the record carried and which verified (``""``: an unsigned record, as older
     versions write). Only its holder can change a signed entry
     (docs/architecture.md, "Registry layout").
+
+    ``seq`` orders one signing key's records at a rank: each record its holder
+    writes carries a higher one, covered by the proof; readers refuse one not
+    after the highest they accepted (0: a record of an older version, not ordered).
     """
 
     rank: int
@@ -45,6 +49,7 @@ class Member:
     site: str = DEFAULT_SITE
     public_endpoint: str | None = None
     signing_key: str = ""
+    seq: int = 0
 
     def endpoint_from(self, site: str) -> str | None:
         """The endpoint a member of ``site`` reaches this one at: its site endpoint

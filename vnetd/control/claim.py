@@ -38,7 +38,7 @@ from typing import Literal
 
 import trio
 
-from vnetd.control.membership import Claimed, Held, try_claim
+from vnetd.control.claim_attempt import Claimed, Held, try_claim
 from vnetd.control.proof import Signer
 from vnetd.control.renewal import RenewalSchedule, renewal_interval
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
@@ -94,6 +94,7 @@ class ClaimHolder:
         self.claimed_at: float | None = None
         self.record_updates = 0
         self._written: Member | None = None  # the record as last written
+        self._seq = 0  # the ``seq`` of the record last written (``claim_attempt.next_seq``)
         self._record_changed = trio.Event()
         self._wake: trio.CancelScope | None = None  # ``_wait``'s, while it waits
 
@@ -162,13 +163,15 @@ class ClaimHolder:
                 await trio.sleep(backoff.next_delay())
                 continue
             if isinstance(result, Claimed):
-                self._written = me
+                self._written, self._seq = me, max(self._seq, result.seq)
                 self.claims += 1
                 self.claimed_at = time.time()
                 self.state, self.holder, self._lost_with_lease = "claimed", None, False
                 how = "took over its own entry" if result.took_over else "created the entry"
-                if result.replaced:
+                if result.replaced:  # a writer's doing: readers refuse it, the holder says so
                     how = f"took over {result.replaced}"
+                    log.warning("rank %d's entry: found %s; took it over with ours", self.me.rank,
+                                result.replaced)  # fmt: skip
                 log.info(
                     "claimed rank %d as %s (%s, lease %x, ttl %d s)",
                     self.me.rank,
@@ -210,7 +213,14 @@ class ClaimHolder:
         if self.claims:  # the registry may have lost the spec (a reset store)
             await self.spec_check.check()
         me = self.me
-        return me, await try_claim(self.registry, self.spec, me, self.lease, self.signer)
+        return me, await try_claim(
+            self.registry, self.spec, me, self.lease, self.signer, after=self._after()
+        )
+
+    def _after(self) -> int:
+        """The ``seq`` our next record must pass: ours, or one readers took from our key."""
+        seen = self.view.order.highest(self.me.rank, self.me.signing_key) if self.view else 0
+        return max(self._seq, seen)
 
     async def _fresh_lease(self) -> None:
         """Make sure ``self.lease`` is alive: a wait on a holder can outlast it."""
@@ -351,7 +361,9 @@ class ClaimHolder:
         me, before = self.me, self._written
         overwritten = self.view.overwritten.get(me.rank, 0) if self.view is not None else 0
         try:
-            result = await try_claim(self.registry, self.spec, me, lease, self.signer, self._ours())
+            result = await try_claim(
+                self.registry, self.spec, me, lease, self.signer, self._ours(), self._after()
+            )
             self.health.ok()
         except RegistryUnavailable as exc:
             self.health.failed("claim", exc)
@@ -361,15 +373,15 @@ class ClaimHolder:
         if isinstance(result, Held):
             holder = result.holder.instance if result.holder else "an unreadable entry"
             return f"rank {me.rank}'s entry is held by {holder}"
-        self._written = me
+        self._written, self._seq = me, max(self._seq, result.seq)
         self.record_updates += 1
         if overwritten > self._restored:
             self.restores += 1
             if self.restores == 1 or self.restores % 100 == 0:
                 log.warning(
-                    "rank %d's entry was overwritten by another writer (refused by readers); "
-                    "wrote it back (%d times so far)",
+                    "rank %d's entry: found %s, refused by readers; wrote ours back (%d so far)",
                     me.rank,
+                    result.replaced or "overwritten by another writer",
                     self.restores,
                 )
         self._restored = max(self._restored, overwritten)
