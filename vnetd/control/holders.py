@@ -49,7 +49,8 @@ class RecordOrder:
 
     etcd's revisions cannot order records: a replay is a new write and gets a new,
     higher revision. The ``seq`` a holder signs can (docs/architecture.md,
-    "Registry layout"). A record of an older version (``seq`` 0) is not ordered
+    "Registry layout"); a refused one keeps the holder's address its own (invariant
+    2). A record of an older version (``seq`` 0) is not ordered
     while its key has written nothing else; once a key wrote a ``seq``, one
     without is older.
     """
