@@ -8,7 +8,9 @@ to a free rank, or runs as a second daemon under the same instance. Every
 daemon keeps the rank on its holder's key, or the holder says it was
 displaced (docs/architecture.md, "Registry layout"; docs/security.md,
 "Within one credential"). A daemon cut off from etcd while another pod
-claims its rank stops saying it is ready.
+claims its rank stops saying it is ready. Issue 44: a leaseless entry, even one
+signed by the attacker's own key, is no member (also with etcd auth on and the
+shared mesh user), and an older record of a holder put back is refused.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import re
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import trio
 from bounds import form
 from test_faults_process import wait_log
+from test_scoped_credentials import as_user, secured_lab, tls_flags, vnetd_in
 
 from vnetd.control.membership import decode_member, encode_member, member_key
 from vnetd.control.proof import SIGNING_KEY_FILE, Signer, create_signer_file, load_signer
 from vnetd.lab.cluster import MeshLab, http_get
-from vnetd.lab.open_lab import Lab
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.lab.pods import LabProcess, Pod
 from vnetd.lab.underlay import ETCD_IP, ETCD_PORT
 from vnetd.model import Member
@@ -205,6 +209,57 @@ async def test_a_leaseless_takeover_signed_by_the_attacker_routes_nothing_to_it(
         ping = await lab.run(mesh.pod(0), ["ping", "-c", "1", "-W", "2", mesh.address(1)], 5)
         assert ping.returncode == 0, ping.stdout.decode()
         assert mesh.dead_daemons() == {}
+
+
+async def test_with_auth_on_the_shared_mesh_credential_takes_no_rank_leaseless(
+    tmp_path: Path,
+) -> None:
+    """Hole 1 with etcd auth on (TLS, client certificates, ``vnetd provision``'s mesh
+    user): ranks 0 and 1 run as the mesh user, and the attacker, holding the same
+    credential (``etcd_as.py`` from pod 2), deletes rank 1's entry and creates it with
+    no lease, signed by its own key. etcd accepts both writes; no reader routes rank 1
+    to the attacker, and the holder takes its entry back and says so."""
+    root_password = tmp_path / "root.pw"
+    root_password.write_text("root-secret\n")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    with trio.fail_after(180):
+        async with open_lab(3, with_etcd=False) as lab:
+            tls, _ = await secured_lab(lab, tmp_path / "pki")
+            mesh = MeshLab.create(lab, ttl=TTL)
+            code, _, err = await vnetd_in(
+                lab, mesh.pod(0), "provision", "--config", str(mesh.spec_path), "--etcd-user",
+                "root", "--etcd-password-file", str(root_password), *tls_flags(tls),
+                "--passwords", str(secrets))  # fmt: skip
+            assert code == 0, err
+            user = f"vnetd-{mesh.spec.name}"
+            creds = ["--etcd-user", user, "--etcd-password-file", str(secrets / user),
+                     *tls_flags(tls)]  # fmt: skip
+            await mesh.start_rank(0, *creds)
+            await mesh.start_rank(1, *creds)
+            await mesh.start_probes()
+            await form(mesh, {0, 1})
+            real_key = await key_at(mesh, 0, 1)
+            intruder = Intruder(mesh)
+            await intruder.start(str((await record_of(mesh, 0))["public_key"]))
+            forged = attacker_record(mesh, 1, intruder)
+            key1 = member_key(mesh.spec, 1)
+            await cut_from_etcd(lab, mesh.pod(1))
+            try:
+                answers = await as_user(lab, mesh.pod(2), tls, user, secrets / user,
+                                        ["delete", key1], ["put", key1, forged.decode()])  # fmt: skip
+            finally:
+                await heal(lab, mesh.pod(1))
+            assert [a["status"] for a in answers] == [200, 200], answers
+            samples = await sample_peer(mesh, 0, 1, 2 * TTL)
+            assert intruder.public_key not in {key for key, _ in samples}, samples
+            assert samples[-1][0] == real_key, samples[-5:]
+            assert await intruder.received() == 0
+            log1 = mesh.daemons[1].log_text()
+            assert "rank 1's entry: found a leaseless entry (instance intruder" in log1, log1[
+                -2000:
+            ]
+            assert mesh.dead_daemons() == {}
 
 
 async def test_a_leaseless_record_at_a_free_rank_is_no_member_and_its_pod_takes_it(
