@@ -246,33 +246,31 @@ class MemberView:
         if rank is None:
             return member
         old = self.members.get(rank)
-        in_entry = (
-            old is not None
-            and rank not in self.held
-            and self.created.get(rank) == create_revision
-            and create_revision != 0
-        )
+        if old is None or rank in self.held or create_revision == 0:
+            old = None  # a held member's entry is the new store's: a new claim
+        elif self.created.get(rank) != create_revision:
+            old = None  # deleted and created again: a new claim, taken as it is
         highest = self.order.refusal(member, mod_revision) if member is not None else None
-        if highest is not None and member is not None:
+        if member is not None and highest is not None:
             self._refuse_replay(member, highest, lease, mod_revision)
-            if not in_entry:
+            if old is None:
                 return None
-        elif not in_entry or (member is not None and may_rewrite(old, member)):  # type: ignore[arg-type]
+        elif old is None or (member is not None and may_rewrite(old, member)):
             if member is not None:
                 self.order.accept(member, mod_revision)
             return member
-        assert old is not None
-        self.overwritten[rank] = mod_revision
+        self.overwritten[rank] = mod_revision  # the holder writes its record back
         if self.refused.get(rank) != create_revision and highest is None:
             self.refused[rank] = create_revision
             self.refused_total += 1
-            by = member.instance if member is not None else "an unreadable record"
+            by = member.instance if member is not None else "a bad entry (named above)"
             signed = " (signed; the rewrite is not signed by its key)" if old.signing_key else ""
+            held_by = old.instance
             self._refused_log.warn(
                 lambda: (
                     f"refusing a rewrite of rank {rank}'s entry by {by}: it is held by "
-                    f"{old.instance}{signed} and was not deleted in between (create revision "
-                    f"{create_revision}); keeping {old.instance}'s member"
+                    f"{held_by}{signed} and was not deleted in between (create revision "
+                    f"{create_revision}); keeping {held_by}'s member"
                 ),
                 self.refused_total,
             )
