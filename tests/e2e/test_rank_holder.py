@@ -201,8 +201,8 @@ async def test_a_leaseless_takeover_signed_by_the_attacker_routes_nothing_to_it(
         assert samples[-1][0] == real_key, samples[-5:]
         assert await intruder.received() == 0
         signing = json.loads(forged)["signing_key"]
-        line = (f"rank 1's entry: found a leaseless entry (instance intruder, signing key "
-                f"{signing[:12]}, no lease); took it over with ours")  # fmt: skip
+        line = (f"claimed rank 1 as pod1 (took over a leaseless entry (instance intruder, "
+                f"signing key {signing[:12]}, no lease), lease ")  # fmt: skip
         assert line in mesh.daemons[1].log_text(), mesh.daemons[1].log_text()[-2000:]
         assert "no lease: every claim is bound" in mesh.daemons[0].log_text()
         assert (await record_of(mesh, 1))["public_key"] == real_key
@@ -256,9 +256,7 @@ async def test_with_auth_on_the_shared_mesh_credential_takes_no_rank_leaseless(
             assert samples[-1][0] == real_key, samples[-5:]
             assert await intruder.received() == 0
             log1 = mesh.daemons[1].log_text()
-            assert "rank 1's entry: found a leaseless entry (instance intruder" in log1, log1[
-                -2000:
-            ]
+            assert "(took over a leaseless entry (instance intruder" in log1, log1[-2000:]
             assert mesh.dead_daemons() == {}
 
 
@@ -283,7 +281,7 @@ async def test_a_leaseless_record_at_a_free_rank_is_no_member_and_its_pod_takes_
         assert await intruder.received() == 0
         assert (await key_at(mesh, 0, 1)) == (await record_of(mesh, 1))["public_key"]
         log1 = mesh.daemons[1].log_text()
-        assert "rank 1's entry: found a leaseless entry (instance intruder" in log1, log1[-2000:]
+        assert "(took over a leaseless entry (instance intruder" in log1, log1[-2000:]
         assert mesh.dead_daemons() == {}
 
 

@@ -247,8 +247,8 @@ async def test_the_holder_takes_back_a_leaseless_recreation_and_says_what_it_fou
         assert view.members[1].public_key == HOLDER.public_key
         assert claim.state == "claimed" and claim.displaced == 0
         nursery.cancel_scope.cancel()
-    line = (f"rank 1's entry: found a leaseless entry (instance intruder, signing key "
-            f"{INTRUDER_SIGNER.public_key[:12]}, no lease); took it over with ours")  # fmt: skip
+    line = (f"claimed rank 1 as pod1 (took over a leaseless entry (instance intruder, signing "
+            f"key {INTRUDER_SIGNER.public_key[:12]}, no lease), lease ")  # fmt: skip
     assert line in caplog.text
 
 

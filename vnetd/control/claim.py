@@ -168,11 +168,10 @@ class ClaimHolder:
                 self.claimed_at = time.time()
                 self.state, self.holder, self._lost_with_lease = "claimed", None, False
                 how = "took over its own entry" if result.took_over else "created the entry"
-                if result.replaced:  # a writer's doing: readers refuse it, the holder says so
+                if result.replaced:  # a writer's doing, which readers refuse: a warning
                     how = f"took over {result.replaced}"
-                    log.warning("rank %d's entry: found %s; took it over with ours", self.me.rank,
-                                result.replaced)  # fmt: skip
-                log.info(
+                log.log(
+                    logging.WARNING if result.replaced else logging.INFO,
                     "claimed rank %d as %s (%s, lease %x, ttl %d s)",
                     self.me.rank,
                     self.me.instance,
