@@ -20,9 +20,11 @@ holds for a new public endpoint (``set_public_endpoint``, from
 port now); peers of other sites then write it (invariant 4: the registry's
 endpoint for the rank changed).
 
-Records are signed with ``signer`` (``control.proof``). The holder also watches
-its own rank in the view: an entry rewritten by another writer (refused by
-readers) is written back; an entry taken by another holder while our lease
+Records are signed with ``signer`` (``control.proof``), each with a ``seq`` past
+the last (``claim_attempt.next_seq``). The holder also watches its own rank in
+the view: an entry rewritten by another writer, without a lease, or with an older
+record of ours (refused by readers) is written back with a warning naming what
+was found; an entry taken by another holder while our lease
 lived is reported as *displaced* (``state``, one log line, a counter) and
 waited out like any holder, never fought over; a copy of our public key at
 another rank is logged once (docs/architecture.md, "Registry layout").

@@ -30,8 +30,9 @@ from vnetd.spec import MeshSpec
 class Claimed:
     took_over: bool
     replaced: str = ""
-    """What a takeover replaced when it was not our own entry: a leaseless entry
-    (named: its instance and signing key) or "our entry, overwritten by another writer"."""
+    """What a takeover replaced when it was not our entry as we left it, named for the
+    log line (its instance, signing key, lease): a leaseless entry, one not signed by
+    our pinned key, our entry overwritten by another writer, an older record of ours."""
     seq: int = field(default=0, compare=False)
     """The ``seq`` of the record written (0: unsigned)."""
 
