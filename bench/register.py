@@ -13,7 +13,7 @@ claim's own transaction (create if absent), timing the transaction:
 (wall clock, epoch seconds). Run it with real-time priority (``chrt -f``)
 so that nothing else on a loaded machine sits between the commit and
 ``t_ack``. ``leave`` revokes the lease, as a daemon's SIGTERM does.
-``seed`` puts valid records for many ranks (no lease) with random X25519
+``seed`` puts valid records for many ranks (under one lease of ``--ttl``) with random X25519
 public keys and endpoints that nobody answers (``--endpoint-base`` plus the
 rank, port from the spec); ``move`` rewrites one record
 with a new endpoint. ``storm`` writes signed records for many ranks as their
@@ -108,10 +108,13 @@ def seed(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any]:
     spec = load_spec(args.spec)
     ranks = parse_ranks(args.ranks, spec.size)
     puts = []
+    # One lease for all: readers skip an entry bound to none (docs/architecture.md).
+    lease = int(post(client, args.etcd, "/v3/lease/grant", {"TTL": str(args.ttl)})["ID"])
     for rank in ranks:
         value = record(rank, random_public_key(), endpoint_of(args.endpoint_base, rank, spec.port),
                        f"bench-seed-{rank}")  # fmt: skip
-        puts.append({"request_put": {"key": b64(member_key(spec, rank)), "value": b64(value)}})
+        puts.append({"request_put": {"key": b64(member_key(spec, rank)), "value": b64(value),
+                                     "lease": str(lease)}})  # fmt: skip
     t_send = time.time()
     for start in range(0, len(puts), BATCH):
         post(client, args.etcd, "/v3/kv/txn", {"success": puts[start : start + BATCH]})
@@ -174,6 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     seed_cmd = sub.choices["seed"]
     seed_cmd.add_argument("--ranks", required=True, help="e.g. 1-1023")
     seed_cmd.add_argument("--endpoint-base", default="198.18.200.0")
+    seed_cmd.add_argument("--ttl", type=int, default=3600, help="the records' lease TTL")
     move_cmd = sub.choices["move"]
     move_cmd.add_argument("--rank", type=int, required=True)
     move_cmd.add_argument("--endpoint", required=True)

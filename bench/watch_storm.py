@@ -84,13 +84,14 @@ async def write_joins(url: str, joins: int, rate: float) -> None:
     spec = spec_for(joins)
     registry = EtcdRegistry([url])
     start = trio.current_time()
+    lease = await registry.grant(3600)  # readers skip an entry bound to no lease
 
     async def one(rank: int) -> None:
         if rate:
             await trio.sleep_until(start + rank / rate)
         key = base64.b64encode(rank.to_bytes(2, "big") * 16).decode()
         member = Member(rank, key, f"198.18.{rank // 250}.{rank % 250 + 1}:51820", f"pod{rank}")
-        await registry.create(member_key(spec, rank), encode_member(member))
+        await registry.create(member_key(spec, rank), encode_member(member), lease)
 
     async with trio.open_nursery() as nursery:
         for rank in range(joins):

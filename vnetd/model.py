@@ -37,6 +37,9 @@ class Member:
     ``cert`` is the holder's rank certificate (base64 DER, covered by the proof):
     where the spec pins a rank CA (``mesh.rank_ca``) it vouches for ``signing_key``
     at this rank (``control.rank_cert``); ``""``: none.
+    ``seq`` orders one signing key's records at a rank: each record its holder
+    writes carries a higher one, covered by the proof; readers refuse one not
+    after the highest they accepted (0: a record of an older version, not ordered).
     """
 
     rank: int
@@ -50,6 +53,7 @@ class Member:
     public_endpoint: str | None = None
     signing_key: str = ""
     cert: str = ""
+    seq: int = 0
 
     def endpoint_from(self, site: str) -> str | None:
         """The endpoint a member of ``site`` reaches this one at: its site endpoint

@@ -23,8 +23,11 @@ def main() -> None:
     url, key, record, cycles, gap = sys.argv[1:6]
     started = time.monotonic()
     with httpx.Client(timeout=10) as client:
+        # Under a lease, as a claim is: readers skip an entry bound to none.
+        grant = client.post(f"{url}/v3/lease/grant", json={"TTL": "600"})
+        lease = grant.raise_for_status().json()["ID"]
         for _ in range(int(cycles)):
-            put = {"key": b64(key), "value": b64(record)}
+            put = {"key": b64(key), "value": b64(record), "lease": lease}
             client.post(f"{url}/v3/kv/put", json=put).raise_for_status()
             time.sleep(float(gap))
             client.post(f"{url}/v3/kv/deleterange", json={"key": b64(key)}).raise_for_status()

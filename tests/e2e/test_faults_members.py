@@ -28,6 +28,7 @@ from bounds import (
 )
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from test_rank_holder import grant_lease
 
 from vnetd.lab.cluster import MeshLab, log_lines, monotonic_of
 from vnetd.lab.open_lab import Lab, LabProcess, Pod, open_lab
@@ -552,8 +553,9 @@ async def test_garbage_is_skipped_logged_once_and_touches_no_peer():
             before = {rank: await peers(mesh.daemons[rank]) for rank in running}
             applied = {rank: count(mesh.daemons[rank], "plan applied") for rank in running}
             written = time.time()
+            lease = await grant_lease(lab, 600)  # an entry bound to no lease is skipped as such
             for suffix, value in [*garbage.items(), *copies.items()]:
-                await etcdctl(lab, "put", "--", members_key(mesh, suffix), value)
+                await etcdctl(lab, "put", "--lease", lease, "--", members_key(mesh, suffix), value)
 
             async def all_logged() -> bool:
                 dead = mesh.dead_daemons()
@@ -587,7 +589,8 @@ async def test_garbage_is_skipped_logged_once_and_touches_no_peer():
             await lab.start_etcd()
             # ... and the invalid JSON under rank 3 is fixed: rank 3 joins everywhere.
             fixed = valid_record(3, fresh, "198.18.1.3:51820")
-            await etcdctl(lab, "put", "--", members_key(mesh, "3"), fixed)
+            lease = await grant_lease(lab, 600)  # the etcd restarted: the old lease may be gone
+            await etcdctl(lab, "put", "--lease", lease, "--", members_key(mesh, "3"), fixed)
 
             async def rank3_joined() -> bool:
                 for rank in running:

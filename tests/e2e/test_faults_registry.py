@@ -55,14 +55,17 @@ CHURN = r"""
 import base64, json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 url, key, rank, count, public_key = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+def post(path, body):
+    request = urllib.request.Request(url + path, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=10).read())
+lease = post("/v3/lease/grant", {"TTL": "600"})["ID"]  # readers skip a leaseless entry
 def put(i):
     record = {"rank": rank, "public_key": public_key, "instance": f"pod{rank}",
               "endpoint": f"198.18.1.{rank}:{40000 + i}"}
     body = {"key": base64.b64encode(key.encode()).decode(),
-            "value": base64.b64encode(json.dumps(record).encode()).decode()}
-    request = urllib.request.Request(url + "/v3/kv/put", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=10).read()
+            "value": base64.b64encode(json.dumps(record).encode()).decode(), "lease": lease}
+    post("/v3/kv/put", body)
 with ThreadPoolExecutor(8) as pool:
     list(pool.map(put, range(count)))
 """

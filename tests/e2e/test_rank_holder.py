@@ -8,25 +8,32 @@ to a free rank, or runs as a second daemon under the same instance. Every
 daemon keeps the rank on its holder's key, or the holder says it was
 displaced (docs/architecture.md, "Registry layout"; docs/security.md,
 "Within one credential"). A daemon cut off from etcd while another pod
-claims its rank stops saying it is ready.
+claims its rank stops saying it is ready. Issue 44: a leaseless entry, even one
+signed by the attacker's own key, is no member (also with etcd auth on and the
+shared mesh user), and an older record of a holder put back is refused.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import sys
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import trio
 from bounds import form
 from test_faults_process import wait_log
+from test_scoped_credentials import as_user, secured_lab, tls_flags, vnetd_in
 
-from vnetd.control.membership import member_key
+from vnetd.control.membership import decode_member, encode_member, member_key
+from vnetd.control.proof import SIGNING_KEY_FILE, Signer, create_signer_file, load_signer
 from vnetd.lab.cluster import MeshLab, http_get
-from vnetd.lab.open_lab import Lab
+from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.lab.pods import LabProcess, Pod
 from vnetd.lab.underlay import ETCD_IP, ETCD_PORT
+from vnetd.model import Member
 
 PORT = 9090
 TTL = 5
@@ -147,24 +154,234 @@ async def test_a_rewrite_from_public_data_never_moves_a_held_rank(lab: Lab) -> N
         assert mesh.dead_daemons() == {}
 
 
-async def test_a_delete_and_leaseless_create_does_not_keep_the_holder_out(lab: Lab) -> None:
-    """Item 1, second half: the holder's entry deleted and created again with no lease
-    under another instance and key. Within two TTLs the holder holds its rank again."""
+def attacker_record(mesh: MeshLab, rank: int, intruder: Intruder) -> bytes:
+    """A record for ``rank`` with the intruder's WireGuard key and endpoint, signed by an
+    Ed25519 key of the attacker's own under lease 0: a valid proof, and no lease."""
+    signer = Signer.generate()
+    member = Member(rank, intruder.public_key, f"{intruder.pod.underlay_ip}:51820", "intruder",
+                    1.0, "x", signing_key=signer.public_key, seq=time.time_ns())  # fmt: skip
+    return encode_member(member, signer, key=member_key(mesh.spec, rank), lease=0)
+
+
+async def sample_peer(mesh: MeshLab, on: int, rank: int, seconds: float) -> list[tuple[str, str]]:
+    """(public key, endpoint) ``on``'s device holds ``rank``'s /32 on, every 0.2 s for
+    ``seconds`` (("", "") while no peer holds it)."""
+    samples: list[tuple[str, str]] = []
+    with trio.move_on_after(seconds):
+        while True:
+            rows = await mesh.device_dump(on)
+            row = next((r for r in rows if f"{mesh.address(rank)}/32" in r[3].split(",")), None)
+            samples.append((row[0], row[2]) if row else ("", ""))
+            await trio.sleep(0.2)
+    return samples
+
+
+async def test_a_leaseless_takeover_signed_by_the_attacker_routes_nothing_to_it(lab: Lab) -> None:
+    """Issue 44, hole 1: rank 1's entry deleted and created at once with no lease, signed
+    by the attacker's own Ed25519 key with the attacker's WireGuard key and endpoint.
+    Rank 0 never routes rank 1's address to the attacker over two TTLs (sampled on its
+    device), nothing reaches the attacker's device, the holder writes its record back
+    and says what it found."""
     with trio.fail_after(120):
         mesh = await two_ranks(lab)
         real_key = await key_at(mesh, 0, 1)
-        forged = await record_of(mesh, 1)
-        forged.update(public_key=base64.b64encode(bytes(range(40, 72))).decode(),
-                      instance="intruder")  # fmt: skip
-        forged.pop("proof", None)
-        forged.pop("signing_key", None)
-        await lab.etcdctl("del", member_key(mesh.spec, 1))
-        await lab.etcdctl("put", member_key(mesh.spec, 1), json.dumps(forged))
-        with trio.fail_after(2 * TTL):
-            while await key_at(mesh, 0, 1) != real_key:
-                await trio.sleep(0.2)
+        intruder = Intruder(mesh)
+        await intruder.start(str((await record_of(mesh, 0))["public_key"]))
+        forged = attacker_record(mesh, 1, intruder)
+        # "At once": rank 1 cut off from etcd for the two writes, so that its claim never
+        # comes between them (the attacker wins that race in practice; here, always).
+        await cut_from_etcd(lab, mesh.pod(1))
+        try:
+            await lab.etcdctl("del", member_key(mesh.spec, 1))
+            await lab.etcdctl("put", member_key(mesh.spec, 1), forged.decode())
+        finally:
+            await heal(lab, mesh.pod(1))
+        samples = await sample_peer(mesh, 0, 1, 2 * TTL)
+        assert intruder.public_key not in {key for key, _ in samples}, samples
+        assert samples[-1][0] == real_key, samples[-5:]
+        assert await intruder.received() == 0
+        signing = json.loads(forged)["signing_key"]
+        line = (f"claimed rank 1 as pod1 (took over a leaseless entry (instance intruder, "
+                f"signing key {signing[:12]}, no lease), lease ")  # fmt: skip
+        assert line in mesh.daemons[1].log_text(), mesh.daemons[1].log_text()[-2000:]
+        assert "no lease: every claim is bound" in mesh.daemons[0].log_text()
+        assert (await record_of(mesh, 1))["public_key"] == real_key
         ping = await lab.run(mesh.pod(0), ["ping", "-c", "1", "-W", "2", mesh.address(1)], 5)
         assert ping.returncode == 0, ping.stdout.decode()
+        assert mesh.dead_daemons() == {}
+
+
+async def test_with_auth_on_the_shared_mesh_credential_takes_no_rank_leaseless(
+    tmp_path: Path,
+) -> None:
+    """Hole 1 with etcd auth on (TLS, client certificates, ``vnetd provision``'s mesh
+    user): ranks 0 and 1 run as the mesh user, and the attacker, holding the same
+    credential (``etcd_as.py`` from pod 2), deletes rank 1's entry and creates it with
+    no lease, signed by its own key. etcd accepts both writes; no reader routes rank 1
+    to the attacker, and the holder takes its entry back and says so."""
+    root_password = tmp_path / "root.pw"
+    root_password.write_text("root-secret\n")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    with trio.fail_after(180):
+        async with open_lab(3, with_etcd=False) as lab:
+            tls, _ = await secured_lab(lab, tmp_path / "pki")
+            mesh = MeshLab.create(lab, ttl=TTL)
+            code, _, err = await vnetd_in(
+                lab, mesh.pod(0), "provision", "--config", str(mesh.spec_path), "--etcd-user",
+                "root", "--etcd-password-file", str(root_password), *tls_flags(tls),
+                "--passwords", str(secrets))  # fmt: skip
+            assert code == 0, err
+            user = f"vnetd-{mesh.spec.name}"
+            creds = ["--etcd-user", user, "--etcd-password-file", str(secrets / user),
+                     *tls_flags(tls)]  # fmt: skip
+            await mesh.start_rank(0, *creds)
+            await mesh.start_rank(1, *creds)
+            await mesh.start_probes()
+            await form(mesh, {0, 1})
+            real_key = await key_at(mesh, 0, 1)
+            intruder = Intruder(mesh)
+            await intruder.start(str((await record_of(mesh, 0))["public_key"]))
+            forged = attacker_record(mesh, 1, intruder)
+            key1 = member_key(mesh.spec, 1)
+            await cut_from_etcd(lab, mesh.pod(1))
+            try:
+                answers = await as_user(lab, mesh.pod(2), tls, user, secrets / user,
+                                        ["delete", key1], ["put", key1, forged.decode()])  # fmt: skip
+            finally:
+                await heal(lab, mesh.pod(1))
+            assert [a["status"] for a in answers] == [200, 200], answers
+            samples = await sample_peer(mesh, 0, 1, 2 * TTL)
+            assert intruder.public_key not in {key for key, _ in samples}, samples
+            assert samples[-1][0] == real_key, samples[-5:]
+            assert await intruder.received() == 0
+            log1 = mesh.daemons[1].log_text()
+            assert "(took over a leaseless entry (instance intruder" in log1, log1[-2000:]
+            assert mesh.dead_daemons() == {}
+
+
+async def test_a_leaseless_record_at_a_free_rank_is_no_member_and_its_pod_takes_it(
+    lab: Lab,
+) -> None:
+    """Hole 1 at a free rank, before its pod starts: nobody routes rank 1's address to
+    the attacker, and rank 1's daemon, once started, takes the rank."""
+    with trio.fail_after(120):
+        mesh = MeshLab.create(lab, ttl=TTL)
+        await wait_log(await mesh.start_rank(0), "claimed rank 0 ", 30)
+        await mesh.start_probes()
+        intruder = Intruder(mesh)
+        await intruder.start(str((await record_of(mesh, 0))["public_key"]))
+        await lab.etcdctl(
+            "put", member_key(mesh.spec, 1), attacker_record(mesh, 1, intruder).decode()
+        )
+        samples = await sample_peer(mesh, 0, 1, TTL)
+        assert set(samples) == {("", "")}, samples
+        await mesh.start_rank(1)
+        await form(mesh, {0, 1})
+        assert await intruder.received() == 0
+        assert (await key_at(mesh, 0, 1)) == (await record_of(mesh, 1))["public_key"]
+        log1 = mesh.daemons[1].log_text()
+        assert "(took over a leaseless entry (instance intruder" in log1, log1[-2000:]
+        assert mesh.dead_daemons() == {}
+
+
+async def lease_of_entry(mesh: MeshLab, rank: int) -> int:
+    result = await mesh.lab.etcdctl("get", member_key(mesh.spec, rank), "-w", "json")
+    return int(json.loads(result.stdout)["kvs"][0]["lease"])
+
+
+async def refused_writes(lab: Lab, pod: Pod) -> float:
+    """``vnetd_registry_refused_writes_total`` of the daemon in ``pod`` (``PORT``)."""
+    _, metrics = await http_get(lab, pod, f"http://127.0.0.1:{PORT}/metrics")
+    match = re.search(r"^vnetd_registry_refused_writes_total (\S+)$", metrics, re.M)
+    assert match, metrics[-1500:]
+    return float(match.group(1))
+
+
+async def test_an_older_record_of_the_holder_put_back_under_its_lease_is_refused(
+    lab: Lab,
+) -> None:
+    """Issue 44, hole 2: a record of rank 1's own signing key, older than its current one
+    (an old endpoint and public key: here the intruder's), put back in place under
+    rank 1's live lease. Its proof verifies, yet rank 0 keeps rank 1's current key and
+    endpoint, counts the refusal, and the holder writes its record back and says so."""
+    with trio.fail_after(120):
+        mesh = MeshLab.create(lab, ttl=TTL)
+        await mesh.start_rank(0, "--http-listen", f"127.0.0.1:{PORT}")
+        await mesh.start_rank(1)
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        current = (await key_at(mesh, 0, 1), (await mesh.device_endpoints(0))[1])
+        intruder = Intruder(mesh)
+        await intruder.start(str((await record_of(mesh, 0))["public_key"]))
+        key1, lease = member_key(mesh.spec, 1), await lease_of_entry(mesh, 1)
+        now = await lab.etcdctl("get", "--print-value-only", key1)
+        holder = decode_member(mesh.spec, key1, now.stdout.strip(), lease)
+        old = replace(holder, public_key=intruder.public_key, seq=holder.seq - 10**9,
+                      endpoint=f"{intruder.pod.underlay_ip}:51820")  # fmt: skip
+        signer = load_signer(mesh.pod(1).state_dir / SIGNING_KEY_FILE)
+        replay = encode_member(old, signer, key=key1, lease=lease)
+        before = await refused_writes(lab, mesh.pod(0))
+        await lab.etcdctl("put", "--lease", f"{lease:x}", key1, replay.decode())
+        samples = await sample_peer(mesh, 0, 1, 2 * TTL)
+        assert set(samples) == {current}, samples
+        assert await intruder.received() == 0
+        assert await refused_writes(lab, mesh.pod(0)) > before
+        assert "a replay of an older record" in mesh.daemons[0].log_text()
+        log1 = mesh.daemons[1].log_text()
+        assert "rank 1's entry: found an older record of ours put back" in log1, log1[-2000:]
+        assert json.loads((await lab.etcdctl("get", "--print-value-only", key1)).stdout)[
+            "seq"] > holder.seq  # fmt: skip
+        assert mesh.dead_daemons() == {}
+
+
+GRANT_ID = """
+import json, sys, urllib.request
+url, lease = sys.argv[1], sys.argv[2]
+body = json.dumps({"TTL": "60", "ID": lease}).encode()
+request = urllib.request.Request(url + "/v3/lease/grant", body, {"Content-Type": "application/json"})
+print(urllib.request.urlopen(request, timeout=10).read().decode())
+"""
+
+
+async def test_a_record_from_before_a_move_under_its_old_lease_granted_again_is_refused(
+    lab: Lab,
+) -> None:
+    """Issue 44, hole 2: rank 1 (its signing key from a file, as a pinned gateway's) moves
+    from pod 1 to pod 2. Its record from pod 1 is put back in place under its old lease
+    ID, granted again by the attacker (etcd lets the client pick the ID). Rank 0 keeps
+    rank 1's current endpoint, counts the refusal, and the new holder writes back."""
+    with trio.fail_after(150):
+        key_file = lab.workdir / "rank1-signing.key"
+        create_signer_file(key_file, "test")
+        mesh = MeshLab.create(lab, ttl=TTL)
+        await mesh.start_rank(0, "--http-listen", f"127.0.0.1:{PORT}")
+        await mesh.start_rank(1, "--signing-key-file", str(key_file))
+        await mesh.start_probes()
+        await form(mesh, {0, 1})
+        key1, old_lease = member_key(mesh.spec, 1), await lease_of_entry(mesh, 1)
+        old = (await lab.etcdctl("get", "--print-value-only", key1)).stdout.strip()
+        assert await mesh.daemons[1].stop() == 0  # SIGTERM: its lease is revoked
+        pod = mesh.pod(2)
+        argv = [sys.executable, "-m", "vnetd", "up", "--config", str(mesh.spec_path), "--rank",
+                "1", "--state-dir", str(pod.state_dir), "--signing-key-file", str(key_file)]  # fmt: skip
+        moved = await lab.start(pod, argv, {"POD_IP": pod.underlay_ip, "POD_NAME": pod.name})
+        await wait_log(moved, "claimed rank 1 ", 30)
+        with trio.fail_after(2 * TTL):
+            while (await mesh.device_endpoints(0)).get(1) != f"{pod.underlay_ip}:51820":
+                await trio.sleep(0.2)
+        current = (await key_at(mesh, 0, 1), f"{pod.underlay_ip}:51820")
+        granted = await lab.run(mesh.pod(0), [sys.executable, "-c", GRANT_ID, lab.etcd_url,
+                                              str(old_lease)], 15)  # fmt: skip
+        assert granted.returncode == 0 and str(old_lease) in granted.stdout.decode(), granted
+        before = await refused_writes(lab, mesh.pod(0))
+        await lab.etcdctl("put", "--lease", f"{old_lease:x}", key1, old.decode())
+        samples = await sample_peer(mesh, 0, 1, 2 * TTL)
+        assert set(samples) == {current}, samples
+        assert await refused_writes(lab, mesh.pod(0)) > before
+        assert "rank 1's entry: found an older record of ours put back" in moved.log_text()
+        assert mesh.dead_daemons() == {1: 0}  # the one stopped on purpose
+        assert moved.returncode is None
 
 
 async def test_a_copy_of_a_key_at_a_free_rank_does_not_knock_its_member_out(lab: Lab) -> None:

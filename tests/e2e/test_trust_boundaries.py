@@ -15,7 +15,7 @@ import base64
 import json
 
 import trio
-from test_rank_holder import two_ranks
+from test_rank_holder import grant_lease, two_ranks
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.lab.open_lab import Lab
@@ -30,11 +30,13 @@ async def test_a_registry_writer_cannot_take_a_held_rank_or_an_address(lab: Lab)
         before = sorted(await mesh.device_dump(0))
 
         forged = Member(1, FORGED_KEY, "198.18.1.2:51820", "intruder", 1.0, "x")
-        await lab.etcdctl("put", member_key(mesh.spec, 1), encode_member(forged).decode())
+        lease = await grant_lease(lab, 600)  # leaseless, it would be no member at all
+        await lab.etcdctl("put", "--lease", lease, member_key(mesh.spec, 1),
+                          encode_member(forged).decode())  # fmt: skip
         other_key = base64.b64encode(bytes(range(80, 112))).decode()
         naming = json.loads(encode_member(Member(2, other_key, "198.18.1.2:51820", "pod2")))
         naming["allowed_ips"] = [f"{mesh.address(0)}/32"]
-        await lab.etcdctl("put", member_key(mesh.spec, 2), json.dumps(naming))
+        await lab.etcdctl("put", "--lease", lease, member_key(mesh.spec, 2), json.dumps(naming))
 
         with trio.move_on_after(10):
             while "refusing a rewrite of rank 1's entry by intruder" not in (
@@ -74,10 +76,11 @@ async def test_an_endpoint_no_peer_can_be_reached_at_never_reaches_a_device(lab:
     with trio.fail_after(90):
         mesh = await two_ranks(lab)
         key2 = member_key(mesh.spec, 2)
+        lease = await grant_lease(lab, 600)  # leaseless, each would be skipped for that
         for n, (endpoint, why) in enumerate(UNREACHABLE_ENDPOINTS):
             key = base64.b64encode(bytes([120 + n]) * 32).decode()
             record = encode_member(Member(2, key, endpoint, f"intruder-{n}", 1.0, "x"))
-            await lab.etcdctl("put", key2, record.decode())
+            await lab.etcdctl("put", "--lease", lease, key2, record.decode())
             line = f"skipping bad registry entry: {key2}: field endpoint: "
             with trio.fail_after(10):
                 while not any(line in text and why in text
@@ -90,7 +93,7 @@ async def test_an_endpoint_no_peer_can_be_reached_at_never_reaches_a_device(lab:
         record = encode_member(
             Member(2, good, f"{mesh.pod(2).underlay_ip}:51820", "pod2", 1.0, "x")
         )
-        await lab.etcdctl("put", key2, record.decode())
+        await lab.etcdctl("put", "--lease", lease, key2, record.decode())
         with trio.fail_after(10):
             while good not in await mesh.device_peers(0):
                 await trio.sleep(0.1)

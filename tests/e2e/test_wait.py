@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import trio
+from test_rank_holder import grant_lease
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.lab.cluster import MeshLab
@@ -81,9 +82,11 @@ async def test_reachable_needs_a_handshake_with_this_rank(lab: Lab) -> None:
         assert first.returncode == 0, text(first)
         # Ranks 1 and 2 registered under keys no device holds: rank 0, registered
         # first, starts a handshake with each (invariant 10) that nothing answers.
+        lease = await grant_lease(lab, 600)  # readers skip an entry bound to no lease
         for rank in (1, 2):
             ghost = Member(rank, public_key(), f"{mesh.pod(rank).underlay_ip}:51820", "ghost")
-            await lab.etcdctl("put", member_key(mesh.spec, rank), encode_member(ghost).decode())
+            await lab.etcdctl("put", "--lease", lease, member_key(mesh.spec, rank),
+                              encode_member(ghost).decode())  # fmt: skip
         registered = await vnetd_wait(mesh, 0, "--ranks", "all", "--timeout", "30", limit=40)
         assert registered.returncode == 0, text(registered)
         reachable = ["--ranks", "all", "--reachable", "--rank", "0",

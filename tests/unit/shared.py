@@ -16,6 +16,7 @@ from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
 from vnetd.identity import resolve_endpoint
 from vnetd.model import Plan
+from vnetd.registry.base import KeyValue, Registry
 from vnetd.spec import parse_spec
 
 SPEC = parse_spec({"mesh": {"name": "m", "size": 4, "network": "10.250.0.0/16"}})
@@ -58,3 +59,13 @@ class FlakyFake(FakeDataplane):
             self.failures -= 1
             raise DataplaneError("UAPI /run/wireguard/vnet0.sock: Connection refused")
         await super().apply(plan)
+
+
+LEASE_TTL_OF_A_TEST = 86_400
+"""The TTL of ``create_leased``'s lease: no test outlives it (readers skip an entry
+bound to no lease: docs/architecture.md, "Registry layout")."""
+
+
+async def create_leased(registry: Registry, key: str, value: bytes) -> KeyValue | None:
+    """``registry.create`` under a lease of its own, as every claim is made."""
+    return await registry.create(key, value, await registry.grant(LEASE_TTL_OF_A_TEST))

@@ -172,6 +172,8 @@ LAYER_OF: dict[str, str] = {
     "vnetd.control.access": CONTROL,
     "vnetd.control.assign": CONTROL,
     "vnetd.control.claim": CONTROL,
+    "vnetd.control.endpoint_file": CONTROL,
+    "vnetd.control.claim_attempt": CONTROL,
     "vnetd.control.renewal": CONTROL,
     "vnetd.control.spec_check": CONTROL,
     "vnetd.control.membership": CONTROL,

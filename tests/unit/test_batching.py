@@ -17,6 +17,7 @@ from ipaddress import ip_interface, ip_network
 
 import trio
 import trio.testing
+from shared import create_leased
 from shared import wide_key as key
 
 from vnetd.control.membership import encode_member, member_key
@@ -55,7 +56,7 @@ class CountingWatches(MemoryRegistry):
 
 
 async def join(registry: MemoryRegistry, rank: int) -> None:
-    await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+    await create_leased(registry, member_key(SPEC, rank), encode_member(member(rank)))
 
 
 async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:

@@ -158,7 +158,7 @@ def rewrite(view: MemberView, new: Member) -> None:
     """``new`` rewrites its rank's entry (same create revision), as the member watch
     delivers it."""
     created = view.created.get(new.rank, 0)
-    event = WatchEvent("put", member_key(SPEC, new.rank), encode_member(new), 0, created)
+    event = WatchEvent("put", member_key(SPEC, new.rank), encode_member(new), 0, created, 1)
     view.apply(SPEC, event)
 
 

@@ -16,6 +16,7 @@ from ipaddress import ip_interface
 import pytest
 import trio
 import trio.testing
+from shared import create_leased
 from shared import key as public_key
 
 from vnetd.control.membership import (
@@ -191,7 +192,7 @@ async def test_view_skips_logs_once_counts_and_accepts_a_fixed_entry(autojump_cl
     caplog.set_level(logging.INFO, logger="vnetd.watch")
     registry = MemoryRegistry()
     for rank in (0, 1, 2):
-        await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+        await create_leased(registry, member_key(SPEC, rank), encode_member(member(rank)))
     real = {rank: member(rank) for rank in (0, 1, 2)}
     view = MemberView()
     health = RegistryHealth()
@@ -200,7 +201,7 @@ async def test_view_skips_logs_once_counts_and_accepts_a_fixed_entry(autojump_cl
         await wait_for(lambda: view.members == real)
         for param in GARBAGE:
             suffix, value, _ = param.values
-            await registry.create(PREFIX + suffix, value)
+            await create_leased(registry, PREFIX + suffix, value)
         await wait_for(lambda: view.bad_total == len(GARBAGE))
         assert view.members == real, "garbage touched a real member"
         assert len(skip_lines(caplog)) == len(GARBAGE)
@@ -218,7 +219,7 @@ async def test_view_skips_logs_once_counts_and_accepts_a_fixed_entry(autojump_cl
         # The invalid JSON under free rank 3 is fixed: rank 3 joins.
         bad = await registry.get(PREFIX + "3")
         assert bad is not None
-        assert await registry.replace(PREFIX + "3", record(3), bad.mod_revision)
+        assert await registry.replace(PREFIX + "3", record(3), bad.mod_revision, bad.lease)
         await wait_for(lambda: 3 in view.members)
         assert view.members[3] == Member(3, public_key(3), "198.18.1.3:51820", "pod3", 1.0, "0.1.0")
         assert PREFIX + "3" not in view.bad_entries
@@ -267,4 +268,4 @@ async def test_reconciler_touches_no_peer_and_takes_addresses_from_ranks(caplog)
 
 
 def kv(key: str, value: bytes) -> KeyValue:
-    return KeyValue(key, value, create_revision=1, mod_revision=1)
+    return KeyValue(key, value, create_revision=1, mod_revision=1, lease=1)

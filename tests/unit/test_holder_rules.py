@@ -19,15 +19,13 @@ import trio.testing
 from shared import byte_key as key
 
 from vnetd.control.claim import ClaimHolder
+from vnetd.control.claim_attempt import Claimed, Held, try_claim
 from vnetd.control.holders import KeyBindings, may_rewrite
 from vnetd.control.membership import (
     BadEntry,
-    Claimed,
-    Held,
     decode_member,
     encode_member,
     member_key,
-    try_claim,
 )
 from vnetd.control.proof import Signer, signed_bytes, verify
 from vnetd.control.retry import RegistryHealth
@@ -141,61 +139,23 @@ def test_a_signer_never_shows_its_private_key() -> None:
 
 
 @pytest.mark.parametrize(
-    ("old", "old_lease", "new", "new_lease", "allowed"),
+    ("old", "new", "allowed"),
     [
-        pytest.param(HOLDER, 7, replace(HOLDER, public_key=key(2)), 7, True, id="rotation"),
-        pytest.param(
-            HOLDER,
-            7,
-            replace(HOLDER, endpoint="198.18.1.5:1"),
-            9,
-            True,
-            id="restart-under-a-new-lease",
-        ),  # fmt: skip
-        pytest.param(
-            HOLDER,
-            7,
-            replace(HOLDER, public_key=key(9), signing_key=""),
-            0,
-            False,
-            id="unsigned-with-the-holders-instance",
-        ),  # fmt: skip
-        pytest.param(
-            HOLDER,
-            7,
-            replace(HOLDER, signing_key=OTHER_SIGNER.public_key),
-            9,
-            False,
-            id="another-signer-with-the-holders-instance",
-        ),  # fmt: skip
-        pytest.param(
-            UNSIGNED, 7, replace(UNSIGNED, public_key=key(2)), 7, True, id="legacy-same-instance"
-        ),  # fmt: skip
-        pytest.param(
-            UNSIGNED, 7, replace(HOLDER, instance="pod9"), 9, False, id="legacy-another-instance"
-        ),  # fmt: skip
-        pytest.param(
-            replace(UNSIGNED, instance="intruder"),
-            0,
-            HOLDER,
-            7,
-            True,
-            id="leaseless-taken-back-by-a-signed-claim",
-        ),  # fmt: skip
-        pytest.param(
-            replace(UNSIGNED, instance="intruder"),
-            0,
-            UNSIGNED,
-            0,
-            False,
-            id="leaseless-rewritten-leaseless",
-        ),  # fmt: skip
+        pytest.param(HOLDER, replace(HOLDER, public_key=key(2)), True, id="rotation"),
+        pytest.param(HOLDER, replace(HOLDER, endpoint="198.18.1.5:1"), True,
+                     id="restart-under-a-new-lease"),
+        pytest.param(HOLDER, replace(HOLDER, public_key=key(9), signing_key=""), False,
+                     id="unsigned-with-the-holders-instance"),
+        pytest.param(HOLDER, replace(HOLDER, signing_key=OTHER_SIGNER.public_key), False,
+                     id="another-signer-with-the-holders-instance"),
+        pytest.param(UNSIGNED, replace(UNSIGNED, public_key=key(2)), True,
+                     id="legacy-same-instance"),
+        pytest.param(UNSIGNED, replace(HOLDER, instance="pod9"), False,
+                     id="legacy-another-instance"),
     ],
-)
-def test_may_rewrite(
-    old: Member, old_lease: int, new: Member, new_lease: int, allowed: bool
-) -> None:
-    assert may_rewrite(old, old_lease, new, new_lease) is allowed
+)  # fmt: skip
+def test_may_rewrite(old: Member, new: Member, allowed: bool) -> None:
+    assert may_rewrite(old, new) is allowed
 
 
 def holding_view() -> MemberView:
@@ -281,21 +241,35 @@ def test_a_fresh_reader_gives_a_key_to_its_signed_registration() -> None:
 async def test_a_second_daemon_with_the_same_instance_waits() -> None:
     registry = MemoryRegistry()
     first_lease, twin_lease = await registry.grant(6), await registry.grant(6)
-    assert await try_claim(registry, SPEC, HOLDER, first_lease, HOLDER_SIGNER) == Claimed(False)
+    first = await try_claim(registry, SPEC, HOLDER, first_lease, HOLDER_SIGNER)
+    assert first == Claimed(False) and isinstance(first, Claimed)
     twin = replace(HOLDER, public_key=key(3), signing_key=OTHER_SIGNER.public_key)
     result = await try_claim(registry, SPEC, twin, twin_lease, OTHER_SIGNER)
-    assert isinstance(result, Held) and result.holder == HOLDER
+    assert isinstance(result, Held) and result.holder == replace(HOLDER, seq=first.seq)
     restarted = await registry.grant(6)  # the same daemon, restarted within its lease
     again = await try_claim(registry, SPEC, HOLDER, restarted, HOLDER_SIGNER)
     assert again == Claimed(took_over=True)
 
 
-async def test_a_leaseless_entry_is_taken_over() -> None:
+@pytest.mark.parametrize(
+    ("record", "named"),
+    [
+        pytest.param(lambda: encode_member(replace(UNSIGNED, instance="intruder")),
+                     "instance intruder, unsigned", id="unsigned"),
+        pytest.param(lambda: signed(replace(HOLDER, instance="intruder"), OTHER_SIGNER, lease=0),
+                     f"instance intruder, signing key {OTHER_SIGNER.public_key[:12]}",
+                     id="signed-by-the-intruder"),
+        pytest.param(lambda: b"{junk", "an unreadable record", id="junk"),
+    ],
+)  # fmt: skip
+async def test_a_leaseless_entry_is_taken_over_and_named(
+    record: Callable[[], bytes], named: str
+) -> None:
     registry = MemoryRegistry()
-    await registry.create(KEY1, encode_member(replace(UNSIGNED, instance="intruder")))
+    await registry.create(KEY1, record())
     lease = await registry.grant(6)
     result = await try_claim(registry, SPEC, HOLDER, lease, HOLDER_SIGNER)
-    assert result == Claimed(took_over=True, replaced="a leaseless entry")
+    assert result == Claimed(took_over=True, replaced=f"a leaseless entry ({named}, no lease)")
 
 
 async def test_our_entry_overwritten_is_written_back_only_when_ours() -> None:
@@ -308,7 +282,11 @@ async def test_our_entry_overwritten_is_written_back_only_when_ours() -> None:
     assert await registry.replace(KEY1, forged, entry.mod_revision, intruder)
     assert isinstance(await try_claim(registry, SPEC, HOLDER, lease, HOLDER_SIGNER), Held)
     result = await try_claim(registry, SPEC, HOLDER, lease, HOLDER_SIGNER, entry.create_revision)
-    assert result == Claimed(took_over=True, replaced="our entry, overwritten by another writer")
+    assert result == Claimed(
+        took_over=True,
+        replaced=f"our entry, overwritten by another writer (instance intruder, unsigned, "
+        f"lease {intruder:x})",
+    )
 
 
 async def test_a_holder_displaced_while_its_lease_lives_says_so(autojump_clock, caplog) -> None:

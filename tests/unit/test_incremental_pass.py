@@ -63,7 +63,9 @@ class Registry:
             self.revision += 1
             self.created[m.rank] = self.revision
             kvs.append(
-                KeyValue(member_key(SPEC, m.rank), encode_member(m), self.revision, self.revision)
+                KeyValue(
+                    member_key(SPEC, m.rank), encode_member(m), self.revision, self.revision, 1
+                )
             )
         self.view.replace(SPEC, kvs, self.revision)
 
@@ -79,7 +81,7 @@ class Registry:
             created = self.created.setdefault(change.rank, self.revision)
             value = encode_member(change)
             events.append(
-                WatchEvent("put", member_key(SPEC, change.rank), value, self.revision, created)
+                WatchEvent("put", member_key(SPEC, change.rank), value, self.revision, created, 1)
             )
         self.view.apply_batch(SPEC, events)
 

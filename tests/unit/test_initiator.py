@@ -117,7 +117,8 @@ def put(view: MemberView, member: Member) -> None:
     """``member`` rewrites its rank's entry (same create revision), as the watch delivers it."""
     value = encode_member(member)
     view.apply(
-        SPEC, WatchEvent("put", member_key(SPEC, member.rank), value, 0, view.created[member.rank])
+        SPEC,
+        WatchEvent("put", member_key(SPEC, member.rank), value, 0, view.created[member.rank], 1),
     )
 
 

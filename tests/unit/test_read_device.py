@@ -23,7 +23,7 @@ import pytest
 import trio
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic.wireguard import AsyncWireGuard, wgmsg
-from shared import key
+from shared import create_leased, key
 
 from vnetd.commands.status.plan import StatusPlan
 from vnetd.commands.status.show import show_status
@@ -253,7 +253,7 @@ async def registered(spec: MeshSpec, ranks: Iterable[int]) -> MemoryRegistry:
     for rank in ranks:
         public_key = DEVICE_KEY if rank == 0 else key(rank)
         member = Member(rank, public_key, f"198.18.1.{rank}:51820", f"pod{rank}", NOW - 90, "0.1")
-        await registry.create(member_key(spec, rank), encode_member(member))
+        await create_leased(registry, member_key(spec, rank), encode_member(member))
     return registry
 
 

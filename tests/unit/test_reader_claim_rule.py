@@ -32,12 +32,12 @@ INTRUDER = Member(1, key(9), "198.18.9.9:51820", "intruder", started=200.0, vers
 
 def put(member: Member | bytes, create: int, mod: int) -> WatchEvent:
     value = member if isinstance(member, bytes) else encode_member(member)
-    return WatchEvent("put", KEY1, value, mod, create)
+    return WatchEvent("put", KEY1, value, mod, create, 1)
 
 
 def view_holding() -> MemberView:
     view = MemberView()
-    view.replace(SPEC, [KeyValue(KEY1, encode_member(HOLDER), 5, 5)], 5)
+    view.replace(SPEC, [KeyValue(KEY1, encode_member(HOLDER), 5, 5, 1)], 5)
     return view
 
 
@@ -79,10 +79,10 @@ def test_an_entry_deleted_and_created_again_is_a_new_claim() -> None:
 
 def test_a_relist_refuses_an_overwrite_but_takes_a_missed_delete_and_create() -> None:
     view = view_holding()
-    view.replace(SPEC, [KeyValue(KEY1, encode_member(INTRUDER), 5, 8)], 8)
+    view.replace(SPEC, [KeyValue(KEY1, encode_member(INTRUDER), 5, 8, 1)], 8)
     assert view.members == {1: HOLDER}
     assert view.refused_total == 1
-    view.replace(SPEC, [KeyValue(KEY1, encode_member(INTRUDER), 9, 9)], 9)
+    view.replace(SPEC, [KeyValue(KEY1, encode_member(INTRUDER), 9, 9, 1)], 9)
     assert view.members == {1: INTRUDER}
 
 
@@ -91,7 +91,7 @@ def test_a_registry_entry_cannot_give_a_peer_another_address() -> None:
     record = json.loads(encode_member(HOLDER))
     view = MemberView()
     for extra in ({"allowed_ips": ["0.0.0.0/0"]}, {"address": "10.250.0.3"}, {}):
-        view.replace(SPEC, [KeyValue(KEY1, json.dumps({**record, **extra}).encode(), 5, 5)], 5)
+        view.replace(SPEC, [KeyValue(KEY1, json.dumps({**record, **extra}).encode(), 5, 5, 1)], 5)
         peers, _ = desired_peers(view.members, 0, SPEC)
         # A record naming an address is skipped (decode_member); else the rank decides.
         assert [p.allowed_ips for p in peers.values()] == ([] if extra else [("10.250.0.2/32",)])

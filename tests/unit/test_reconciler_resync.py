@@ -45,7 +45,7 @@ def member(rank: int) -> Member:
 
 def listed(view: MemberView, ranks: range) -> None:
     """Give ``view`` a full list of ``ranks``, as ``sync_members`` does."""
-    kvs = [KeyValue(member_key(SPEC, r), encode_member(member(r)), r + 1, r + 1) for r in ranks]
+    kvs = [KeyValue(member_key(SPEC, r), encode_member(member(r)), r + 1, r + 1, 1) for r in ranks]
     view.replace(SPEC, kvs)
 
 

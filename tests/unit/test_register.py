@@ -92,9 +92,10 @@ def test_site_and_public_endpoint_are_registered(tmp_path):
 async def test_public_endpoint_file_is_followed(tmp_path, caplog, monkeypatch):
     """Real time (the file is read in a worker thread): polled every 50 ms here."""
     caplog.set_level(logging.INFO, logger="vnetd.claim")
-    monkeypatch.setattr("vnetd.control.claim.PUBLIC_ENDPOINT_POLL", 0.05)
+    monkeypatch.setattr("vnetd.control.endpoint_file.PUBLIC_ENDPOINT_POLL", 0.05)
     """A new public endpoint in the file rewrites our entry under the same lease."""
-    from vnetd.control.claim import ClaimHolder, follow_public_endpoint
+    from vnetd.control.claim import ClaimHolder
+    from vnetd.control.endpoint_file import follow_public_endpoint
     from vnetd.control.membership import decode_member, member_key
     from vnetd.control.retry import RegistryHealth
     from vnetd.model import Member
@@ -146,7 +147,7 @@ async def test_register_follows_a_public_endpoint_file_like_up(tmp_path, monkeyp
     from vnetd.registry.memory import MemoryRegistry
     from vnetd.spec import load_spec
 
-    monkeypatch.setattr("vnetd.control.claim.PUBLIC_ENDPOINT_POLL", 0.05)
+    monkeypatch.setattr("vnetd.control.endpoint_file.PUBLIC_ENDPOINT_POLL", 0.05)
     (tmp_path / "mesh.toml").write_text(SPEC.format(size=4))
     spec = load_spec(tmp_path / "mesh.toml")
     path = tmp_path / "public"

@@ -18,7 +18,7 @@ from ipaddress import ip_interface
 import pytest
 import trio
 import trio.testing
-from shared import key
+from shared import create_leased, key
 from test_daemon import Cluster
 
 from vnetd.control.membership import encode_member, member_key
@@ -108,7 +108,7 @@ async def wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
 async def test_view_keeps_create_revisions_through_takeover_delete_and_list(autojump_clock):
     registry = MemoryRegistry()
     k1, k2 = member_key(SPEC, 1), member_key(SPEC, 2)
-    await registry.create(k1, encode_member(member(1)))
+    await create_leased(registry, k1, encode_member(member(1)))
     view = MemberView()
     async with trio.open_nursery() as nursery:
         await nursery.start(sync_members, registry, SPEC, view, RegistryHealth())
@@ -116,14 +116,14 @@ async def test_view_keeps_create_revisions_through_takeover_delete_and_list(auto
         first = await registry.get(k1)
         assert first is not None and view.created == {1: first.create_revision}
 
-        await registry.create(k2, encode_member(member(2)))
+        await create_leased(registry, k2, encode_member(member(2)))
         await wait_for(lambda: 2 in view.members)
         created2 = view.created[2]
         assert created2 > view.created[1]
 
         # A takeover (compare-and-swap on the entry) keeps its place.
         moved = Member(1, key(1), "198.18.9.1:51820", "p")
-        assert await registry.replace(k1, encode_member(moved), first.mod_revision)
+        assert await registry.replace(k1, encode_member(moved), first.mod_revision, first.lease)
         await wait_for(lambda: view.members[1] == moved)
         assert view.created[1] == first.create_revision
 
@@ -131,7 +131,7 @@ async def test_view_keeps_create_revisions_through_takeover_delete_and_list(auto
         await registry.delete(k1)
         await wait_for(lambda: 1 not in view.members)
         assert 1 not in view.created
-        await registry.create(k1, encode_member(member(1)))
+        await create_leased(registry, k1, encode_member(member(1)))
         await wait_for(lambda: 1 in view.members)
         assert view.created[1] > created2
 
@@ -151,11 +151,11 @@ def test_members_held_after_a_reset_come_before_the_new_store():
     there must not win over the member, which registered first."""
     view = MemberView()
     old = [
-        KeyValue(member_key(SPEC, r), encode_member(member(r)), 900 + r, 900 + r) for r in (1, 3)
+        KeyValue(member_key(SPEC, r), encode_member(member(r)), 900 + r, 900 + r, 1) for r in (1, 3)
     ]
     view.replace(SPEC, old, 1000)
-    copy = KeyValue(member_key(SPEC, 0), encode_member(member(0, key_of=3)), 2, 2)
-    again = KeyValue(member_key(SPEC, 1), encode_member(member(1)), 3, 3)
+    copy = KeyValue(member_key(SPEC, 0), encode_member(member(0, key_of=3)), 2, 2, 1)
+    again = KeyValue(member_key(SPEC, 1), encode_member(member(1)), 3, 3, 1)
     view.replace(SPEC, [copy, again], 3, now=0.0, hold_until=20.0)  # rank 3 is held
     assert set(view.held) == {3}
     assert view.created[3] < view.created[0] < view.created[1]
@@ -184,7 +184,7 @@ async def test_copy_under_a_lower_free_rank_changes_no_device(autojump_clock, ca
     caplog.set_level(logging.INFO, logger="vnetd.reconcile")
     registry = MemoryRegistry()
     for rank in (1, 2, 3):
-        await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+        await create_leased(registry, member_key(SPEC, rank), encode_member(member(rank)))
     view = MemberView()
     device = FakeDataplane(device_config(1))
     reconciler = Reconciler(SPEC, 1, key(1), view, device)
@@ -194,7 +194,7 @@ async def test_copy_under_a_lower_free_rank_changes_no_device(autojump_clock, ca
         await wait_for(lambda: len(device.device) == 2)
         applied = len(device.applied)
 
-        await registry.create(member_key(SPEC, 0), encode_member(member(0, key_of=3)))
+        await create_leased(registry, member_key(SPEC, 0), encode_member(member(0, key_of=3)))
         await wait_for(lambda: 0 in view.members)
         await trio.sleep(60)  # past a periodic resync
         assert len(device.applied) == applied, "the copy changed the device"
@@ -206,7 +206,7 @@ async def test_copy_under_a_lower_free_rank_changes_no_device(autojump_clock, ca
         # Rank 3's entry is deleted (its lease ended) and created again: now the copy is
         # the earliest registration and holds the key, at rank 0's address...
         await registry.delete(member_key(SPEC, 3))
-        await registry.create(member_key(SPEC, 3), encode_member(member(3)))
+        await create_leased(registry, member_key(SPEC, 3), encode_member(member(3)))
         await wait_for(lambda: device.device[key(3)].allowed_ips == address(0))
         assert "member rank 3 skipped: public key already registered by rank 0" in caplog.text
         # ... until the copy is deleted: rank 3's peer gets its own address back.
@@ -224,8 +224,8 @@ async def test_skipped_entries_are_counted_in_the_bad_entries_metric(tmp_path, a
         await cluster.wait_full(["pod0", "pod2"], {0, 2})
         spec = r0.spec
         copy = Member(1, r2.me.public_key, "198.18.9.1:51820", "intruder")
-        await cluster.registry.create(member_key(spec, 1), encode_member(copy))
-        await cluster.registry.create(member_key(spec, 3), b"{garbage")
+        await create_leased(cluster.registry, member_key(spec, 1), encode_member(copy))
+        await create_leased(cluster.registry, member_key(spec, 3), b"{garbage")
         await trio.sleep(1)
         assert cluster.peer_ranks("pod0") == {2}
         endpoints = DaemonEndpoints(spec, r0.me, DaemonMetrics())

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 from rich.console import Console
-from shared import key
+from shared import create_leased, key
 
 from vnetd.cli import main
 from vnetd.commands.status.plan import StatusPlan
@@ -45,7 +45,7 @@ async def register(
     member = Member(
         rank, public_key or key(rank), f"198.18.1.{rank}:51820", f"pod{rank}", NOW - 90, "0.1.0"
     )
-    await registry.create(member_key(spec, rank), encode_member(member))
+    await create_leased(registry, member_key(spec, rank), encode_member(member))
     return member
 
 
@@ -187,7 +187,7 @@ async def test_json_matches_the_registry(config):
     registry = MemoryRegistry()
     for rank in (3, 1):
         await register(registry, plan.spec, rank)
-    await registry.create(member_key(plan.spec, 2), b"not json")
+    await create_leased(registry, member_key(plan.spec, 2), b"not json")
     await registry.create(f"{plan.spec.registry.prefix}/other/members/0", b"{}")
     screen = Screen()
     assert await status(plan, registry, screen) == 0

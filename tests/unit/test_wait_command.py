@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from shared import key
+from shared import create_leased, key
 
 from vnetd.cli import main
 from vnetd.commands.wait.command import WaitOptions, WaitPlan, plan_wait, run_wait, uapi_handshakes
@@ -27,7 +27,7 @@ from vnetd.wait.gate import Gate, evaluate
 
 async def register(registry: MemoryRegistry, spec: MeshSpec, rank: int) -> None:
     member = Member(rank, key(rank), f"198.18.1.{rank}:51820", f"pod{rank}")
-    await registry.create(member_key(spec, rank), encode_member(member))
+    await create_leased(registry, member_key(spec, rank), encode_member(member))
 
 
 async def leave(registry: MemoryRegistry, spec: MeshSpec, rank: int) -> None:
@@ -576,7 +576,7 @@ async def test_a_member_held_after_a_registry_reset_does_not_count():
     key = base64.b64encode(bytes(range(32))).decode()
     member = Member(rank=1, public_key=key, endpoint="198.18.1.1:51820", instance="pod1")
     view = MemberView()
-    view.replace(spec, [KeyValue(member_key(spec, 1), encode_member(member), 5, 5)], 100)
+    view.replace(spec, [KeyValue(member_key(spec, 1), encode_member(member), 5, 5, 1)], 100)
     waiter = _Waiter(Gate(size=2, ranks=(1,)), 60, view, RegistryHealth(), None)
     assert waiter.status().ready
     view.replace(spec, [], 3, hold_until=trio.current_time() + 20)  # revision went back

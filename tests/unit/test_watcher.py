@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 from resettable import wipe
-from shared import SPEC
+from shared import SPEC, create_leased
 
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.retry import RegistryHealth
@@ -47,11 +47,11 @@ class CompactedOnce(MemoryRegistry):
 async def test_compacted_watch_lists_again_and_keeps_following(autojump_clock, caplog):
     caplog.set_level(logging.INFO, logger="vnetd.watch")
     registry = CompactedOnce()
-    await registry.create(member_key(SPEC, 1), encode_member(member(1)))
+    await create_leased(registry, member_key(SPEC, 1), encode_member(member(1)))
     view = MemberView()
     async with trio.open_nursery() as nursery:
         await nursery.start(sync_members, registry, SPEC, view, RegistryHealth())
-        await registry.create(member_key(SPEC, 2), encode_member(member(2)))
+        await create_leased(registry, member_key(SPEC, 2), encode_member(member(2)))
         with trio.fail_after(5):
             while set(view.members) != {1, 2}:
                 await trio.sleep(0.01)
@@ -62,7 +62,7 @@ async def test_compacted_watch_lists_again_and_keeps_following(autojump_clock, c
 
 async def test_outage_keeps_view_then_relists(autojump_clock):
     registry = MemoryRegistry()
-    await registry.create(member_key(SPEC, 1), encode_member(member(1)))
+    await create_leased(registry, member_key(SPEC, 1), encode_member(member(1)))
     view = MemberView()
     health = RegistryHealth()
     async with trio.open_nursery() as nursery:
@@ -75,7 +75,7 @@ async def test_outage_keeps_view_then_relists(autojump_clock):
         assert set(view.members) == {1}, "an outage must not empty the view"
         assert health.reachable is False
         registry.fail(False)
-        await registry.create(member_key(SPEC, 3), encode_member(member(3)))
+        await create_leased(registry, member_key(SPEC, 3), encode_member(member(3)))
         with trio.fail_after(10):
             while set(view.members) != {1, 3}:
                 await trio.sleep(0.05)
@@ -86,7 +86,7 @@ async def test_outage_keeps_view_then_relists(autojump_clock):
 async def test_deleting_a_junk_key_does_not_drop_a_member():
     registry = MemoryRegistry()
     view = MemberView()
-    await registry.create(member_key(SPEC, 2), encode_member(member(2)))
+    await create_leased(registry, member_key(SPEC, 2), encode_member(member(2)))
     kvs, revision = await registry.list_prefix("/vnetd/m/members/")
     view.replace(SPEC, kvs)
     junk = member_key(SPEC, 2).replace("/2", "/02")
@@ -112,7 +112,7 @@ async def test_reset_registry_holds_missing_members_then_drops_the_absent(autoju
     caplog.set_level(logging.INFO, logger="vnetd.watch")
     registry = MemoryRegistry()
     for rank in (1, 2, 3):
-        await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+        await create_leased(registry, member_key(SPEC, rank), encode_member(member(rank)))
     view = MemberView()
     async with trio.open_nursery() as nursery:
         await nursery.start(sync_members, registry, SPEC, view, RegistryHealth())
@@ -123,7 +123,7 @@ async def test_reset_registry_holds_missing_members_then_drops_the_absent(autoju
         await trio.sleep(5)
         wipe(registry)
         registry.fail(False)
-        await registry.create(member_key(SPEC, 1), encode_member(member(1)))  # revision 2
+        await create_leased(registry, member_key(SPEC, 1), encode_member(member(1)))  # revision 2
         await wait_for(lambda: bool(view.held))
         reset_at = trio.current_time()
         assert set(view.members) == {1, 2, 3}
@@ -134,7 +134,7 @@ async def test_reset_registry_holds_missing_members_then_drops_the_absent(autoju
         ]
 
         moved = Member(2, member(2).public_key, "198.18.9.2:51820", "pod2")
-        await registry.create(member_key(SPEC, 2), encode_member(moved))
+        await create_leased(registry, member_key(SPEC, 2), encode_member(moved))
         await wait_for(lambda: view.members[2] == moved)
         assert set(view.held) == {3}, "a member that registered again is no longer held"
 
@@ -155,7 +155,7 @@ async def test_list_after_an_outage_without_reset_drops_missing_members_at_once(
     went up: that is an ordinary deletion, not a reset, and nothing is held."""
     registry = MemoryRegistry()
     for rank in (1, 2):
-        await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+        await create_leased(registry, member_key(SPEC, rank), encode_member(member(rank)))
     view = MemberView()
     async with trio.open_nursery() as nursery:
         await nursery.start(sync_members, registry, SPEC, view, RegistryHealth())
@@ -175,7 +175,7 @@ async def test_a_list_during_the_grace_keeps_holding(autojump_clock):
     revision; the held members stay held until their deadline, not dropped."""
     registry = MemoryRegistry()
     for rank in (1, 2, 3):
-        await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+        await create_leased(registry, member_key(SPEC, rank), encode_member(member(rank)))
     view = MemberView()
     async with trio.open_nursery() as nursery:
         await nursery.start(
@@ -196,7 +196,7 @@ async def test_a_list_during_the_grace_keeps_holding(autojump_clock):
         registry.fail(True)
         await trio.sleep(3)
         registry.fail(False)
-        await registry.create(member_key(SPEC, 1), encode_member(member(1)))
+        await create_leased(registry, member_key(SPEC, 1), encode_member(member(1)))
         listed = view.version
         await wait_for(lambda: view.version > listed and view.revision >= 2)
         assert set(view.members) == {1, 2, 3}
@@ -223,7 +223,7 @@ async def test_periodic_watch_restart_resumes_without_a_list(autojump_clock):
     # A list is O(N) for etcd and for every daemon; the periodic restart only bounds
     # how long a silently dead stream goes unnoticed, and resuming replays everything.
     registry = CountingWatches()
-    await registry.create(member_key(SPEC, 1), encode_member(member(1)))
+    await create_leased(registry, member_key(SPEC, 1), encode_member(member(1)))
     view = MemberView()
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(sync_members, resync_interval=10.0), registry, SPEC, view,
@@ -233,7 +233,7 @@ async def test_periodic_watch_restart_resumes_without_a_list(autojump_clock):
                 await trio.sleep(0.01)
         for rank in (2, 3):  # one write in each watch period
             await trio.sleep(10.0)
-            await registry.create(member_key(SPEC, rank), encode_member(member(rank)))
+            await create_leased(registry, member_key(SPEC, rank), encode_member(member(rank)))
         await trio.sleep(25.0)
         await registry.delete(member_key(SPEC, 2))
         with trio.fail_after(5):
@@ -253,7 +253,7 @@ async def test_a_large_mesh_restarts_its_watch_less_often(autojump_clock):
     spec = parse_spec({"mesh": {"name": "m", "size": 1024, "network": "10.250.0.0/16"}})
     registry = CountingWatches()
     for rank in range(1024):
-        await registry.create(member_key(spec, rank), encode_member(wide_member(rank)))
+        await create_leased(registry, member_key(spec, rank), encode_member(wide_member(rank)))
     view = MemberView()
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(sync_members, resync_interval=10.0), registry, spec, view,

@@ -178,7 +178,8 @@ async def hold_claim(
     it changes (as ``vnetd up`` does); with ``signer``, records are signed."""
     import trio
 
-    from vnetd.control.claim import ClaimHolder, follow_public_endpoint
+    from vnetd.control.claim import ClaimHolder
+    from vnetd.control.endpoint_file import follow_public_endpoint
     from vnetd.control.membership import ensure_spec
     from vnetd.control.retry import RegistryHealth, retry_registry
 

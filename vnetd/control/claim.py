@@ -16,13 +16,15 @@ once by the takeover rule (a compare-and-swap on our own entry, under the
 same lease), so that peers drop their sessions with the old device. While the
 registry is unreachable the rewrite is retried at each keepalive. The same
 holds for a new public endpoint (``set_public_endpoint``, from
-``follow_public_endpoint``: the NAT in front of the member forwards another
+``control.endpoint_file``: the NAT in front of the member forwards another
 port now); peers of other sites then write it (invariant 4: the registry's
 endpoint for the rank changed).
 
-Records are signed with ``signer`` (``control.proof``). The holder also watches
-its own rank in the view: an entry rewritten by another writer (refused by
-readers) is written back; an entry taken by another holder while our lease
+Records are signed with ``signer`` (``control.proof``), each with a ``seq`` past
+the last (``claim_attempt.next_seq``). The holder also watches its own rank in
+the view: an entry rewritten by another writer, without a lease, or with an older
+record of ours (refused by readers) is written back with a warning naming what
+was found; an entry taken by another holder while our lease
 lived is reported as *displaced* (``state``, one log line, a counter) and
 waited out like any holder, never fought over; a copy of our public key at
 another rank is logged once (docs/architecture.md, "Registry layout").
@@ -33,19 +35,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Literal
 
 import trio
 
-from vnetd.control.membership import Claimed, Held, try_claim
+from vnetd.control.claim_attempt import Claimed, Held, try_claim
 from vnetd.control.proof import Signer
 from vnetd.control.renewal import RenewalSchedule, renewal_interval
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.spec_check import SpecCheck
 from vnetd.control.watcher import MemberView
 from vnetd.errors import RegistryError, RegistryUnavailable
-from vnetd.model import Member, check_endpoint
+from vnetd.model import Member
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
 
@@ -94,6 +95,7 @@ class ClaimHolder:
         self.claimed_at: float | None = None
         self.record_updates = 0
         self._written: Member | None = None  # the record as last written
+        self._seq = 0  # the ``seq`` of the record last written (``claim_attempt.next_seq``)
         self._record_changed = trio.Event()
         self._wake: trio.CancelScope | None = None  # ``_wait``'s, while it waits
 
@@ -170,14 +172,15 @@ class ClaimHolder:
                 await trio.sleep(backoff.next_delay())
                 continue
             if isinstance(result, Claimed):
-                self._written = me
+                self._written, self._seq = me, max(self._seq, result.seq)
                 self.claims += 1
                 self.claimed_at = time.time()
                 self.state, self.holder, self._lost_with_lease = "claimed", None, False
                 how = "took over its own entry" if result.took_over else "created the entry"
-                if result.replaced:
+                if result.replaced:  # a writer's doing, which readers refuse: a warning
                     how = f"took over {result.replaced}"
-                log.info(
+                log.log(
+                    logging.WARNING if result.replaced else logging.INFO,
                     "claimed rank %d as %s (%s, lease %x, ttl %d s)",
                     self.me.rank,
                     self.me.instance,
@@ -218,7 +221,14 @@ class ClaimHolder:
         if self.claims:  # the registry may have lost the spec (a reset store)
             await self.spec_check.check()
         me = self.me
-        return me, await try_claim(self.registry, self.spec, me, self.lease, self.signer)
+        return me, await try_claim(
+            self.registry, self.spec, me, self.lease, self.signer, after=self._after()
+        )
+
+    def _after(self) -> int:
+        """The ``seq`` our next record must pass: ours, or one readers took from our key."""
+        seen = self.view.order.highest(self.me.rank, self.me.signing_key) if self.view else 0
+        return max(self._seq, seen)
 
     async def _fresh_lease(self) -> None:
         """Make sure ``self.lease`` is alive: a wait on a holder can outlast it."""
@@ -359,7 +369,9 @@ class ClaimHolder:
         me, before = self.me, self._written
         overwritten = self.view.overwritten.get(me.rank, 0) if self.view is not None else 0
         try:
-            result = await try_claim(self.registry, self.spec, me, lease, self.signer, self._ours())
+            result = await try_claim(
+                self.registry, self.spec, me, lease, self.signer, self._ours(), self._after()
+            )
             self.health.ok("claim")
         except RegistryUnavailable as exc:
             self.health.failed("claim", exc)
@@ -369,15 +381,15 @@ class ClaimHolder:
         if isinstance(result, Held):
             holder = result.holder.instance if result.holder else "an unreadable entry"
             return f"rank {me.rank}'s entry is held by {holder}"
-        self._written = me
+        self._written, self._seq = me, max(self._seq, result.seq)
         self.record_updates += 1
         if overwritten > self._restored:
             self.restores += 1
             if self.restores == 1 or self.restores % 100 == 0:
                 log.warning(
-                    "rank %d's entry was overwritten by another writer (refused by readers); "
-                    "wrote it back (%d times so far)",
+                    "rank %d's entry: found %s, refused by readers; wrote ours back (%d so far)",
                     me.rank,
+                    result.replaced or "overwritten by another writer",
                     self.restores,
                 )
         self._restored = max(self._restored, overwritten)
@@ -415,28 +427,3 @@ def _why_held(holder: Member | None, me: Member) -> str:
     if holder is None or holder.instance != me.instance:
         return ""
     return " (our instance under another signing key: a second daemon for this rank?)"
-
-
-PUBLIC_ENDPOINT_POLL = 1.0
-"""How often ``follow_public_endpoint`` reads its file (a stat and a short read)."""
-
-
-async def follow_public_endpoint(path: Path, claim: ClaimHolder) -> None:
-    """Register the endpoint written in ``path`` whenever it changes (docs/architecture.md,
-    "Sites"). An unreadable file or a bad value is logged once and the registered
-    endpoint kept; an empty file means none."""
-    complaint = ""
-    while True:
-        await trio.sleep(PUBLIC_ENDPOINT_POLL)
-        try:
-            text = (await trio.Path(path).read_text()).strip()
-            endpoint = check_endpoint(text) if text else None
-        except (OSError, ValueError) as exc:
-            problem = exc.strerror if isinstance(exc, OSError) else str(exc)
-            if problem != complaint:
-                log.warning("public endpoint file %s: %s; keeping %s", path, problem,
-                            claim.me.public_endpoint or "none")  # fmt: skip
-                complaint = problem or ""
-            continue
-        complaint = ""
-        claim.set_public_endpoint(endpoint)

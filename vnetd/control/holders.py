@@ -1,6 +1,9 @@
-"""Who holds an entry and a public key, as one reader has seen them.
+"""Who holds an entry and a public key, and the order of a holder's records, as one
+reader has seen them.
 
 ``may_rewrite`` is the readers' rule for an entry rewritten in place.
+``RecordOrder`` refuses a holder's record that is not after the last one accepted
+from it at that rank (a replay: an older record put back, under any lease).
 ``KeyBindings`` answers a copy of a key: a WireGuard public key is public, and
 anyone who can write the registry can put a copy of a member's key under a
 free rank. The first *signed* registration of a key binds it to its signing
@@ -20,20 +23,71 @@ from collections.abc import Callable, Iterable, Mapping
 from vnetd.model import Member
 
 
-def may_rewrite(old: Member, old_lease: int, new: Member, new_lease: int) -> bool:
+def may_rewrite(old: Member, new: Member) -> bool:
     """Whether ``new`` may replace ``old`` in an entry that was not deleted in between.
 
     A signed entry changes only under its signing key (a key rotation, a new
     endpoint, a restart within the lease: its holder). An unsigned one, as older
     versions write, keeps the older rule: the same ``instance``, which is public,
-    so it is no proof. A leaseless unsigned entry holds no claim: a signed record
-    under a lease may replace it (a holder taking its rank back).
+    so it is no proof. (A leaseless entry is no member at all: readers skip it,
+    so it is never ``old``.)
     """
     if old.signing_key:
         return new.signing_key == old.signing_key
-    if old_lease == 0 and new.signing_key and new_lease:
-        return True
     return new.instance == old.instance
+
+
+KEYS_ORDERED = 4
+"""Signing keys a reader keeps the order of per rank: its holder's and the last ones
+that left it (a pod that moved, a rotated signing key); the one accepted least
+recently is forgotten first, so memory is bounded by 4 x the ranks."""
+
+
+class RecordOrder:
+    """(rank, signing key) -> the highest ``seq`` accepted and the mod revision of
+    the write that carried it.
+
+    etcd's revisions cannot order records: a replay is a new write and gets a new,
+    higher revision. The ``seq`` a holder signs can (docs/architecture.md,
+    "Registry layout"); a refused one keeps the holder's address its own (invariant
+    2). A record of an older version (``seq`` 0) is not ordered
+    while its key has written nothing else; once a key wrote a ``seq``, one
+    without is older.
+    """
+
+    def __init__(self) -> None:
+        self._ranks: dict[int, dict[str, tuple[int, int]]] = {}
+
+    def refusal(self, member: Member, mod_revision: int) -> int | None:
+        """The highest ``seq`` accepted from ``member``'s signing key at its rank when
+        ``member`` is not after it and is not that very write (a re-list or a resumed
+        watch brings it again at its own mod revision); else None."""
+        if not member.signing_key:
+            return None
+        seen = self._ranks.get(member.rank, {}).get(member.signing_key)
+        if seen is None:
+            return None
+        highest, revision = seen
+        if member.seq > highest or (member.seq == highest and mod_revision == revision):
+            return None
+        return None if member.seq == highest == 0 else highest
+
+    def highest(self, rank: int, signing_key: str) -> int:
+        """The highest ``seq`` accepted from ``signing_key`` at ``rank`` (0: none)."""
+        return self._ranks.get(rank, {}).get(signing_key, (0, 0))[0]
+
+    def accept(self, member: Member, mod_revision: int) -> None:
+        """``member``, written at ``mod_revision``, was accepted (``refusal`` was None)."""
+        if not member.signing_key:
+            return
+        keys = self._ranks.setdefault(member.rank, {})
+        keys.pop(member.signing_key, None)  # the latest last: the oldest goes first
+        keys[member.signing_key] = (member.seq, mod_revision)
+        if len(keys) > KEYS_ORDERED:
+            del keys[next(iter(keys))]
+
+    def __len__(self) -> int:
+        return sum(len(keys) for keys in self._ranks.values())
 
 
 class KeyBindings:

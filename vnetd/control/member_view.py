@@ -13,9 +13,9 @@ from collections.abc import Iterable
 
 import trio
 
-from vnetd.control.holders import KeyBindings, may_rewrite
+from vnetd.control.holders import KeyBindings, RecordOrder, may_rewrite
 from vnetd.control.log_limit import LogLimit
-from vnetd.control.membership import BadEntry, decode_member, rank_of_key
+from vnetd.control.membership import BadEntry, decode_member, describe, rank_of_key
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.spec import MeshSpec
@@ -56,7 +56,9 @@ class MemberView:
     ordered after every registration in ``created`` (so the key's holder keeps
     its peer) and noted in ``bindings.copies`` (``control.holders``).
     ``overwritten`` maps a rank to the mod revision of the last rewrite of its
-    entry that was refused: the holder writes its record back.
+    entry that was refused: the holder writes its record back. ``order`` refuses a
+    signed record not after the last one accepted from its signing key at its rank
+    (a replay).
     """
 
     def __init__(self) -> None:
@@ -66,6 +68,7 @@ class MemberView:
         self.leases: dict[int, int] = {}
         self.bindings = KeyBindings()
         self.overwritten: dict[int, int] = {}
+        self.order = RecordOrder()
         self._grace = 0.0
         self._proven: dict[str, tuple[int, bytes]] = {}
         """Rank key -> (lease, digest) of the signed record last verified there."""
@@ -76,6 +79,7 @@ class MemberView:
         self.refused: dict[int, int] = {}
         """Rank -> create revision of an entry whose rewrite was refused (logged once)."""
         self.refused_total = 0
+        """Rewrites refused (once per entry), copies, and every replay refused."""
         self._bad_log = LogLimit(log, "bad registry entries", "bad entries")
         self._refused_log = LogLimit(log, "refused registry writes", "refused writes")
         self.version = 0
@@ -235,31 +239,56 @@ class MemberView:
         lease: int,
         mod_revision: int,
     ) -> Member | None:
-        """``member`` as written at ``key``, or the member we had there if the write
-        breaks the claim rules (``may_rewrite``) in an entry never deleted."""
+        """``member`` as written at ``key``; the member we had there if the write breaks
+        the claim rules (``may_rewrite``) in an entry never deleted, or is a replay of
+        an older record (``RecordOrder``); None for a replay in a new entry."""
         rank = rank_of_key(spec, key)
-        if rank is None or rank in self.held:
+        if rank is None:
             return member
         old = self.members.get(rank)
-        if old is None or self.created.get(rank) != create_revision or create_revision == 0:
+        if old is None or rank in self.held or create_revision == 0:
+            old = None  # a held member's entry is the new store's: a new claim
+        elif self.created.get(rank) != create_revision:
+            old = None  # deleted and created again: a new claim, taken as it is
+        highest = self.order.refusal(member, mod_revision) if member is not None else None
+        if member is not None and highest is not None:
+            self._refuse_replay(member, highest, lease, mod_revision)
+            if old is None:
+                return None
+        elif old is None or (member is not None and may_rewrite(old, member)):
+            if member is not None:
+                self.order.accept(member, mod_revision)
             return member
-        if member is not None and may_rewrite(old, self.leases.get(rank, 0), member, lease):
-            return member
-        self.overwritten[rank] = mod_revision
-        if self.refused.get(rank) != create_revision:
+        self.overwritten[rank] = mod_revision  # the holder writes its record back
+        if self.refused.get(rank) != create_revision and highest is None:
             self.refused[rank] = create_revision
             self.refused_total += 1
-            by = member.instance if member is not None else "an unreadable record"
+            by = member.instance if member is not None else "a bad entry (named above)"
             signed = " (signed; the rewrite is not signed by its key)" if old.signing_key else ""
+            held_by = old.instance
             self._refused_log.warn(
                 lambda: (
                     f"refusing a rewrite of rank {rank}'s entry by {by}: it is held by "
-                    f"{old.instance}{signed} and was not deleted in between (create revision "
-                    f"{create_revision}); keeping {old.instance}'s member"
+                    f"{held_by}{signed} and was not deleted in between (create revision "
+                    f"{create_revision}); keeping {held_by}'s member"
                 ),
                 self.refused_total,
             )
         return old
+
+    def _refuse_replay(self, member: Member, highest: int, lease: int, revision: int) -> None:
+        """Count and log a record not after the last one accepted from its signing key."""
+        rank = member.rank
+        self.refused_total += 1
+        self._refused_log.warn(
+            lambda: (
+                f"refusing rank {rank}'s record by {describe(member)} (lease {lease:x}, "
+                f"mod revision {revision}): its "
+                f"seq {member.seq} is not after {highest}, the last accepted from that key "
+                "at this rank: a replay of an older record"
+            ),
+            self.refused_total,
+        )
 
     def _ordered(self, member: Member, create_revision: int) -> int:
         """The registration order of ``member``: its create revision, or, when it carries a
@@ -290,7 +319,9 @@ class MemberView:
     ) -> Member | None:
         seen = (lease, hashlib.blake2b(value, digest_size=16).digest())
         try:
-            member = decode_member(spec, key, value, lease, proven=self._proven.get(key) == seen)
+            member = decode_member(
+                spec, key, value, lease, proven=self._proven.get(key) == seen, leased=True
+            )
         except BadEntry as exc:
             self._proven.pop(key, None)
             if key not in self.bad_entries:

@@ -1,17 +1,13 @@
-"""Member records in the registry: the key layout, the codec and the claim.
+"""Member records in the registry: the key layout and the codec.
 
 Layout (docs/architecture.md, "Registry layout")::
 
     <prefix>/<mesh>/spec            the [mesh] table as canonical JSON, create-if-absent
     <prefix>/<mesh>/members/<rank>  a member record, bound to its daemon's lease
 
-The claim rules (docs/architecture.md, "Claim"): create ``members/<rank>`` if
-absent; if present and signed by our signing key (or, for a record of an older
-version, unsigned with our ``instance``), the old process is gone and we take
-it over (a compare-and-swap on its mod revision); an entry bound to no lease,
-or our own entry overwritten by another writer, is taken back the same way;
-otherwise it is held by someone else and the caller waits for its deletion.
-Records are signed (``control.proof``) and ``decode_member`` checks the proof.
+Records are signed (``control.proof``) and ``decode_member`` checks the proof; a
+reader takes an entry bound to no lease for no member. One attempt at the claim
+rules is ``control.claim_attempt.try_claim``.
 """
 
 from __future__ import annotations
@@ -19,14 +15,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from vnetd.control import rank_cert
 from vnetd.control.proof import Signer, verify
-from vnetd.errors import IdentityError, RegistryError, SpecError, SpecMismatch, VnetdError
+from vnetd.errors import IdentityError, SpecError, SpecMismatch, VnetdError
 from vnetd.model import Member, check_public_key, is_ascii_number, parse_endpoint
 from vnetd.model import check_endpoint as check_endpoint  # the codec's rules, re-exported
-from vnetd.registry.base import KeyValue, Registry
+from vnetd.registry.base import Registry
 from vnetd.registry.bounds import dropped_size
 from vnetd.spec import DEFAULT_SITE, MeshSpec, check_site_name
 
@@ -81,6 +77,8 @@ def encode_member(
     for field in ("signing_key", "cert"):
         if not record[field]:
             del record[field]
+    if not member.signing_key or not member.seq:  # only a proof makes an order
+        del record["seq"]
     body = _canonical(record)
     if signer is None and not member.signing_key:
         return body
@@ -113,12 +111,20 @@ def show_key(key: str) -> str:
 
 
 def decode_member(
-    spec: MeshSpec, key: str, value: bytes, lease: int = 0, *, proven: bool = False
+    spec: MeshSpec,
+    key: str,
+    value: bytes,
+    lease: int = 0,
+    *,
+    proven: bool = False,
+    leased: bool = False,
 ) -> Member:
     """Parse and check one ``members/<rank>`` entry, bound to ``lease`` (0: none).
 
     A signed record's proof must verify for this key and lease; ``proven``: the
     caller verified these very bytes at this key and lease before (a re-list).
+    ``leased``: a reader's rule, an entry bound to no lease is no member, whatever
+    its signature (every claim is bound to its holder's lease; no daemon writes one).
 
     Raises:
         BadEntry: the message names the key and the field at fault, on one line.
@@ -132,6 +138,11 @@ def decode_member(
         raise BadEntry(f"{key}: a value of {size} bytes, far over what a member record holds")
     if rank >= spec.size:
         raise BadEntry(f"{key}: rank {rank} is out of range 0..{spec.size - 1}")
+    if leased and lease == 0:
+        raise BadEntry(
+            f"{key}: no lease: every claim is bound to its holder's lease, so a leaseless "
+            "entry is no member (its rank's daemon takes it over)"
+        )
     try:
         record = json.loads(value)
     except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: RecursionError
@@ -165,9 +176,11 @@ def decode_member(
     refused = rank_cert.refusal(spec, rank, record.get("signing_key"), cert)
     if refused is not None:  # before the proof: a certificate seen before costs a lookup
         raise BadEntry(f"{key}: {refused}")
+    seq = _seq(key, record.get("seq", 0))
     signing_key = _proven_signer(key, raw_key, record, lease, proven)
     _check_pin(spec, key, rank, signing_key)
-    return Member(rank=rank, **fields, signing_key=signing_key)  # type: ignore[arg-type]
+    return Member(rank=rank, **fields, signing_key=signing_key,  # type: ignore[arg-type]
+                  seq=seq if signing_key else 0)  # fmt: skip
 
 
 def _check_pin(spec: MeshSpec, key: str, rank: int, signing_key: str) -> None:
@@ -288,6 +301,17 @@ def _cert(key: str, value: object) -> str:
     return value
 
 
+SEQ_MAX = (1 << 63) - 1
+"""Largest ``seq`` accepted (a signed 64-bit integer, as ``time.time_ns`` gives)."""
+
+
+def _seq(key: str, value: object) -> int:
+    """Optional (records of older versions have none: 0): an integer 0..``SEQ_MAX``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEQ_MAX:
+        raise BadEntry(f"{key}: field seq is not an integer from 0 to {SEQ_MAX}")
+    return value
+
+
 DEVICE_ID_MAX = 64
 """Longest ``device_id`` accepted (vnetd writes 16 hex digits)."""
 
@@ -348,81 +372,12 @@ async def ensure_spec(registry: Registry, spec: MeshSpec) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class Claimed:
-    took_over: bool
-    replaced: str = ""
-    """What a takeover replaced when it was not our own entry: "a leaseless entry"
-    or "our entry, overwritten by another writer"."""
-
-
-@dataclass(frozen=True)
-class Held:
-    """The rank is held by another instance."""
-
-    holder: Member | None
-    entry: KeyValue
-
-
-async def try_claim(
-    registry: Registry,
-    spec: MeshSpec,
-    me: Member,
-    lease: int,
-    signer: Signer | None = None,
-    ours: int = 0,
-) -> Claimed | Held:
-    """One attempt at the claim rules for ``me.rank`` under ``lease``.
-
-    Args:
-        signer: signs the record (its key is ``me.signing_key``); None: unsigned.
-        ours: the create revision of an entry readers accepted as ours (0: none):
-            found overwritten by another writer, it is written back.
-    """
-    key = member_key(spec, me.rank)
-    value = encode_member(me, signer, key=key, lease=lease)
-    pinned = _PINNED if spec.pinned_key(me.rank) == me.signing_key != "" else (
-        _VOUCHED if spec.rank_ca else "")  # fmt: skip
-    for _ in range(3):  # a lost compare-and-swap race is retried a few times
-        existing = await registry.create(key, value, lease)
-        if existing is None:
-            return Claimed(took_over=False)
-        try:
-            holder: Member | None = decode_member(spec, key, existing.value, existing.lease)
-        except BadEntry:
-            holder = None
-        replaced = _replaceable(existing, holder, me, ours, pinned)
-        if replaced is None:
-            return Held(holder, existing)
-        if await registry.replace(key, value, existing.mod_revision, lease):
-            return Claimed(took_over=True, replaced=replaced)
-    raise RegistryError(f"{key}: claim kept losing compare-and-swap races")
-
-
-_PINNED = "an entry not signed by the rank's pinned key"
-_VOUCHED = "an entry with no rank certificate for its key at this rank"
-
-
-def _replaceable(
-    existing: KeyValue, holder: Member | None, me: Member, ours: int, pinned: str = ""
-) -> str | None:
-    """Why ``me`` may replace ``existing`` ("" for our own entry), or None: it is held.
-
-    ``pinned`` (what such an entry is): the spec pins our rank to our signing key or
-    a rank CA, so an entry readers skip (``_check_pin``, ``rank_cert.refusal``) holds
-    nothing either."""
-    if existing.lease == 0:
-        return "a leaseless entry"  # every claim is bound to a lease: this holds nothing
-    if pinned and holder is None:  # readers take no entry but the pinned or vouched one
-        return pinned
-    overwritten = holder is None or holder.signing_key != me.signing_key
-    if ours and existing.create_revision == ours and overwritten:
-        return "our entry, overwritten by another writer"
+def describe(holder: Member | None) -> str:
+    """Who wrote an entry, for a log line: its instance and signing key's first characters."""
     if holder is None:
-        return None
-    if holder.signing_key:
-        return "" if holder.signing_key == me.signing_key else None
-    return "" if holder.instance == me.instance else None  # an unsigned record
+        return "an unreadable record"
+    signed = f"signing key {holder.signing_key[:12]}" if holder.signing_key else "unsigned"
+    return f"instance {holder.instance}, {signed}"
 
 
 async def read_members(registry: Registry, spec: MeshSpec) -> tuple[dict[int, Member], int]:
@@ -436,7 +391,7 @@ async def read_members(registry: Registry, spec: MeshSpec) -> tuple[dict[int, Me
     bad = 0
     for kv in kvs:
         try:
-            member = decode_member(spec, kv.key, kv.value, kv.lease)
+            member = decode_member(spec, kv.key, kv.value, kv.lease, leased=True)
         except BadEntry:
             bad += 1
             continue

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from vnetd.control.claim import ClaimHolder, follow_public_endpoint
+from vnetd.control.claim import ClaimHolder
+from vnetd.control.endpoint_file import follow_public_endpoint
 from vnetd.control.membership import ensure_spec, spec_key
 from vnetd.control.proof import Signer
 from vnetd.control.rank_cert import follow_rank_cert

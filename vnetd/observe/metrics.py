@@ -110,7 +110,8 @@ class _SnapshotCollector(Collector):
         yield _counter(
             "vnetd_registry_refused_writes",
             "Registry entries refused as forgeries: a rewrite of a held entry not made by "
-            "its holder, or a copy of a public key registered under another signing key.",
+            "its holder, a copy of a public key registered under another signing key, or a "
+            "replay of a holder's older record.",
             s.refused_rewrites,
         )
         yield _counter(

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
+from shared import create_leased
 from shared import key as private_key
 
 from vnetd.control.membership import encode_member, member_key
@@ -114,9 +115,9 @@ def memory_opener(
     async def open_registry(endpoints: Sequence[str]) -> AsyncIterator[MemoryRegistry]:
         registry = MemoryRegistry()
         for m in members:
-            await registry.create(member_key(spec, m.rank), encode_member(m))
+            await create_leased(registry, member_key(spec, m.rank), encode_member(m))
         for i in range(bad):
-            await registry.create(member_key(spec, spec.size + i), b"{}")
+            await create_leased(registry, member_key(spec, spec.size + i), b"{}")
         if fail:
             registry.fail()
         yield registry
