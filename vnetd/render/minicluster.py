@@ -52,6 +52,13 @@ from vnetd.render.manifests import (
     manifest_objects_header,
     yaml_stream,
 )
+from vnetd.render.operator_versions import (
+    DEFAULT_OPERATOR_VERSION,
+    OPERATOR_VERSIONS,
+    VIEW,
+    OperatorVersion,
+    operator_version,
+)
 from vnetd.render.pods import (
     CONFIG_DIR,
     ETCD_CLIENT_SECRET,
@@ -74,39 +81,18 @@ from vnetd.render.secretfiles import (
 from vnetd.spec import MeshSpec
 
 API_VERSION = "flux-framework.org/v1alpha2"
-OPERATOR_VIEW = "/mnt/flux"
-"""The operator's default ``flux.container.mountPath``, where it puts Flux and its config."""
-OPERATOR_MARKER = f"{OPERATOR_VIEW}/flux-operator-complete.txt"
-"""What the operator's ``wait.sh`` touches in every pod once its broker has exited."""
-DEFAULT_APP_IMAGE = "ubuntu:24.04"
-"""The application container: any image the operator's Ubuntu noble Flux view runs in."""
+OPERATOR_VIEW = VIEW
+OPERATOR_MARKER = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].marker
+OPERATOR_CURVE_CERT = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].curve_cert
 DEFAULT_COMMAND = "hostname"
+DEFAULT_DEADLINE = 4 * 3600
+"""``spec.deadlineSeconds`` (the Job's ``activeDeadlineSeconds``): a working session. The
+operator's own default, 31,500,000 s, holds the nodes of a hung MiniCluster for a year."""
+BACKOFF_LIMIT = 1
+"""``spec.backoffLimit``: under ``restartPolicy: OnFailure`` the Job controller sums the
+containers' restarts, and 1 fails the Job at the first one (0 is the operator's 100)."""
 
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class OperatorVersion:
-    """What differs between the operator versions this renders for."""
-
-    name: str
-    curve_cert: str
-    """Where its ``wait.sh`` copies the CURVE certificate (0400, the Flux user's)."""
-    core_security_context: bool
-    """``securityContext`` is Kubernetes' own (main), not ``{privileged, addCapabilities}``."""
-
-
-OPERATOR_VERSIONS = {
-    version.name: version
-    for version in (
-        OperatorVersion("main", f"{OPERATOR_VIEW}/config/curve/curve.cert", True),
-        OperatorVersion("0.2.1", f"{OPERATOR_VIEW}/view/curve/curve.cert", False),
-    )
-}
-"""The supported versions: the operator's main branch (its documented install) and its
-last release; docs/flux.md says which commit each was read at."""
-DEFAULT_OPERATOR_VERSION = "main"
-OPERATOR_CURVE_CERT = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].curve_cert
 
 
 @dataclass(frozen=True)
@@ -114,21 +100,16 @@ class MiniClusterOptions:
     """What the spec does not say: the images, the job, the operator version."""
 
     image: str = DEFAULT_IMAGE
-    app_image: str = DEFAULT_APP_IMAGE
+    app_image: str | None = None
+    """None: the distribution of the version's Flux view (``OperatorVersion.app_image``)."""
     command: str = DEFAULT_COMMAND
     operator_version: str = DEFAULT_OPERATOR_VERSION
     tasks: int | None = None
     """``spec.tasks``; None: one per rank (the operator's own default is 1)."""
     mesh_policy: bool = False
     """Also a NetworkPolicy admitting the mesh's UDP port from its own pods."""
-
-
-def operator_version(name: str) -> OperatorVersion:
-    """Raises: SpecError: not a supported version (naming the flag and the choices)."""
-    if name not in OPERATOR_VERSIONS:
-        choices = ", ".join(OPERATOR_VERSIONS)
-        raise SpecError(f"--operator-version: {name!r} is not supported; choose {choices}")
-    return OPERATOR_VERSIONS[name]
+    deadline: int = DEFAULT_DEADLINE
+    """``spec.deadlineSeconds``: how long the Job may run before it fails."""
 
 
 def broker_config(spec: MeshSpec, version: str = DEFAULT_OPERATOR_VERSION) -> str:
@@ -161,10 +142,15 @@ def render_minicluster(
     name = job_name(spec)
     port = http_port(spec)
     check_image(options.image, "--image")
-    check_image(options.app_image, "--app-image")
+    app_image = check_image(options.app_image or version.app_image, "--app-image")
     tasks = spec.size if options.tasks is None else options.tasks
     if tasks < 1:
         raise SpecError(f"--tasks: {tasks} is not a task count; give 1 or more")
+    if options.deadline < 1:
+        raise SpecError(
+            f"--deadline: {options.deadline} is not a number of seconds; give 1 or more "
+            "(how long the MiniCluster's Job may run)"
+        )
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -178,13 +164,15 @@ def render_minicluster(
         "spec": {
             "size": spec.size,
             "tasks": tasks,
+            "deadlineSeconds": options.deadline,
+            **({"backoffLimit": BACKOFF_LIMIT} if version.backoff_limit else {}),
             "pod": {"labels": pod_labels(spec)},
             "flux": {
                 "brokerConfig": broker_config(spec, version.name),
                 "noWaitSocket": True,
             },
             "containers": [
-                _flux_container(spec, port, options),
+                _flux_container(spec, port, options, app_image),
                 _vnetd_container(spec, port, options, version),
             ],
         },
@@ -198,9 +186,9 @@ def render_minicluster(
     return header + yaml_stream(objects)
 
 
-def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions) -> Obj:
+def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions, app_image: str) -> Obj:
     return {
-        "image": options.app_image,
+        "image": app_image,
         "runFlux": True,
         "command": options.command,
         "commands": {"pre": readyz_wait(readyz_host(spec), port)},
@@ -212,7 +200,7 @@ def _vnetd_container(
 ) -> Obj:
     listen = f"{'[::]' if listens_on_ipv6(spec) else '0.0.0.0'}:{port}"
     argv = ["vnetd", "up", "--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--state-dir", STATE_DIR,
-            "--http-listen", listen, "--exit-on-file", OPERATOR_MARKER]  # fmt: skip
+            "--http-listen", listen, "--exit-on-file", version.marker]  # fmt: skip
     # The operator's own mounts are taken too, for the TLS directory as for the files.
     taken = (*VNETD_MOUNTS, OPERATOR_VIEW, STAGING_DIR, "/flux_operator")
     tls_dir = etcd_tls_dir(spec, taken)

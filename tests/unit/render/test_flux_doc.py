@@ -21,7 +21,7 @@ import yaml
 from crd_schemas import validate_crd
 
 from vnetd.cli import main
-from vnetd.render.minicluster import DEFAULT_OPERATOR_VERSION
+from vnetd.render.operator_versions import DEFAULT_OPERATOR_VERSION, OPERATOR_VERSIONS
 from vnetd.render.pods import ETCD_CLIENT_SECRET
 from vnetd.render.secretfiles import ETCD_PASSWORD_SECRET, PRESHARED_KEY_SECRET
 
@@ -42,7 +42,9 @@ def commands() -> list[str]:
 
 def test_the_steps_come_in_order():
     steps = [
-        "kubectl apply -f https://raw.githubusercontent.com/flux-framework/flux-operator/main/",
+        "docker build -t registry.example.org/flux-operator:",
+        "kubectl apply -f https://raw.githubusercontent.com/flux-framework/flux-operator/",
+        "set image deployment/operator-controller-manager manager=",
         f"kubectl create namespace {NAMESPACE}",
         "pod-security.kubernetes.io/enforce=privileged",
         f"kubectl -n {NAMESPACE} apply -k manifests/overlays/etcd",
@@ -53,9 +55,17 @@ def test_the_steps_come_in_order():
         "logs -l batch.kubernetes.io/job-completion-index=0 -c ",
     ]
     found = [next(i for i, c in enumerate(commands()) if words in c) for words in steps]
-    assert found == sorted(found), "the steps are out of order"
-    assert DEFAULT_OPERATOR_VERSION == "main", "the first command installs main"
     text = section()
+    assert found == sorted(found), "the steps are out of order"
+    version = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION]
+    assert version.controller_image is None, "the commit's controller is built from it"
+    assert f"kubectl apply -f {version.install}" in commands(), "the pinned install YAML"
+    (build,) = [c for c in commands() if c.startswith("docker build ")]
+    assert build.endswith(f"flux-operator.git#{version.commit}"), "built from the commit"
+    image = shlex.split(build)[shlex.split(build).index("-t") + 1]
+    assert any(c.endswith(f"manager={image}") for c in commands()), "and set on the controller"
+    release = OPERATOR_VERSIONS["0.2.1"]
+    assert release.install in text and f"--operator-version {release.name}" in text
     for name in (ETCD_CLIENT_SECRET, PRESHARED_KEY_SECRET, ETCD_PASSWORD_SECRET):
         assert name in text, name
 

@@ -18,13 +18,15 @@ from render_fixtures import EXAMPLE, LAB6_TOML
 
 from vnetd.cli import build_parser, main
 from vnetd.render.minicluster import (
+    BACKOFF_LIMIT,
+    DEFAULT_DEADLINE,
     OPERATOR_CURVE_CERT,
     OPERATOR_MARKER,
-    OPERATOR_VERSIONS,
     MiniClusterOptions,
     broker_config,
     render_minicluster,
 )
+from vnetd.render.operator_versions import DEFAULT_OPERATOR_VERSION, OPERATOR_VERSIONS
 from vnetd.spec import load_spec
 
 ROOT = Path(__file__).parents[3]
@@ -38,7 +40,7 @@ def rendered(path: Path, options: MiniClusterOptions | None = None) -> list[dict
     return list(yaml.safe_load_all(text))
 
 
-def minicluster_of(path: Path, version: str = "main") -> dict[str, Any]:
+def minicluster_of(path: Path, version: str = DEFAULT_OPERATOR_VERSION) -> dict[str, Any]:
     docs = rendered(path, MiniClusterOptions(image=IMAGE, operator_version=version))
     config_map, minicluster, budget = docs
     assert config_map["kind"] == "ConfigMap" and minicluster["kind"] == "MiniCluster"
@@ -56,13 +58,35 @@ def test_each_version_needs_its_own_render():
     """0.2.1's securityContext is the operator's own {privileged, addCapabilities};
     main's is Kubernetes'. Each render fails the other version's CRD."""
     with pytest.raises(jsonschema.ValidationError, match="'runAsUser'.* unexpected"):
-        validate_crd(minicluster_of(SIDECAR_SPEC, "main"), "minicluster-0.2.1")
+        validate_crd(minicluster_of(SIDECAR_SPEC, DEFAULT_OPERATOR_VERSION), "minicluster-0.2.1")
     with pytest.raises(jsonschema.ValidationError, match="'addCapabilities' was unexpected"):
-        validate_crd(minicluster_of(SIDECAR_SPEC, "0.2.1"), "minicluster-main")
+        validate_crd(
+            minicluster_of(SIDECAR_SPEC, "0.2.1"), f"minicluster-{DEFAULT_OPERATOR_VERSION}"
+        )
     old = minicluster_of(SIDECAR_SPEC, "0.2.1")
     assert "/mnt/flux/view/curve/curve.cert" in old["spec"]["flux"]["brokerConfig"]
     assert old["spec"]["containers"][1]["securityContext"] == {"addCapabilities": ["NET_ADMIN"]}
     assert OPERATOR_CURVE_CERT == "/mnt/flux/config/curve/curve.cert"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_job_is_bounded_by_a_deadline_and_fails_at_its_first_restart(version: str):
+    """``deadlineSeconds`` becomes the Job's ``activeDeadlineSeconds`` (both versions'
+    job.go, checked in test_operator_versions); ``backoffLimit`` exists only at the commit."""
+    body = minicluster_of(SIDECAR_SPEC, version)["spec"]
+    assert body["deadlineSeconds"] == DEFAULT_DEADLINE < 31_500_000, "not the operator's year"
+    options = MiniClusterOptions(image=IMAGE, operator_version=version, deadline=600)
+    _, minicluster, _ = rendered(SIDECAR_SPEC, options)
+    assert minicluster["spec"]["deadlineSeconds"] == 600
+    validate_crd(minicluster, f"minicluster-{version}")
+    if OPERATOR_VERSIONS[version].backoff_limit:
+        assert body["backoffLimit"] == BACKOFF_LIMIT == 1
+    else:
+        assert "backoffLimit" not in body
+        with pytest.raises(jsonschema.ValidationError, match="'backoffLimit' was unexpected"):
+            validate_crd(
+                {**minicluster, "spec": {**body, "backoffLimit": 1}}, f"minicluster-{version}"
+            )
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -140,7 +164,7 @@ def test_options_and_ipv6_listen(tmp_path: Path):
     assert "/dev/tcp/::1/9191" in flux["commands"]["pre"]
     assert "--http-listen '[::]:9191'" in vnetd["command"]
     assert "enable_ipv6 = true" in minicluster["spec"]["flux"]["brokerConfig"]
-    validate_crd(minicluster, "minicluster-main")
+    validate_crd(minicluster, f"minicluster-{DEFAULT_OPERATOR_VERSION}")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -180,6 +204,16 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
         ),
         pytest.param("", ["--app-image", "a b"], r"--app-image: 'a b' is not an image", id="app"),
         pytest.param("", ["--tasks", "0"], r"--tasks: 0 is not a task count", id="tasks"),
+        pytest.param(
+            "", ["--deadline", "0"], r"--deadline: 0 is not a number of seconds", id="deadline"
+        ),
+        pytest.param(
+            "",
+            ["--operator-version", "main"],
+            r"--operator-version: 'main' is not a version vnetd was checked against; install "
+            r"one of 0d75cef8, 0\.2\.1",
+            id="version",
+        ),
         pytest.param(
             '[wireguard]\npreshared_key_file = "psk"',
             [],

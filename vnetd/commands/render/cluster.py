@@ -16,14 +16,13 @@ from typing import Any
 from vnetd.errors import SpecError
 from vnetd.render.manifests import DEFAULT_IMAGE, manifest_warnings
 from vnetd.render.minicluster import (
-    DEFAULT_APP_IMAGE,
     DEFAULT_COMMAND,
-    DEFAULT_OPERATOR_VERSION,
-    OPERATOR_VERSIONS,
+    DEFAULT_DEADLINE,
     MiniClusterOptions,
     render_minicluster,
 )
 from vnetd.render.monitoring import render_monitoring
+from vnetd.render.operator_versions import DEFAULT_OPERATOR_VERSION, OPERATOR_VERSIONS
 from vnetd.render.output import warn_on_stderr, write_file
 from vnetd.spec import load_spec
 
@@ -37,20 +36,30 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
     _add_config_and_output(minicluster)
     options = [
         ("--image", "image", DEFAULT_IMAGE, "the vnetd image"),
-        ("--app-image", "app_image", DEFAULT_APP_IMAGE, "the container Flux runs in"),
+        ("--app-image", "app_image", "the distribution of the version's Flux view",
+         "the container Flux runs in"),
         # dest: "command" is the top-level subcommand's
         ("--command", "job_command", DEFAULT_COMMAND, "what the MiniCluster submits to Flux"),
-    ]
+    ]  # fmt: skip
     for flag, dest, default, text in options:
         metavar = flag[2:].upper().replace("-", "_")
         help_text = f"{text} (default {default})"
-        minicluster.add_argument(flag, dest=dest, metavar=metavar, default=default, help=help_text)
+        value = None if flag == "--app-image" else default
+        minicluster.add_argument(flag, dest=dest, metavar=metavar, default=value, help=help_text)
     minicluster.add_argument(
         "--operator-version",
-        choices=list(OPERATOR_VERSIONS),
+        metavar="VERSION",
         default=DEFAULT_OPERATOR_VERSION,
-        help="the Flux Operator the MiniCluster is for: where it puts the CURVE certificate, "
-        f"how a container's security context is written (default {DEFAULT_OPERATOR_VERSION})",
+        help=f"the Flux Operator installed: one of {', '.join(OPERATOR_VERSIONS)}, each a "
+        f"release tag or commit vnetd was checked against (default {DEFAULT_OPERATOR_VERSION})",
+    )
+    minicluster.add_argument(
+        "--deadline",
+        type=int,
+        metavar="SECONDS",
+        default=DEFAULT_DEADLINE,
+        help="how long the MiniCluster's Job may run before it fails (spec.deadlineSeconds, "
+        f"default {DEFAULT_DEADLINE}: a working session, not the operator's year)",
     )
     minicluster.add_argument(
         "--tasks",
@@ -101,6 +110,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
         operator_version=args.operator_version,
         tasks=args.tasks,
         mesh_policy=args.mesh_policy,
+        deadline=args.deadline,
     )
     rendered = render_minicluster(spec, text, options)
     for warning in manifest_warnings(spec, args.image):

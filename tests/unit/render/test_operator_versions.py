@@ -1,0 +1,95 @@
+"""Each fact of ``vnetd/render/operator_versions.py`` against the source of the version it
+names: the operator's own files in ``operator/<version>/`` and its CRD in ``crds/``."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vnetd.render.operator_versions import OPERATOR_VERSIONS, OperatorVersion
+
+HERE = Path(__file__).parent
+VERSIONS = [pytest.param(v, id=v.name) for v in OPERATOR_VERSIONS.values()]
+
+
+def source(version: OperatorVersion, name: str) -> str:
+    return (HERE / "operator" / version.name / name).read_text()
+
+
+def crd_text(version: OperatorVersion) -> str:
+    """The stored CRD without the header comment that says where it came from."""
+    lines = (HERE / "crds" / f"minicluster-{version.name}.yaml").read_text().splitlines(True)
+    while lines[0].startswith("#"):
+        lines.pop(0)
+    return "".join(lines)
+
+
+def spec_schema(version: OperatorVersion) -> dict[str, object]:
+    (crd_version,) = yaml.safe_load(crd_text(version))["spec"]["versions"]
+    spec: dict[str, object] = crd_version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_stored_crd_is_the_versions_own(version: OperatorVersion):
+    digest = hashlib.sha256(crd_text(version).encode()).hexdigest()
+    assert digest == version.crd_sha256
+    header = (HERE / "crds" / f"minicluster-{version.name}.yaml").read_text().split("\n", 1)[0]
+    assert version.commit in header
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_install_names_the_version(version: OperatorVersion):
+    if version.controller_image is None:
+        assert version.commit in version.install, "the branch's YAML runs :latest"
+    else:
+        assert f"/download/{version.name}/" in version.install
+        assert version.controller_image.endswith(f":v{version.name}")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_script_facts(version: OperatorVersion):
+    start, wait = source(version, "start.sh"), source(version, "wait.sh")
+    # A non-Flux container's command is one line of start.sh, after the socket wait.
+    lines = start.splitlines()
+    assert lines.count(version.command_line) == 1
+    assert start.index(version.command_line) > start.index(".Spec.Flux.NoWaitSocket") > 0
+    # The marker vnetd exits on: wait.sh's last line, reached once the broker has exited.
+    marker = version.marker.replace("/mnt/flux", "$viewbase")
+    assert wait.rstrip().splitlines()[-1] == f"touch {marker}"
+    # The CURVE certificate's copy, relative to the view.
+    root = "configroot" if "/config/" in version.curve_cert else "viewroot"
+    assert f"curvepath=${root}/curve/curve.cert" in wait
+    assert version.config_root.endswith("/config" if root == "configroot" else "/view")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_view_image_and_the_spec_fields(version: OperatorVersion):
+    spec = spec_schema(version)
+    props = spec["properties"]
+    assert isinstance(props, dict)
+    view = props["flux"]["properties"]["container"]["properties"]["image"]
+    assert view["default"] == version.view_image
+    distribution = "ubuntu" if "ubuntu" in version.view_image else "rocky"
+    assert distribution in version.app_image, "the application runs the view's distribution"
+    assert props["deadlineSeconds"]["default"] == 31_500_000
+    assert ("backoffLimit" in props) is version.backoff_limit
+    security = props["containers"]["items"]["properties"]["securityContext"]["properties"]
+    assert ("runAsUser" in security) is version.core_security_context
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_job_facts(version: OperatorVersion):
+    job = source(version, "job.go")
+    assert "ActiveDeadlineSeconds: &cluster.Spec.DeadlineSeconds" in job
+    assert "RestartPolicy:                corev1.RestartPolicyOnFailure" in job
+    assert "backoffLimit := int32(100)" in job
+    settable = "backoffLimit = cluster.Spec.BackoffLimit" in job
+    assert settable is version.backoff_limit
+    if settable:  # 0 is "unset": the operator's 100
+        assert re.search(r"if cluster\.Spec\.BackoffLimit != 0 \{\s*backoffLimit =", job)
+    assert "Annotations: cluster.Spec.Pod.Annotations" in job
