@@ -54,11 +54,13 @@ from vnetd.render.manifests import (
 )
 from vnetd.render.operator_versions import (
     DEFAULT_OPERATOR_VERSION,
+    DEFAULT_QUEUE_POLICY,
     OPERATOR_VERSIONS,
     VIEW,
     OperatorVersion,
     operator_version,
 )
+from vnetd.render.operator_versions import broker_config as operator_broker_config
 from vnetd.render.pods import (
     CONFIG_DIR,
     ETCD_CLIENT_SECRET,
@@ -109,12 +111,21 @@ class MiniClusterOptions:
     mesh_policy: bool = False
     """Also a NetworkPolicy admitting the mesh's UDP port from its own pods."""
     deadline: int = DEFAULT_DEADLINE
+    queue_policy: str = DEFAULT_QUEUE_POLICY
+    """Fluxion's queue policy, in the broker config and ``flux.scheduler.queuePolicy``."""
     """``spec.deadlineSeconds``: how long the Job may run before it fails."""
 
 
-def broker_config(spec: MeshSpec, version: str = DEFAULT_OPERATOR_VERSION) -> str:
-    """``vnetd render flux --curve-cert <the operator's copy>``: the brokers' whole config."""
-    return render_flux(spec, FluxOptions(curve_cert=operator_version(version).curve_cert))
+def broker_config(
+    spec: MeshSpec,
+    version: str = DEFAULT_OPERATOR_VERSION,
+    queue_policy: str = DEFAULT_QUEUE_POLICY,
+) -> str:
+    """The operator's broker config for this MiniCluster whose ``[bootstrap]`` is ``vnetd
+    render flux --curve-cert <the operator's copy>``: only the addresses come from vnetd."""
+    pinned = operator_version(version)
+    bootstrap = render_flux(spec, FluxOptions(curve_cert=pinned.curve_cert))
+    return operator_broker_config(pinned, bootstrap, queue_policy)
 
 
 def pod_labels(spec: MeshSpec) -> Obj:
@@ -168,8 +179,9 @@ def render_minicluster(
             **({"backoffLimit": BACKOFF_LIMIT} if version.backoff_limit else {}),
             "pod": {"labels": pod_labels(spec)},
             "flux": {
-                "brokerConfig": broker_config(spec, version.name),
+                "brokerConfig": broker_config(spec, version.name, options.queue_policy),
                 "noWaitSocket": True,
+                "scheduler": {"queuePolicy": options.queue_policy},
             },
             "containers": [
                 _flux_container(spec, port, options, app_image),

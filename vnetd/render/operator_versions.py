@@ -94,6 +94,39 @@ OPERATOR_VERSIONS = {
 DEFAULT_OPERATOR_VERSION = "0d75cef8"
 
 
+QUEUE_POLICIES = ("fcfs", "easy", "hybrid", "conservative")
+"""Fluxion's queue policies (``[sched-fluxion-qmanager] queue-policy``)."""
+DEFAULT_QUEUE_POLICY = "fcfs"
+"""The operator's default ``flux.scheduler.queuePolicy``."""
+
+
+def broker_config(version: OperatorVersion, bootstrap: str, queue_policy: str) -> str:
+    """The broker config the operator writes for a MiniCluster (``pkg/flux/view.go``,
+    ``generateBrokerConfig``) with ``bootstrap`` in place of its ``[bootstrap]`` table.
+
+    A given ``spec.flux.brokerConfig`` replaces the operator's whole file, so every other
+    table is written here as the version writes it: ``[access]``, ``[resource]`` (the R
+    its ``flux R encode`` writes), ``[archive]`` and the scheduler's queue policy.
+
+    Raises:
+        SpecError: ``queue_policy`` is not one of Fluxion's (naming the flag).
+    """
+    if queue_policy not in QUEUE_POLICIES:
+        raise SpecError(
+            f"--queue-policy: {queue_policy!r} is not a Fluxion queue policy; "
+            f"give one of {', '.join(QUEUE_POLICIES)}"
+        )
+    root = version.config_root
+    return (
+        "[access]\nallow-guest-user = true\nallow-root-owner = true\n\n"
+        f'[resource]\npath = "{root}/etc/flux/system/R"\n\n'
+        f"{bootstrap}\n"
+        f'[archive]\ndbpath = "{root}/var/lib/flux/job-archive.sqlite"\n'
+        'period = "1m"\nbusytimeout = "50s"\n\n'
+        f'[sched-fluxion-qmanager]\nqueue-policy = "{queue_policy}"\n'
+    )
+
+
 def operator_version(name: str) -> OperatorVersion:
     """Raises: SpecError: not a supported version (naming the flag and the choices)."""
     if name not in OPERATOR_VERSIONS:

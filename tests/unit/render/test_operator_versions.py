@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from vnetd.render.operator_versions import OPERATOR_VERSIONS, OperatorVersion
+from vnetd.render.flux import FluxOptions, render_flux
+from vnetd.render.minicluster import broker_config
+from vnetd.render.operator_versions import OPERATOR_VERSIONS, VIEW, OperatorVersion
+from vnetd.spec import load_spec
 
 HERE = Path(__file__).parent
+SIDECAR_SPEC = HERE.parents[2] / "manifests" / "sidecar" / "mesh.toml"
 VERSIONS = [pytest.param(v, id=v.name) for v in OPERATOR_VERSIONS.values()]
 
 
@@ -93,3 +99,35 @@ def test_the_job_facts(version: OperatorVersion):
     if settable:  # 0 is "unset": the operator's 100
         assert re.search(r"if cluster\.Spec\.BackoffLimit != 0 \{\s*backoffLimit =", job)
     assert "Annotations: cluster.Spec.Pod.Annotations" in job
+
+
+def operators_own_config(version: OperatorVersion, queue_policy: str) -> dict[str, Any]:
+    """What ``generateBrokerConfig`` (view.go) writes for a MiniCluster given no broker
+    config: its template with its ``Sprintf`` arguments in their order."""
+    view = source(version, "view.go")
+    template = view.split("template := `", 1)[1].split("`", 1)[0]
+    assert template.count("%s") == 7
+    host_block = 'hosts = [\n{ host="flux-sample-[0-3]"},\n]\t\t\n'
+    connect = "tcp://%h.flux-sample.default.svc.cluster.local:%p"
+    arguments = (VIEW, VIEW, "tcp://eth0:%p", connect, host_block, VIEW, queue_policy)
+    text = template.replace("%s", "{}").format(*arguments)
+    config: dict[str, Any] = tomllib.loads(text)
+    return config
+
+
+@pytest.mark.parametrize("queue_policy", ["fcfs", "easy"])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_broker_config_is_the_operators_with_vnetds_bootstrap(
+    version: OperatorVersion, queue_policy: str
+):
+    spec = load_spec(SIDECAR_SPEC)
+    text = broker_config(spec, version.name, queue_policy)
+    ours, theirs = tomllib.loads(text), operators_own_config(version, queue_policy)
+    bootstrap = render_flux(spec, FluxOptions(curve_cert=version.curve_cert))
+    assert ours.pop("bootstrap") == tomllib.loads(bootstrap)["bootstrap"]
+    assert theirs.pop("bootstrap")["curve_cert"] == version.curve_cert
+    assert ours == theirs, "resource, access, archive and the queue policy as it writes them"
+    assert ours["sched-fluxion-qmanager"] == {"queue-policy": queue_policy}
+    # view.go writes it through an unquoted here-document: nothing the shell expands.
+    assert "cat <<EOT >>" in source(version, "view.go")
+    assert not set(text) & {"$", "`", "\\"}

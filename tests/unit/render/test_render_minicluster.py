@@ -106,14 +106,17 @@ def test_the_crd_catches_unknown_fields_and_wrong_types(version: str):
         validate_crd(minicluster, crd)
 
 
-def test_broker_config_is_what_render_flux_writes(capsys: pytest.CaptureFixture[str]):
+def test_broker_config_holds_what_render_flux_writes(capsys: pytest.CaptureFixture[str]):
     minicluster = minicluster_of(SIDECAR_SPEC)
     argv = ["render", "flux", "--config", str(SIDECAR_SPEC), "--curve-cert", OPERATOR_CURVE_CERT]
     assert main(argv) == 0
     flux_output = capsys.readouterr().out
-    assert minicluster["spec"]["flux"]["brokerConfig"] == flux_output
-    assert broker_config(load_spec(SIDECAR_SPEC)) == flux_output
+    config = minicluster["spec"]["flux"]["brokerConfig"]
+    assert f"\n\n{flux_output}\n" in config and config == broker_config(load_spec(SIDECAR_SPEC))
     assert 'connect = "tcp://10.250.0.1:8050"' in flux_output, "fixed overlay addresses"
+    # The queue policy is the operator's default, in the config and the MiniCluster alike.
+    assert 'queue-policy = "fcfs"' in config
+    assert minicluster["spec"]["flux"]["scheduler"] == {"queuePolicy": "fcfs"}
 
 
 def test_pods_are_named_like_the_spec_hosts_and_vnetd_runs_beside_flux():
@@ -204,6 +207,9 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
         ),
         pytest.param("", ["--app-image", "a b"], r"--app-image: 'a b' is not an image", id="app"),
         pytest.param("", ["--tasks", "0"], r"--tasks: 0 is not a task count", id="tasks"),
+        pytest.param(
+            "", ["--queue-policy", "lifo"], r"--queue-policy: 'lifo' is not a Fluxion", id="queue"
+        ),
         pytest.param(
             "", ["--deadline", "0"], r"--deadline: 0 is not a number of seconds", id="deadline"
         ),

@@ -22,7 +22,12 @@ from vnetd.render.minicluster import (
     render_minicluster,
 )
 from vnetd.render.monitoring import render_monitoring
-from vnetd.render.operator_versions import DEFAULT_OPERATOR_VERSION, OPERATOR_VERSIONS
+from vnetd.render.operator_versions import (
+    DEFAULT_OPERATOR_VERSION,
+    DEFAULT_QUEUE_POLICY,
+    OPERATOR_VERSIONS,
+    QUEUE_POLICIES,
+)
 from vnetd.render.output import warn_on_stderr, write_file
 from vnetd.spec import load_spec
 
@@ -60,6 +65,13 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         default=DEFAULT_DEADLINE,
         help="how long the MiniCluster's Job may run before it fails (spec.deadlineSeconds, "
         f"default {DEFAULT_DEADLINE}: a working session, not the operator's year)",
+    )
+    minicluster.add_argument(
+        "--queue-policy",
+        metavar="POLICY",
+        default=DEFAULT_QUEUE_POLICY,
+        help=f"Fluxion's queue policy: {', '.join(QUEUE_POLICIES)} (default "
+        f"{DEFAULT_QUEUE_POLICY}, the operator's; the rendered broker config carries it)",
     )
     minicluster.add_argument(
         "--tasks",
@@ -111,6 +123,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         mesh_policy=args.mesh_policy,
         deadline=args.deadline,
+        queue_policy=args.queue_policy,
     )
     rendered = render_minicluster(spec, text, options)
     for warning in manifest_warnings(spec, args.image):
