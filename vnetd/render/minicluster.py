@@ -138,6 +138,23 @@ def pod_labels(spec: MeshSpec) -> Obj:
     }
 
 
+def minicluster_name(spec: MeshSpec) -> str:
+    """The MiniCluster's name: its Indexed Job's, so the hosts' prefix, and the mesh's name.
+
+    Raises:
+        SpecError: the host names are not an Indexed Job's (``job_name``), or their Job is
+            not named like the mesh (naming both and the fix).
+    """
+    name = job_name(spec)
+    if name != spec.name:
+        raise SpecError(
+            f"mesh.name: {spec.name!r} is not the MiniCluster's name {name!r} that "
+            f"mesh.hostname {spec.hostname!r} gives its pods; set mesh.name = {name!r} "
+            "or mesh.hostname = '{name}-{rank}'"
+        )
+    return name
+
+
 def render_minicluster(
     spec: MeshSpec, spec_toml: str, options: MiniClusterOptions | None = None
 ) -> str:
@@ -150,7 +167,7 @@ def render_minicluster(
     """
     options = options or MiniClusterOptions()
     version = operator_version(options.operator_version)
-    name = job_name(spec)
+    name = minicluster_name(spec)
     port = http_port(spec)
     check_image(options.image, "--image")
     app_image = check_image(options.app_image or version.app_image, "--app-image")

@@ -205,6 +205,14 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
         pytest.param(
             'hostname = "n{rank}"', [], r"mesh\.hostname: 'n\{rank\}' cannot be", id="host"
         ),
+        pytest.param(
+            'hostname = "job-{rank}"',
+            [],
+            r"mesh\.name: 'm' is not the MiniCluster's name 'job' that mesh\.hostname "
+            r"'job-\{rank\}' gives its pods; set mesh\.name = 'job' or mesh\.hostname = "
+            r"'\{name\}-\{rank\}'",
+            id="name",
+        ),
         pytest.param("", ["--app-image", "a b"], r"--app-image: 'a b' is not an image", id="app"),
         pytest.param("", ["--tasks", "0"], r"--tasks: 0 is not a task count", id="tasks"),
         pytest.param(
