@@ -128,13 +128,39 @@ def broker_config(
     return operator_broker_config(pinned, bootstrap, queue_policy)
 
 
-def pod_labels(spec: MeshSpec) -> Obj:
-    """``spec.pod.labels``: the operator keeps these (it overwrites ``app.kubernetes.io/name``
-    with the MiniCluster's name); ``part-of: vnetd`` is what etcd's NetworkPolicy admits."""
+def pod_selector(spec: MeshSpec) -> Obj:
+    """The labels that select the MiniCluster's pods, from ``spec.pod.labels``, which the
+    operator keeps (it overwrites ``app.kubernetes.io/name`` with the MiniCluster's name);
+    ``part-of: vnetd`` is what etcd's NetworkPolicy admits."""
     return {
         "app.kubernetes.io/part-of": "vnetd",
         "app.kubernetes.io/instance": spec.name,
         "app.kubernetes.io/component": "minicluster",
+    }
+
+
+def pod_labels(spec: MeshSpec) -> Obj:
+    """``spec.pod.labels``: the selector's, and Istio's opt-outs that are labels (a sidecar
+    label wins over a namespace's injection; ambient mode's is a label only)."""
+    return {
+        **pod_selector(spec),
+        "sidecar.istio.io/inject": "false",
+        "istio.io/dataplane-mode": "none",
+    }
+
+
+def pod_annotations(spec: MeshSpec) -> Obj:
+    """``spec.pod.annotations``: no service mesh sidecar in these pods.
+
+    A sidecar's capture takes Flux's TCP on the overlay interface (Istio's iptables
+    redirect it, and STRICT mTLS refuses the brokers' plain ZeroMQ), and a sidecar that
+    never exits keeps the pod, so the Job, from completing. Inert where no mesh runs.
+    """
+    return {
+        "sidecar.istio.io/inject": "false",
+        # Should a sidecar be injected anyway, its capture leaves the overlay alone.
+        "traffic.sidecar.istio.io/excludeInterfaces": spec.interface,
+        "linkerd.io/inject": "disabled",
     }
 
 
@@ -194,7 +220,7 @@ def render_minicluster(
             "tasks": tasks,
             "deadlineSeconds": options.deadline,
             **({"backoffLimit": BACKOFF_LIMIT} if version.backoff_limit else {}),
-            "pod": {"labels": pod_labels(spec)},
+            "pod": {"labels": pod_labels(spec), "annotations": pod_annotations(spec)},
             "flux": {
                 "brokerConfig": broker_config(spec, version.name, options.queue_policy),
                 "noWaitSocket": True,
@@ -206,7 +232,7 @@ def render_minicluster(
             ],
         },
     }
-    budget = disruption_budget(spec, name, pod_labels(spec))
+    budget = disruption_budget(spec, name, pod_selector(spec))
     budget["metadata"]["labels"] = labels(spec, "minicluster")
     objects = [config_map, minicluster, budget]
     if options.mesh_policy:
@@ -279,7 +305,7 @@ def _etcd_tls_volume(directory: str | None) -> Obj:
 
 def _mesh_policy(spec: MeshSpec) -> Obj:
     """WireGuard's UDP port, from the mesh's own pods, in a default-deny namespace."""
-    mesh = {"matchLabels": pod_labels(spec)}
+    mesh = {"matchLabels": pod_selector(spec)}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -373,3 +373,20 @@ def load_spec_text(tmp_path: Path, text: str) -> Any:  # noqa: ANN401 - a MeshSp
     path = tmp_path / "spec.toml"
     path.write_text(text)
     return load_spec(path)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_service_mesh_sidecars_are_opted_out(version: str):
+    """Istio's and Linkerd's injection is off in every pod (annotations the operator copies
+    to its pod template, labels it keeps), and Istio's capture skips the overlay."""
+    minicluster = minicluster_of(SIDECAR_SPEC, version)
+    pod = minicluster["spec"]["pod"]
+    assert pod["annotations"] == {
+        "sidecar.istio.io/inject": "false",
+        "traffic.sidecar.istio.io/excludeInterfaces": "vnet0",
+        "linkerd.io/inject": "disabled",
+    }
+    labels = operator_pod_labels(minicluster, "flux-sample")
+    assert labels["sidecar.istio.io/inject"] == "false"
+    assert labels["istio.io/dataplane-mode"] == "none", "Istio's ambient mode"
+    validate_crd(minicluster, f"minicluster-{version}")
