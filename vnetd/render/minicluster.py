@@ -87,6 +87,10 @@ OPERATOR_VIEW = VIEW
 OPERATOR_MARKER = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].marker
 OPERATOR_CURVE_CERT = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].curve_cert
 DEFAULT_COMMAND = "hostname"
+VNETD_CONTAINER = "vnetd"
+DEFAULT_MONITORING_NAMESPACE = "monitoring"
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+"""The label the API server sets on every namespace: its name."""
 DEFAULT_DEADLINE = 4 * 3600
 """``spec.deadlineSeconds`` (the Job's ``activeDeadlineSeconds``): a working session. The
 operator's own default, 31,500,000 s, holds the nodes of a hung MiniCluster for a year."""
@@ -109,7 +113,9 @@ class MiniClusterOptions:
     tasks: int | None = None
     """``spec.tasks``; None: one per rank (the operator's own default is 1)."""
     mesh_policy: bool = False
-    """Also a NetworkPolicy admitting the mesh's UDP port from its own pods."""
+    """Also a NetworkPolicy admitting the mesh's UDP port from its own pods, and the
+    metrics port from ``monitoring_namespace``."""
+    monitoring_namespace: str = DEFAULT_MONITORING_NAMESPACE
     deadline: int = DEFAULT_DEADLINE
     queue_policy: str = DEFAULT_QUEUE_POLICY
     """Fluxion's queue policy, in the broker config and ``flux.scheduler.queuePolicy``."""
@@ -236,7 +242,7 @@ def render_minicluster(
     budget["metadata"]["labels"] = labels(spec, "minicluster")
     objects = [config_map, minicluster, budget]
     if options.mesh_policy:
-        objects.append(_mesh_policy(spec))
+        objects.append(_mesh_policy(spec, port, options.monitoring_namespace))
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
     return header + yaml_stream(objects)
 
@@ -263,10 +269,10 @@ def _vnetd_container(
     steps = [*copy_commands(files), f"exec {shlex.join(argv)}"]
     volume = config_name(spec)
     return {
-        "name": "vnetd",
+        "name": VNETD_CONTAINER,
         "image": options.image,
         "command": f"unset PYTHONPATH; {' && '.join(steps)}",
-        "ports": [port],
+        # No "ports": the operator would make a Service named after the container.
         "resources": resources("50m", "64Mi", "256Mi"),
         "securityContext": _security_context(version),
         "volumes": {
@@ -303,9 +309,11 @@ def _etcd_tls_volume(directory: str | None) -> Obj:
     return {ETCD_CLIENT_SECRET: volume}
 
 
-def _mesh_policy(spec: MeshSpec) -> Obj:
-    """WireGuard's UDP port, from the mesh's own pods, in a default-deny namespace."""
+def _mesh_policy(spec: MeshSpec, port: int, monitoring: str) -> Obj:
+    """WireGuard's UDP port from the mesh's own pods, and vnetd's HTTP port (``/metrics``)
+    from Prometheus' namespace, in a namespace whose policies deny ingress by default."""
     mesh = {"matchLabels": pod_selector(spec)}
+    prometheus = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: monitoring}}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -314,7 +322,11 @@ def _mesh_policy(spec: MeshSpec) -> Obj:
             "podSelector": mesh,
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [{"podSelector": mesh}], "ports": [{"port": spec.port, "protocol": "UDP"}]}
-            ],  # fmt: skip
+                {
+                    "from": [{"podSelector": mesh}],
+                    "ports": [{"port": spec.port, "protocol": "UDP"}],
+                },
+                {"from": [prometheus], "ports": [{"port": port, "protocol": "TCP"}]},
+            ],
         },
     }

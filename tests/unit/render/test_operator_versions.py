@@ -131,3 +131,16 @@ def test_the_broker_config_is_the_operators_with_vnetds_bootstrap(
     # view.go writes it through an unquoted here-document: nothing the shell expands.
     assert "cat <<EOT >>" in source(version, "view.go")
     assert not set(text) & {"$", "`", "\\"}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_declared_port_makes_a_service_named_after_its_container(version: OperatorVersion):
+    """Why the vnetd container declares no port: one Service per container name and
+    namespace, selecting the first MiniCluster's pods (monitoring.py, docs/flux.md)."""
+    reconcile = source(version, "minicluster.go")
+    assert "if container.RunFlux || len(container.Ports) == 0 {" in reconcile
+    assert "selector := map[string]string{podLabelAppName: cluster.Name}" in reconcile
+    assert "r.exposeService(ctx, cluster, container.Name, selector, container.Ports)" in reconcile
+    pods = source(version, "pods.go")
+    assert "podLabels := cluster.Spec.Pod.Labels" in pods, "spec.pod.labels are kept"
+    assert "podLabels[podLabelAppName] = cluster.Name" in pods, "name is overwritten"

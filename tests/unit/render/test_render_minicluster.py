@@ -306,6 +306,18 @@ def test_the_budget_and_the_opt_in_mesh_policy_select_the_ranks(tmp_path: Path):
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod.items()
     assert admits(policy, pod, spec.port)
     assert policy["spec"]["ingress"][0]["ports"] == [{"port": 51820, "protocol": "UDP"}]
+    # Prometheus, from its namespace, on the metrics port (no pod selector: any pod there).
+    prometheus = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }
+    assert policy["spec"]["ingress"][1] == {
+        "from": [prometheus], "ports": [{"port": 9090, "protocol": "TCP"}]
+    }  # fmt: skip
+    options = MiniClusterOptions(image=IMAGE, mesh_policy=True, monitoring_namespace="obs")
+    policy = rendered(SIDECAR_SPEC, options)[3]
+    assert policy["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "obs"
+    }
     assert len(rendered(SIDECAR_SPEC, MiniClusterOptions(image=IMAGE))) == 3, "opt-in"
 
 

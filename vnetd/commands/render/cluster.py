@@ -18,6 +18,7 @@ from vnetd.render.manifests import DEFAULT_IMAGE, manifest_warnings
 from vnetd.render.minicluster import (
     DEFAULT_COMMAND,
     DEFAULT_DEADLINE,
+    DEFAULT_MONITORING_NAMESPACE,
     MiniClusterOptions,
     render_minicluster,
 )
@@ -83,7 +84,15 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         "--mesh-policy",
         action="store_true",
         help="also a NetworkPolicy admitting WireGuard's UDP port from the mesh's pods "
+        "and the metrics port from --monitoring-namespace "
         "(for a namespace whose policies deny by default)",
+    )
+    minicluster.add_argument(
+        "--monitoring-namespace",
+        metavar="NAMESPACE",
+        default=DEFAULT_MONITORING_NAMESPACE,
+        help="where Prometheus runs, admitted to /metrics by --mesh-policy "
+        f"(default {DEFAULT_MONITORING_NAMESPACE})",
     )
     minicluster.set_defaults(run=run_minicluster)
 
@@ -99,6 +108,12 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         help="how many ranks VnetdRankMissing expects registered, e.g. the DaemonSet's "
         "desired number of nodes when fewer nodes than mesh.size carry its label "
         "(default mesh.size)",
+    )
+    monitoring.add_argument(
+        "--minicluster",
+        action="store_true",
+        help="the pods are those of `vnetd render minicluster`: select them by the labels "
+        "the Flux Operator keeps and scrape the vnetd container, which declares no port",
     )
     monitoring.set_defaults(run=run_monitoring)
 
@@ -124,6 +139,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
         mesh_policy=args.mesh_policy,
         deadline=args.deadline,
         queue_policy=args.queue_policy,
+        monitoring_namespace=args.monitoring_namespace,
     )
     rendered = render_minicluster(spec, text, options)
     for warning in manifest_warnings(spec, args.image):
@@ -133,7 +149,8 @@ def run_minicluster(args: argparse.Namespace) -> int:
 
 
 def run_monitoring(args: argparse.Namespace) -> int:
-    _write(render_monitoring(load_spec(args.config), args.expected_ranks), args.output)
+    spec = load_spec(args.config)
+    _write(render_monitoring(spec, args.expected_ranks, args.minicluster), args.output)
     return 0
 
 
