@@ -402,3 +402,13 @@ def test_service_mesh_sidecars_are_opted_out(version: str):
     assert labels["sidecar.istio.io/inject"] == "false"
     assert labels["istio.io/dataplane-mode"] == "none", "Istio's ambient mode"
     validate_crd(minicluster, f"minicluster-{version}")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_application_runs_the_distribution_of_the_versions_flux_view(version: str):
+    """0.2.1's default view is Rocky 9, the commit's Ubuntu noble (test_operator_versions
+    reads both from the CRDs); the view's Flux runs on the application's libraries."""
+    flux, vnetd = minicluster_of(SIDECAR_SPEC, version)["spec"]["containers"]
+    assert flux["image"] == OPERATOR_VERSIONS[version].app_image
+    marker = shlex.split(vnetd["command"].split("exec ", 1)[1])
+    assert marker[marker.index("--exit-on-file") + 1] == OPERATOR_VERSIONS[version].marker
