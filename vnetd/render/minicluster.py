@@ -89,6 +89,9 @@ OPERATOR_CURVE_CERT = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].curve_cert
 DEFAULT_COMMAND = "hostname"
 VNETD_CONTAINER = "vnetd"
 DEFAULT_MONITORING_NAMESPACE = "monitoring"
+DEV_NET = {"hostPath": "/dev/net", "path": "/dev/net"}
+"""wireguard-go's ``/dev/net/tun`` from the node (the operator's host paths are
+directories)."""
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 """The label the API server sets on every namespace: its name."""
 DEFAULT_DEADLINE = 4 * 3600
@@ -116,6 +119,9 @@ class MiniClusterOptions:
     """Also a NetworkPolicy admitting the mesh's UDP port from its own pods, and the
     metrics port from ``monitoring_namespace``."""
     monitoring_namespace: str = DEFAULT_MONITORING_NAMESPACE
+    kernel_wireguard: bool = False
+    """The least-privilege form: vnetd runs ``--dataplane kernel`` and the pods mount no
+    host path (wireguard-go's ``/dev/net/tun`` is not needed); nodes need the module."""
     deadline: int = DEFAULT_DEADLINE
     queue_policy: str = DEFAULT_QUEUE_POLICY
     """Fluxion's queue policy, in the broker config and ``flux.scheduler.queuePolicy``."""
@@ -262,6 +268,8 @@ def _vnetd_container(
     listen = f"{'[::]' if listens_on_ipv6(spec) else '0.0.0.0'}:{port}"
     argv = ["vnetd", "up", "--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--state-dir", STATE_DIR,
             "--http-listen", listen, "--exit-on-file", version.marker]  # fmt: skip
+    if options.kernel_wireguard:
+        argv += ["--dataplane", "kernel"]
     # The operator's own mounts are taken too, for the TLS directory as for the files.
     taken = (*VNETD_MOUNTS, OPERATOR_VIEW, STAGING_DIR, "/flux_operator")
     tls_dir = etcd_tls_dir(spec, taken)
@@ -282,7 +290,7 @@ def _vnetd_container(
                 "path": CONFIG_DIR,
                 "readOnly": True,
             },
-            "dev-net": {"hostPath": "/dev/net", "path": "/dev/net"},
+            **({} if options.kernel_wireguard else {"dev-net": DEV_NET}),
             **_etcd_tls_volume(tls_dir),
             **staged_volumes(files),
         },

@@ -412,3 +412,21 @@ def test_the_application_runs_the_distribution_of_the_versions_flux_view(version
     assert flux["image"] == OPERATOR_VERSIONS[version].app_image
     marker = shlex.split(vnetd["command"].split("exec ", 1)[1])
     assert marker[marker.index("--exit-on-file") + 1] == OPERATOR_VERSIONS[version].marker
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_kernel_wireguard_is_the_least_privilege_form(version: str):
+    """``--kernel-wireguard``: no host path (wireguard-go's /dev/net/tun), the kernel data
+    plane asked for by name so a node without the module fails instead of needing one."""
+    options = MiniClusterOptions(image=IMAGE, operator_version=version, kernel_wireguard=True)
+    _, minicluster, _ = rendered(SIDECAR_SPEC, options)
+    validate_crd(minicluster, f"minicluster-{version}")
+    vnetd = minicluster["spec"]["containers"][1]
+    assert not any("hostPath" in v for v in vnetd["volumes"].values())
+    argv = shlex.split(vnetd["command"].split("exec ", 1)[1])
+    assert argv[argv.index("--dataplane") + 1] == "kernel"
+    build_parser().parse_args(argv[1:])
+    default = minicluster_of(SIDECAR_SPEC, version)["spec"]["containers"][1]
+    assert default["volumes"]["dev-net"] == {"hostPath": "/dev/net", "path": "/dev/net"}
+    assert "--dataplane" not in default["command"], "auto by default"
+    assert vnetd["securityContext"] == default["securityContext"], "NET_ADMIN either way"

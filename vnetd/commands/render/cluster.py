@@ -88,6 +88,13 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         "(for a namespace whose policies deny by default)",
     )
     minicluster.add_argument(
+        "--kernel-wireguard",
+        action="store_true",
+        help="the least-privilege form: vnetd uses the node kernel's WireGuard "
+        "(--dataplane kernel) and the pods mount no host path (no /dev/net/tun); "
+        "every node needs the wireguard module",
+    )
+    minicluster.add_argument(
         "--monitoring-namespace",
         metavar="NAMESPACE",
         default=DEFAULT_MONITORING_NAMESPACE,
@@ -140,6 +147,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
         deadline=args.deadline,
         queue_policy=args.queue_policy,
         monitoring_namespace=args.monitoring_namespace,
+        kernel_wireguard=args.kernel_wireguard,
     )
     rendered = render_minicluster(spec, text, options)
     for warning in manifest_warnings(spec, args.image):
