@@ -1,30 +1,39 @@
 """A Flux Operator MiniCluster (``flux-framework.org/v1alpha2``) on vnetd's overlay.
 
 ``vnetd render minicluster`` writes a ConfigMap with the spec, a MiniCluster
-whose ``spec.flux.brokerConfig`` is ``vnetd render flux``'s table (the
-operator then writes it as the brokers' config instead of its own, whose
-``connect`` URIs are pod DNS names), with the certificate path of the chosen
-operator version, and a PodDisruptionBudget for its pods (and, opt-in, a
-NetworkPolicy for the mesh's UDP port). vnetd runs as a second container of
-every pod; the Flux container's ``commands.pre`` waits for vnetd's
-``/readyz`` before the operator's script starts the broker. What the
-operator still does and what vnetd replaces: ``docs/flux.md``.
+whose ``spec.flux.brokerConfig`` is the pinned operator's own broker config
+with ``vnetd render flux``'s ``[bootstrap]`` in place of its DNS-named one (a
+given config replaces the operator's whole file, so its other tables are
+written here: ``operator_versions.broker_config``), a PodDisruptionBudget for
+its pods (and, opt-in, a NetworkPolicy for the mesh's UDP port and the
+metrics port). vnetd runs as a second container of every pod; the Flux
+container's ``commands.pre`` waits for vnetd's ``/readyz`` before the
+operator's script starts the broker. The Job is bounded by
+``deadlineSeconds`` and, where the version has the field, fails at its
+first container restart. What the operator still does and what vnetd
+replaces: ``docs/flux.md``.
 
 Facts of the operator this follows (read from its v1alpha2 API, controllers
-and scripts at main and 0.2.1; the tests hold its CRDs):
+and scripts at commit 0d75cef8 and tag 0.2.1; those that differ between the
+versions are ``operator_versions.OPERATOR_VERSIONS``, checked by the tests
+against the operator's files they hold):
 
 * the pods are an Indexed Job named after the MiniCluster, so host
   ``<name>-<index>``, and ``JOB_COMPLETION_INDEX`` gives vnetd its rank; they
   are ``restartPolicy: OnFailure``, so a pod completes only once every
   container has exited 0: vnetd exits with the job when ``wait.sh`` touches
-  ``OPERATOR_MARKER`` (``--exit-on-file``);
+  the version's marker (``--exit-on-file``);
 * a container that does not run Flux is started through the operator's
   bash ``start.sh``, which inserts ``command`` as a line, waits for the Flux
   socket unless ``flux.noWaitSocket`` (set: Flux waits for vnetd, so that wait
   would never end) and appends the Flux view's Python to ``PYTHONPATH``
   (unset here, so vnetd imports its own packages);
 * the operator sets ``app.kubernetes.io/name`` of its pods to the
-  MiniCluster's name, over ``spec.pod.labels``, which it otherwise keeps;
+  MiniCluster's name, over ``spec.pod.labels``, which it otherwise keeps, and
+  copies ``spec.pod.annotations`` to the pod template;
+* it makes a Service named after each non-Flux container that declares a
+  port, so the vnetd container declares none (``monitoring`` scrapes it by
+  relabeling);
 * a ConfigMap volume is named after its ConfigMap, so its key must be that
   name; a ``hostPath`` volume has type Directory (0.2.1: no type, and its path
   is the mount path), so ``/dev/net`` is mounted rather than the tun device;
