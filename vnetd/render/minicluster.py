@@ -1,30 +1,39 @@
 """A Flux Operator MiniCluster (``flux-framework.org/v1alpha2``) on vnetd's overlay.
 
 ``vnetd render minicluster`` writes a ConfigMap with the spec, a MiniCluster
-whose ``spec.flux.brokerConfig`` is ``vnetd render flux``'s table (the
-operator then writes it as the brokers' config instead of its own, whose
-``connect`` URIs are pod DNS names), with the certificate path of the chosen
-operator version, and a PodDisruptionBudget for its pods (and, opt-in, a
-NetworkPolicy for the mesh's UDP port). vnetd runs as a second container of
-every pod; the Flux container's ``commands.pre`` waits for vnetd's
-``/readyz`` before the operator's script starts the broker. What the
-operator still does and what vnetd replaces: ``docs/flux.md``.
+whose ``spec.flux.brokerConfig`` is the pinned operator's own broker config
+with ``vnetd render flux``'s ``[bootstrap]`` in place of its DNS-named one (a
+given config replaces the operator's whole file, so its other tables are
+written here: ``operator_versions.broker_config``), a PodDisruptionBudget for
+its pods (and, opt-in, a NetworkPolicy for the mesh's UDP port and the
+metrics port). vnetd runs as a second container of every pod; the Flux
+container's ``commands.pre`` waits for vnetd's ``/readyz`` before the
+operator's script starts the broker. The Job is bounded by
+``deadlineSeconds`` and, where the version has the field, fails at its
+first container restart. What the operator still does and what vnetd
+replaces: ``docs/flux.md``.
 
 Facts of the operator this follows (read from its v1alpha2 API, controllers
-and scripts at main and 0.2.1; the tests hold its CRDs):
+and scripts at commit 0d75cef8 and tag 0.2.1; those that differ between the
+versions are ``operator_versions.OPERATOR_VERSIONS``, checked by the tests
+against the operator's files they hold):
 
 * the pods are an Indexed Job named after the MiniCluster, so host
   ``<name>-<index>``, and ``JOB_COMPLETION_INDEX`` gives vnetd its rank; they
   are ``restartPolicy: OnFailure``, so a pod completes only once every
   container has exited 0: vnetd exits with the job when ``wait.sh`` touches
-  ``OPERATOR_MARKER`` (``--exit-on-file``);
+  the version's marker (``--exit-on-file``);
 * a container that does not run Flux is started through the operator's
   bash ``start.sh``, which inserts ``command`` as a line, waits for the Flux
   socket unless ``flux.noWaitSocket`` (set: Flux waits for vnetd, so that wait
   would never end) and appends the Flux view's Python to ``PYTHONPATH``
   (unset here, so vnetd imports its own packages);
 * the operator sets ``app.kubernetes.io/name`` of its pods to the
-  MiniCluster's name, over ``spec.pod.labels``, which it otherwise keeps;
+  MiniCluster's name, over ``spec.pod.labels``, which it otherwise keeps, and
+  copies ``spec.pod.annotations`` to the pod template;
+* it makes a Service named after each non-Flux container that declares a
+  port, so the vnetd container declares none (``monitoring`` scrapes it by
+  relabeling);
 * a ConfigMap volume is named after its ConfigMap, so its key must be that
   name; a ``hostPath`` volume has type Directory (0.2.1: no type, and its path
   is the mount path), so ``/dev/net`` is mounted rather than the tun device;
@@ -52,6 +61,15 @@ from vnetd.render.manifests import (
     manifest_objects_header,
     yaml_stream,
 )
+from vnetd.render.operator_versions import (
+    DEFAULT_OPERATOR_VERSION,
+    DEFAULT_QUEUE_POLICY,
+    OPERATOR_VERSIONS,
+    VIEW,
+    OperatorVersion,
+    operator_version,
+)
+from vnetd.render.operator_versions import broker_config as operator_broker_config
 from vnetd.render.pods import (
     CONFIG_DIR,
     ETCD_CLIENT_SECRET,
@@ -74,39 +92,25 @@ from vnetd.render.secretfiles import (
 from vnetd.spec import MeshSpec
 
 API_VERSION = "flux-framework.org/v1alpha2"
-OPERATOR_VIEW = "/mnt/flux"
-"""The operator's default ``flux.container.mountPath``, where it puts Flux and its config."""
-OPERATOR_MARKER = f"{OPERATOR_VIEW}/flux-operator-complete.txt"
-"""What the operator's ``wait.sh`` touches in every pod once its broker has exited."""
-DEFAULT_APP_IMAGE = "ubuntu:24.04"
-"""The application container: any image the operator's Ubuntu noble Flux view runs in."""
+OPERATOR_VIEW = VIEW
+OPERATOR_MARKER = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].marker
+OPERATOR_CURVE_CERT = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].curve_cert
 DEFAULT_COMMAND = "hostname"
+VNETD_CONTAINER = "vnetd"
+DEFAULT_MONITORING_NAMESPACE = "monitoring"
+DEV_NET = {"hostPath": "/dev/net", "path": "/dev/net"}
+"""wireguard-go's ``/dev/net/tun`` from the node (the operator's host paths are
+directories)."""
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+"""The label the API server sets on every namespace: its name."""
+DEFAULT_DEADLINE = 4 * 3600
+"""``spec.deadlineSeconds`` (the Job's ``activeDeadlineSeconds``): a working session. The
+operator's own default, 31,500,000 s, holds the nodes of a hung MiniCluster for a year."""
+BACKOFF_LIMIT = 1
+"""``spec.backoffLimit``: under ``restartPolicy: OnFailure`` the Job controller sums the
+containers' restarts, and 1 fails the Job at the first one (0 is the operator's 100)."""
 
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class OperatorVersion:
-    """What differs between the operator versions this renders for."""
-
-    name: str
-    curve_cert: str
-    """Where its ``wait.sh`` copies the CURVE certificate (0400, the Flux user's)."""
-    core_security_context: bool
-    """``securityContext`` is Kubernetes' own (main), not ``{privileged, addCapabilities}``."""
-
-
-OPERATOR_VERSIONS = {
-    version.name: version
-    for version in (
-        OperatorVersion("main", f"{OPERATOR_VIEW}/config/curve/curve.cert", True),
-        OperatorVersion("0.2.1", f"{OPERATOR_VIEW}/view/curve/curve.cert", False),
-    )
-}
-"""The supported versions: the operator's main branch (its documented install) and its
-last release; docs/flux.md says which commit each was read at."""
-DEFAULT_OPERATOR_VERSION = "main"
-OPERATOR_CURVE_CERT = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION].curve_cert
 
 
 @dataclass(frozen=True)
@@ -114,36 +118,88 @@ class MiniClusterOptions:
     """What the spec does not say: the images, the job, the operator version."""
 
     image: str = DEFAULT_IMAGE
-    app_image: str = DEFAULT_APP_IMAGE
+    app_image: str | None = None
+    """None: the distribution of the version's Flux view (``OperatorVersion.app_image``)."""
     command: str = DEFAULT_COMMAND
     operator_version: str = DEFAULT_OPERATOR_VERSION
     tasks: int | None = None
     """``spec.tasks``; None: one per rank (the operator's own default is 1)."""
     mesh_policy: bool = False
-    """Also a NetworkPolicy admitting the mesh's UDP port from its own pods."""
+    """Also a NetworkPolicy admitting the mesh's UDP port from its own pods, and the
+    metrics port from ``monitoring_namespace``."""
+    monitoring_namespace: str = DEFAULT_MONITORING_NAMESPACE
+    kernel_wireguard: bool = False
+    """The least-privilege form: vnetd runs ``--dataplane kernel`` and the pods mount no
+    host path (wireguard-go's ``/dev/net/tun`` is not needed); nodes need the module."""
+    deadline: int = DEFAULT_DEADLINE
+    queue_policy: str = DEFAULT_QUEUE_POLICY
+    """Fluxion's queue policy, in the broker config and ``flux.scheduler.queuePolicy``."""
+    """``spec.deadlineSeconds``: how long the Job may run before it fails."""
 
 
-def operator_version(name: str) -> OperatorVersion:
-    """Raises: SpecError: not a supported version (naming the flag and the choices)."""
-    if name not in OPERATOR_VERSIONS:
-        choices = ", ".join(OPERATOR_VERSIONS)
-        raise SpecError(f"--operator-version: {name!r} is not supported; choose {choices}")
-    return OPERATOR_VERSIONS[name]
+def broker_config(
+    spec: MeshSpec,
+    version: str = DEFAULT_OPERATOR_VERSION,
+    queue_policy: str = DEFAULT_QUEUE_POLICY,
+) -> str:
+    """The operator's broker config for this MiniCluster whose ``[bootstrap]`` is ``vnetd
+    render flux --curve-cert <the operator's copy>``: only the addresses come from vnetd."""
+    pinned = operator_version(version)
+    bootstrap = render_flux(spec, FluxOptions(curve_cert=pinned.curve_cert))
+    return operator_broker_config(pinned, bootstrap, queue_policy)
 
 
-def broker_config(spec: MeshSpec, version: str = DEFAULT_OPERATOR_VERSION) -> str:
-    """``vnetd render flux --curve-cert <the operator's copy>``: the brokers' whole config."""
-    return render_flux(spec, FluxOptions(curve_cert=operator_version(version).curve_cert))
-
-
-def pod_labels(spec: MeshSpec) -> Obj:
-    """``spec.pod.labels``: the operator keeps these (it overwrites ``app.kubernetes.io/name``
-    with the MiniCluster's name); ``part-of: vnetd`` is what etcd's NetworkPolicy admits."""
+def pod_selector(spec: MeshSpec) -> Obj:
+    """The labels that select the MiniCluster's pods, from ``spec.pod.labels``, which the
+    operator keeps (it overwrites ``app.kubernetes.io/name`` with the MiniCluster's name);
+    ``part-of: vnetd`` is what etcd's NetworkPolicy admits."""
     return {
         "app.kubernetes.io/part-of": "vnetd",
         "app.kubernetes.io/instance": spec.name,
         "app.kubernetes.io/component": "minicluster",
     }
+
+
+def pod_labels(spec: MeshSpec) -> Obj:
+    """``spec.pod.labels``: the selector's, and Istio's opt-outs that are labels (a sidecar
+    label wins over a namespace's injection; ambient mode's is a label only)."""
+    return {
+        **pod_selector(spec),
+        "sidecar.istio.io/inject": "false",
+        "istio.io/dataplane-mode": "none",
+    }
+
+
+def pod_annotations(spec: MeshSpec) -> Obj:
+    """``spec.pod.annotations``: no service mesh sidecar in these pods.
+
+    A sidecar's capture takes Flux's TCP on the overlay interface (Istio's iptables
+    redirect it, and STRICT mTLS refuses the brokers' plain ZeroMQ), and a sidecar that
+    never exits keeps the pod, so the Job, from completing. Inert where no mesh runs.
+    """
+    return {
+        "sidecar.istio.io/inject": "false",
+        # Should a sidecar be injected anyway, its capture leaves the overlay alone.
+        "traffic.sidecar.istio.io/excludeInterfaces": spec.interface,
+        "linkerd.io/inject": "disabled",
+    }
+
+
+def minicluster_name(spec: MeshSpec) -> str:
+    """The MiniCluster's name: its Indexed Job's, so the hosts' prefix, and the mesh's name.
+
+    Raises:
+        SpecError: the host names are not an Indexed Job's (``job_name``), or their Job is
+            not named like the mesh (naming both and the fix).
+    """
+    name = job_name(spec)
+    if name != spec.name:
+        raise SpecError(
+            f"mesh.name: {spec.name!r} is not the MiniCluster's name {name!r} that "
+            f"mesh.hostname {spec.hostname!r} gives its pods; set mesh.name = {name!r} "
+            "or mesh.hostname = '{name}-{rank}'"
+        )
+    return name
 
 
 def render_minicluster(
@@ -158,13 +214,18 @@ def render_minicluster(
     """
     options = options or MiniClusterOptions()
     version = operator_version(options.operator_version)
-    name = job_name(spec)
+    name = minicluster_name(spec)
     port = http_port(spec)
     check_image(options.image, "--image")
-    check_image(options.app_image, "--app-image")
+    app_image = check_image(options.app_image or version.app_image, "--app-image")
     tasks = spec.size if options.tasks is None else options.tasks
     if tasks < 1:
         raise SpecError(f"--tasks: {tasks} is not a task count; give 1 or more")
+    if options.deadline < 1:
+        raise SpecError(
+            f"--deadline: {options.deadline} is not a number of seconds; give 1 or more "
+            "(how long the MiniCluster's Job may run)"
+        )
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -178,29 +239,32 @@ def render_minicluster(
         "spec": {
             "size": spec.size,
             "tasks": tasks,
-            "pod": {"labels": pod_labels(spec)},
+            "deadlineSeconds": options.deadline,
+            **({"backoffLimit": BACKOFF_LIMIT} if version.backoff_limit else {}),
+            "pod": {"labels": pod_labels(spec), "annotations": pod_annotations(spec)},
             "flux": {
-                "brokerConfig": broker_config(spec, version.name),
+                "brokerConfig": broker_config(spec, version.name, options.queue_policy),
                 "noWaitSocket": True,
+                "scheduler": {"queuePolicy": options.queue_policy},
             },
             "containers": [
-                _flux_container(spec, port, options),
+                _flux_container(spec, port, options, app_image),
                 _vnetd_container(spec, port, options, version),
             ],
         },
     }
-    budget = disruption_budget(spec, name, pod_labels(spec))
+    budget = disruption_budget(spec, name, pod_selector(spec))
     budget["metadata"]["labels"] = labels(spec, "minicluster")
     objects = [config_map, minicluster, budget]
     if options.mesh_policy:
-        objects.append(_mesh_policy(spec))
+        objects.append(_mesh_policy(spec, port, options.monitoring_namespace))
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
     return header + yaml_stream(objects)
 
 
-def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions) -> Obj:
+def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions, app_image: str) -> Obj:
     return {
-        "image": options.app_image,
+        "image": app_image,
         "runFlux": True,
         "command": options.command,
         "commands": {"pre": readyz_wait(readyz_host(spec), port)},
@@ -212,7 +276,9 @@ def _vnetd_container(
 ) -> Obj:
     listen = f"{'[::]' if listens_on_ipv6(spec) else '0.0.0.0'}:{port}"
     argv = ["vnetd", "up", "--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--state-dir", STATE_DIR,
-            "--http-listen", listen, "--exit-on-file", OPERATOR_MARKER]  # fmt: skip
+            "--http-listen", listen, "--exit-on-file", version.marker]  # fmt: skip
+    if options.kernel_wireguard:
+        argv += ["--dataplane", "kernel"]
     # The operator's own mounts are taken too, for the TLS directory as for the files.
     taken = (*VNETD_MOUNTS, OPERATOR_VIEW, STAGING_DIR, "/flux_operator")
     tls_dir = etcd_tls_dir(spec, taken)
@@ -220,10 +286,10 @@ def _vnetd_container(
     steps = [*copy_commands(files), f"exec {shlex.join(argv)}"]
     volume = config_name(spec)
     return {
-        "name": "vnetd",
+        "name": VNETD_CONTAINER,
         "image": options.image,
         "command": f"unset PYTHONPATH; {' && '.join(steps)}",
-        "ports": [port],
+        # No "ports": the operator would make a Service named after the container.
         "resources": resources("50m", "64Mi", "256Mi"),
         "securityContext": _security_context(version),
         "volumes": {
@@ -233,7 +299,7 @@ def _vnetd_container(
                 "path": CONFIG_DIR,
                 "readOnly": True,
             },
-            "dev-net": {"hostPath": "/dev/net", "path": "/dev/net"},
+            **({} if options.kernel_wireguard else {"dev-net": DEV_NET}),
             **_etcd_tls_volume(tls_dir),
             **staged_volumes(files),
         },
@@ -260,9 +326,11 @@ def _etcd_tls_volume(directory: str | None) -> Obj:
     return {ETCD_CLIENT_SECRET: volume}
 
 
-def _mesh_policy(spec: MeshSpec) -> Obj:
-    """WireGuard's UDP port, from the mesh's own pods, in a default-deny namespace."""
-    mesh = {"matchLabels": pod_labels(spec)}
+def _mesh_policy(spec: MeshSpec, port: int, monitoring: str) -> Obj:
+    """WireGuard's UDP port from the mesh's own pods, and vnetd's HTTP port (``/metrics``)
+    from Prometheus' namespace, in a namespace whose policies deny ingress by default."""
+    mesh = {"matchLabels": pod_selector(spec)}
+    prometheus = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: monitoring}}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -271,7 +339,11 @@ def _mesh_policy(spec: MeshSpec) -> Obj:
             "podSelector": mesh,
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [{"podSelector": mesh}], "ports": [{"port": spec.port, "protocol": "UDP"}]}
-            ],  # fmt: skip
+                {
+                    "from": [{"podSelector": mesh}],
+                    "ports": [{"port": spec.port, "protocol": "UDP"}],
+                },
+                {"from": [prometheus], "ports": [{"port": port, "protocol": "TCP"}]},
+            ],
         },
     }

@@ -6,6 +6,13 @@ series), and a ``PrometheusRule`` with the alerts ``docs/operations.md``
 documents, for this mesh: ``ALERTS`` is their one definition, and the
 documentation's PromQL block is ``promql_block`` of
 ``manifests/daemonset/mesh.toml`` (a test compares the two).
+
+For a MiniCluster (``--minicluster``) the PodMonitor selects the labels the
+Flux Operator keeps from ``spec.pod.labels`` and scrapes the vnetd container
+at its HTTP port by relabeling: the rendered container declares no port,
+because the operator makes a Service named after each container that
+declares one (``controllers/flux/minicluster.go``), one per namespace, and
+a PodMonitor's ``port``/``portNumber`` keep only declared ports.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vnetd.errors import SpecError
-from vnetd.render.manifests import labels, manifest_objects_header, yaml_stream
+from vnetd.render.manifests import http_port, labels, manifest_objects_header, yaml_stream
+from vnetd.render.minicluster import VNETD_CONTAINER, pod_selector
 from vnetd.render.pods import config_name
 from vnetd.spec import MeshSpec
 
@@ -106,47 +114,64 @@ def check_expected_ranks(spec: MeshSpec, expected: int | None) -> int:
     return expected
 
 
-def render_monitoring(spec: MeshSpec, expected: int | None = None) -> str:
+def render_monitoring(
+    spec: MeshSpec, expected: int | None = None, minicluster: bool = False
+) -> str:
     """The PodMonitor and the PrometheusRule of ``spec`` as a YAML stream; ``expected``
-    ranks registered (default: every rank) keep ``VnetdRankMissing`` quiet.
+    ranks registered (default: every rank) keep ``VnetdRankMissing`` quiet;
+    ``minicluster``: the pods are a Flux Operator MiniCluster's.
 
     Raises:
-        SpecError: ``expected`` is out of range (``check_expected_ranks``).
+        SpecError: ``expected`` is out of range (``check_expected_ranks``), or the HTTP
+            port is 0 (``http_port``).
     """
     expected = check_expected_ranks(spec, expected)
     header = manifest_objects_header(
         spec, "monitoring", "vnetd render monitoring", "the mesh's spec"
     )
-    return header + yaml_stream([_pod_monitor(spec), _rule(spec, expected)])
+    monitor = _minicluster_monitor(spec) if minicluster else _pod_monitor(spec)
+    return header + yaml_stream([monitor, _rule(spec, expected)])
 
 
 def _selector(spec: MeshSpec) -> Obj:
     return {"app.kubernetes.io/name": "vnetd", "app.kubernetes.io/instance": spec.name}
 
 
+MESH_LABEL = {
+    "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+    "targetLabel": "mesh",
+}
+
+
 def _pod_monitor(spec: MeshSpec) -> Obj:
+    endpoint = {"port": "vnetd-http", "path": "/metrics", "interval": SCRAPE_INTERVAL,
+                "relabelings": [MESH_LABEL]}  # fmt: skip
+    return _monitor(spec, _selector(spec), endpoint)
+
+
+def _minicluster_monitor(spec: MeshSpec) -> Obj:
+    """Prometheus makes a port-free target of each container that declares no port; keep
+    the vnetd container's and give it the pod's address and vnetd's HTTP port."""
+    port = http_port(spec)
+    relabelings = [
+        {"sourceLabels": ["__meta_kubernetes_pod_container_name"], "regex": VNETD_CONTAINER,
+         "action": "keep"},
+        {"sourceLabels": ["__meta_kubernetes_pod_ip"], "regex": "([^:]+)",
+         "targetLabel": "__address__", "replacement": f"${{1}}:{port}"},
+        {"sourceLabels": ["__meta_kubernetes_pod_ip"], "regex": "(.+:.+)",
+         "targetLabel": "__address__", "replacement": f"[${{1}}]:{port}"},
+        MESH_LABEL,
+    ]  # fmt: skip
+    endpoint = {"path": "/metrics", "interval": SCRAPE_INTERVAL, "relabelings": relabelings}
+    return _monitor(spec, pod_selector(spec), endpoint)
+
+
+def _monitor(spec: MeshSpec, selector: Obj, endpoint: Obj) -> Obj:
     return {
         "apiVersion": API_VERSION,
         "kind": "PodMonitor",
         "metadata": {"name": config_name(spec), "labels": labels(spec, "monitoring")},
-        "spec": {
-            "selector": {"matchLabels": _selector(spec)},
-            "podMetricsEndpoints": [
-                {
-                    "port": "vnetd-http",
-                    "path": "/metrics",
-                    "interval": SCRAPE_INTERVAL,
-                    "relabelings": [
-                        {
-                            "sourceLabels": [
-                                "__meta_kubernetes_pod_label_app_kubernetes_io_instance"
-                            ],
-                            "targetLabel": "mesh",
-                        }
-                    ],
-                }
-            ],
-        },
+        "spec": {"selector": {"matchLabels": selector}, "podMetricsEndpoints": [endpoint]},
     }
 
 

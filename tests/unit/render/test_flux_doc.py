@@ -21,7 +21,7 @@ import yaml
 from crd_schemas import validate_crd
 
 from vnetd.cli import main
-from vnetd.render.minicluster import DEFAULT_OPERATOR_VERSION
+from vnetd.render.operator_versions import DEFAULT_OPERATOR_VERSION, OPERATOR_VERSIONS
 from vnetd.render.pods import ETCD_CLIENT_SECRET
 from vnetd.render.secretfiles import ETCD_PASSWORD_SECRET, PRESHARED_KEY_SECRET
 
@@ -42,20 +42,33 @@ def commands() -> list[str]:
 
 def test_the_steps_come_in_order():
     steps = [
-        "kubectl apply -f https://raw.githubusercontent.com/flux-framework/flux-operator/main/",
+        "docker build -t registry.example.org/flux-operator:",
+        "kubectl apply -f https://raw.githubusercontent.com/flux-framework/flux-operator/",
+        "set image deployment/operator-controller-manager manager=",
         f"kubectl create namespace {NAMESPACE}",
         "pod-security.kubernetes.io/enforce=privileged",
         f"kubectl -n {NAMESPACE} apply -k manifests/overlays/etcd",
         "rollout status statefulset/etcd",
         "vnetd render minicluster",
         f"kubectl -n {NAMESPACE} apply -f minicluster.yaml",
+        "wait --for=create job/",
         "wait --for=condition=complete job/",
         "logs -l batch.kubernetes.io/job-completion-index=0 -c ",
+        "delete minicluster ",
+        "delete poddisruptionbudget,configmap,networkpolicy -l ",
     ]
     found = [next(i for i, c in enumerate(commands()) if words in c) for words in steps]
-    assert found == sorted(found), "the steps are out of order"
-    assert DEFAULT_OPERATOR_VERSION == "main", "the first command installs main"
     text = section()
+    assert found == sorted(found), "the steps are out of order"
+    version = OPERATOR_VERSIONS[DEFAULT_OPERATOR_VERSION]
+    assert version.controller_image is None, "the commit's controller is built from it"
+    assert f"kubectl apply -f {version.install}" in commands(), "the pinned install YAML"
+    (build,) = [c for c in commands() if c.startswith("docker build ")]
+    assert build.endswith(f"flux-operator.git#{version.commit}"), "built from the commit"
+    image = shlex.split(build)[shlex.split(build).index("-t") + 1]
+    assert any(c.endswith(f"manager={image}") for c in commands()), "and set on the controller"
+    release = OPERATOR_VERSIONS["0.2.1"]
+    assert release.install in text and f"--operator-version {release.name}" in text
     for name in (ETCD_CLIENT_SECRET, PRESHARED_KEY_SECRET, ETCD_PASSWORD_SECRET):
         assert name in text, name
 
@@ -110,3 +123,37 @@ def test_kubectl_commands_parse(command: str):
         [kubectl(), *words[1:], "--help"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, f"{command}: {result.stderr.strip()}"
+
+
+def test_the_cleanup_selects_every_object_of_the_render_but_the_minicluster(tmp_path: Path):
+    """No owner reference can be rendered (the MiniCluster's UID does not exist yet): the
+    documented ``delete -l`` removes the rest, and nothing of etcd's."""
+    (command,) = [c for c in commands() if " -l " in c and " delete " in c]
+    words = shlex.split(command)
+    kinds = {"poddisruptionbudget": "PodDisruptionBudget", "configmap": "ConfigMap",
+             "networkpolicy": "NetworkPolicy"}  # fmt: skip
+    assert words[words.index("delete") + 1].split(",") == list(kinds)
+    selector = dict(pair.split("=") for pair in words[words.index("-l") + 1].split(","))
+    spec = ROOT / "manifests" / "sidecar" / "mesh.toml"
+    output = tmp_path / "minicluster.yaml"
+    argv = ["render", "minicluster", "--config", str(spec), "--mesh-policy", "-o", str(output)]
+    assert main(argv) == 0
+    rendered = {doc["kind"]: doc for doc in yaml.safe_load_all(output.read_text())}
+    assert set(rendered) == {"MiniCluster", *kinds.values()}, "the MiniCluster: by name"
+    for kind in kinds.values():
+        assert selector.items() <= rendered[kind]["metadata"]["labels"].items(), kind
+    for path in (ROOT / "manifests" / "etcd").glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            labels = (doc or {}).get("metadata", {}).get("labels", {})
+            assert not selector.items() <= labels.items(), path
+
+
+def test_the_kubectl_named_waits_for_creation():
+    """``kubectl wait --for=create`` came in kubectl 1.31: the one here has it."""
+    result = subprocess.run(
+        [kubectl(), "wait", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert "--for=create" in result.stdout
+    assert "kubectl\n   1.31 or later" in section() or "kubectl 1.31 or later" in " ".join(
+        section().split()
+    )

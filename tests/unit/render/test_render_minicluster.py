@@ -18,13 +18,15 @@ from render_fixtures import EXAMPLE, LAB6_TOML
 
 from vnetd.cli import build_parser, main
 from vnetd.render.minicluster import (
+    BACKOFF_LIMIT,
+    DEFAULT_DEADLINE,
     OPERATOR_CURVE_CERT,
     OPERATOR_MARKER,
-    OPERATOR_VERSIONS,
     MiniClusterOptions,
     broker_config,
     render_minicluster,
 )
+from vnetd.render.operator_versions import DEFAULT_OPERATOR_VERSION, OPERATOR_VERSIONS
 from vnetd.spec import load_spec
 
 ROOT = Path(__file__).parents[3]
@@ -38,7 +40,7 @@ def rendered(path: Path, options: MiniClusterOptions | None = None) -> list[dict
     return list(yaml.safe_load_all(text))
 
 
-def minicluster_of(path: Path, version: str = "main") -> dict[str, Any]:
+def minicluster_of(path: Path, version: str = DEFAULT_OPERATOR_VERSION) -> dict[str, Any]:
     docs = rendered(path, MiniClusterOptions(image=IMAGE, operator_version=version))
     config_map, minicluster, budget = docs
     assert config_map["kind"] == "ConfigMap" and minicluster["kind"] == "MiniCluster"
@@ -56,13 +58,35 @@ def test_each_version_needs_its_own_render():
     """0.2.1's securityContext is the operator's own {privileged, addCapabilities};
     main's is Kubernetes'. Each render fails the other version's CRD."""
     with pytest.raises(jsonschema.ValidationError, match="'runAsUser'.* unexpected"):
-        validate_crd(minicluster_of(SIDECAR_SPEC, "main"), "minicluster-0.2.1")
+        validate_crd(minicluster_of(SIDECAR_SPEC, DEFAULT_OPERATOR_VERSION), "minicluster-0.2.1")
     with pytest.raises(jsonschema.ValidationError, match="'addCapabilities' was unexpected"):
-        validate_crd(minicluster_of(SIDECAR_SPEC, "0.2.1"), "minicluster-main")
+        validate_crd(
+            minicluster_of(SIDECAR_SPEC, "0.2.1"), f"minicluster-{DEFAULT_OPERATOR_VERSION}"
+        )
     old = minicluster_of(SIDECAR_SPEC, "0.2.1")
     assert "/mnt/flux/view/curve/curve.cert" in old["spec"]["flux"]["brokerConfig"]
     assert old["spec"]["containers"][1]["securityContext"] == {"addCapabilities": ["NET_ADMIN"]}
     assert OPERATOR_CURVE_CERT == "/mnt/flux/config/curve/curve.cert"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_job_is_bounded_by_a_deadline_and_fails_at_its_first_restart(version: str):
+    """``deadlineSeconds`` becomes the Job's ``activeDeadlineSeconds`` (both versions'
+    job.go, checked in test_operator_versions); ``backoffLimit`` exists only at the commit."""
+    body = minicluster_of(SIDECAR_SPEC, version)["spec"]
+    assert body["deadlineSeconds"] == DEFAULT_DEADLINE < 31_500_000, "not the operator's year"
+    options = MiniClusterOptions(image=IMAGE, operator_version=version, deadline=600)
+    _, minicluster, _ = rendered(SIDECAR_SPEC, options)
+    assert minicluster["spec"]["deadlineSeconds"] == 600
+    validate_crd(minicluster, f"minicluster-{version}")
+    if OPERATOR_VERSIONS[version].backoff_limit:
+        assert body["backoffLimit"] == BACKOFF_LIMIT == 1
+    else:
+        assert "backoffLimit" not in body
+        with pytest.raises(jsonschema.ValidationError, match="'backoffLimit' was unexpected"):
+            validate_crd(
+                {**minicluster, "spec": {**body, "backoffLimit": 1}}, f"minicluster-{version}"
+            )
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -82,14 +106,17 @@ def test_the_crd_catches_unknown_fields_and_wrong_types(version: str):
         validate_crd(minicluster, crd)
 
 
-def test_broker_config_is_what_render_flux_writes(capsys: pytest.CaptureFixture[str]):
+def test_broker_config_holds_what_render_flux_writes(capsys: pytest.CaptureFixture[str]):
     minicluster = minicluster_of(SIDECAR_SPEC)
     argv = ["render", "flux", "--config", str(SIDECAR_SPEC), "--curve-cert", OPERATOR_CURVE_CERT]
     assert main(argv) == 0
     flux_output = capsys.readouterr().out
-    assert minicluster["spec"]["flux"]["brokerConfig"] == flux_output
-    assert broker_config(load_spec(SIDECAR_SPEC)) == flux_output
+    config = minicluster["spec"]["flux"]["brokerConfig"]
+    assert f"\n\n{flux_output}\n" in config and config == broker_config(load_spec(SIDECAR_SPEC))
     assert 'connect = "tcp://10.250.0.1:8050"' in flux_output, "fixed overlay addresses"
+    # The queue policy is the operator's default, in the config and the MiniCluster alike.
+    assert 'queue-policy = "fcfs"' in config
+    assert minicluster["spec"]["flux"]["scheduler"] == {"queuePolicy": "fcfs"}
 
 
 def test_pods_are_named_like_the_spec_hosts_and_vnetd_runs_beside_flux():
@@ -142,7 +169,7 @@ def test_options_and_ipv6_listen(tmp_path: Path):
     assert "/dev/tcp/::1/9191" in flux["commands"]["pre"]
     assert "--http-listen '[::]:9191'" in vnetd["command"]
     assert "enable_ipv6 = true" in minicluster["spec"]["flux"]["brokerConfig"]
-    validate_crd(minicluster, "minicluster-main")
+    validate_crd(minicluster, f"minicluster-{DEFAULT_OPERATOR_VERSION}")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -180,8 +207,29 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
         pytest.param(
             'hostname = "n{rank}"', [], r"mesh\.hostname: 'n\{rank\}' cannot be", id="host"
         ),
+        pytest.param(
+            'hostname = "job-{rank}"',
+            [],
+            r"mesh\.name: 'm' is not the MiniCluster's name 'job' that mesh\.hostname "
+            r"'job-\{rank\}' gives its pods; set mesh\.name = 'job' or mesh\.hostname = "
+            r"'\{name\}-\{rank\}'",
+            id="name",
+        ),
         pytest.param("", ["--app-image", "a b"], r"--app-image: 'a b' is not an image", id="app"),
         pytest.param("", ["--tasks", "0"], r"--tasks: 0 is not a task count", id="tasks"),
+        pytest.param(
+            "", ["--queue-policy", "lifo"], r"--queue-policy: 'lifo' is not a Fluxion", id="queue"
+        ),
+        pytest.param(
+            "", ["--deadline", "0"], r"--deadline: 0 is not a number of seconds", id="deadline"
+        ),
+        pytest.param(
+            "",
+            ["--operator-version", "main"],
+            r"--operator-version: 'main' is not a version vnetd was checked against; install "
+            r"one of 0d75cef8, 0\.2\.1",
+            id="version",
+        ),
         pytest.param(
             '[wireguard]\npreshared_key_file = "psk"',
             [],
@@ -260,6 +308,18 @@ def test_the_budget_and_the_opt_in_mesh_policy_select_the_ranks(tmp_path: Path):
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod.items()
     assert admits(policy, pod, spec.port)
     assert policy["spec"]["ingress"][0]["ports"] == [{"port": 51820, "protocol": "UDP"}]
+    # Prometheus, from its namespace, on the metrics port (no pod selector: any pod there).
+    prometheus = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }
+    assert policy["spec"]["ingress"][1] == {
+        "from": [prometheus], "ports": [{"port": 9090, "protocol": "TCP"}]
+    }  # fmt: skip
+    options = MiniClusterOptions(image=IMAGE, mesh_policy=True, monitoring_namespace="obs")
+    policy = rendered(SIDECAR_SPEC, options)[3]
+    assert policy["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "obs"
+    }
     assert len(rendered(SIDECAR_SPEC, MiniClusterOptions(image=IMAGE))) == 3, "opt-in"
 
 
@@ -327,3 +387,48 @@ def load_spec_text(tmp_path: Path, text: str) -> Any:  # noqa: ANN401 - a MeshSp
     path = tmp_path / "spec.toml"
     path.write_text(text)
     return load_spec(path)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_service_mesh_sidecars_are_opted_out(version: str):
+    """Istio's and Linkerd's injection is off in every pod (annotations the operator copies
+    to its pod template, labels it keeps), and Istio's capture skips the overlay."""
+    minicluster = minicluster_of(SIDECAR_SPEC, version)
+    pod = minicluster["spec"]["pod"]
+    assert pod["annotations"] == {
+        "sidecar.istio.io/inject": "false",
+        "traffic.sidecar.istio.io/excludeInterfaces": "vnet0",
+        "linkerd.io/inject": "disabled",
+    }
+    labels = operator_pod_labels(minicluster, "flux-sample")
+    assert labels["sidecar.istio.io/inject"] == "false"
+    assert labels["istio.io/dataplane-mode"] == "none", "Istio's ambient mode"
+    validate_crd(minicluster, f"minicluster-{version}")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_application_runs_the_distribution_of_the_versions_flux_view(version: str):
+    """0.2.1's default view is Rocky 9, the commit's Ubuntu noble (test_operator_versions
+    reads both from the CRDs); the view's Flux runs on the application's libraries."""
+    flux, vnetd = minicluster_of(SIDECAR_SPEC, version)["spec"]["containers"]
+    assert flux["image"] == OPERATOR_VERSIONS[version].app_image
+    marker = shlex.split(vnetd["command"].split("exec ", 1)[1])
+    assert marker[marker.index("--exit-on-file") + 1] == OPERATOR_VERSIONS[version].marker
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_kernel_wireguard_is_the_least_privilege_form(version: str):
+    """``--kernel-wireguard``: no host path (wireguard-go's /dev/net/tun), the kernel data
+    plane asked for by name so a node without the module fails instead of needing one."""
+    options = MiniClusterOptions(image=IMAGE, operator_version=version, kernel_wireguard=True)
+    _, minicluster, _ = rendered(SIDECAR_SPEC, options)
+    validate_crd(minicluster, f"minicluster-{version}")
+    vnetd = minicluster["spec"]["containers"][1]
+    assert not any("hostPath" in v for v in vnetd["volumes"].values())
+    argv = shlex.split(vnetd["command"].split("exec ", 1)[1])
+    assert argv[argv.index("--dataplane") + 1] == "kernel"
+    build_parser().parse_args(argv[1:])
+    default = minicluster_of(SIDECAR_SPEC, version)["spec"]["containers"][1]
+    assert default["volumes"]["dev-net"] == {"hostPath": "/dev/net", "path": "/dev/net"}
+    assert "--dataplane" not in default["command"], "auto by default"
+    assert vnetd["securityContext"] == default["securityContext"], "NET_ADMIN either way"

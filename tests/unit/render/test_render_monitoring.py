@@ -123,3 +123,67 @@ def test_expected_ranks_sets_the_rank_missing_threshold(capsys: pytest.CaptureFi
         "vnetd: error: --expected-ranks: 65 is not within 1..64 (mesh.size); give how many "
         "ranks should be up, e.g. the DaemonSet's desired number of nodes\n"
     )
+
+
+def relabel(labels: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus' ``keep`` and ``replace`` (anchored regex; no match: no change)."""
+    labels = dict(labels)
+    for rule in rules:
+        value = ";".join(labels.get(name, "") for name in rule["sourceLabels"])
+        match = re.fullmatch(rule.get("regex", "(.*)"), value)
+        if rule.get("action", "replace") == "keep":
+            if match is None:
+                return None
+        elif match is not None:
+            replacement = rule.get("replacement", "$1").replace("${1}", r"\1").replace("$1", r"\1")
+            labels[rule["targetLabel"]] = match.expand(replacement)
+    return labels
+
+
+def scraped(monitor: dict[str, Any], pod_labels: dict[str, str], pod_ip: str) -> list[str]:
+    """The addresses Prometheus scrapes for a MiniCluster pod as the operator writes it:
+    no container declares a port, so pod discovery makes one port-free target per
+    container (the view's init container, the Flux container, vnetd)."""
+    spec = monitor["spec"]
+    if not spec["selector"]["matchLabels"].items() <= pod_labels.items():
+        return []
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert "port" not in endpoint and "portNumber" not in endpoint, "they keep declared ports"
+    addresses = []
+    for container in ("flux-view", pod_labels["app.kubernetes.io/name"], "vnetd"):
+        meta = {"__address__": pod_ip, "__meta_kubernetes_pod_ip": pod_ip,
+                "__meta_kubernetes_pod_container_name": container}  # fmt: skip
+        meta |= {f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}": v
+                 for k, v in pod_labels.items()}  # fmt: skip
+        target = relabel(meta, endpoint["relabelings"])
+        if target is not None:
+            assert target["mesh"] == pod_labels["app.kubernetes.io/instance"]
+            addresses.append(target["__address__"])
+    return addresses
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_minicluster_pod_monitor_scrapes_vnetd_on_the_pods_the_operator_makes(version: str):
+    from vnetd.render.minicluster import MiniClusterOptions, render_minicluster
+
+    path = BASES["sidecar"]
+    spec = load_spec(path)
+    docs = yaml.safe_load_all(render_monitoring(spec, minicluster=True))
+    monitor = {d["kind"]: d for d in docs}["PodMonitor"]
+    validate_custom(monitor, SCHEMAS["PodMonitor"], version)
+    minicluster = next(
+        d for d in yaml.safe_load_all(render_minicluster(spec, path.read_text(),
+                                                          MiniClusterOptions()))
+        if d["kind"] == "MiniCluster"
+    )  # fmt: skip
+    # The operator keeps spec.pod.labels and overwrites app.kubernetes.io/name (pods.go).
+    name = minicluster["metadata"]["name"]
+    pod = {**minicluster["spec"]["pod"]["labels"], "app": "flux-operator",
+           "app.kubernetes.io/name": name, "namespace": "flux-sample"}  # fmt: skip
+    assert scraped(monitor, pod, "10.8.0.5") == ["10.8.0.5:9090"]
+    assert scraped(monitor, pod, "fd00:8::5") == ["[fd00:8::5]:9090"]
+    # No container declares a port: the operator makes no Service of it (minicluster.go).
+    assert all("ports" not in c for c in minicluster["spec"]["containers"])
+    # The sidecar's and DaemonSet's PodMonitor would find nothing here.
+    sidecar = {d["kind"]: d for d in yaml.safe_load_all(render_monitoring(spec))}
+    assert scraped(sidecar["PodMonitor"], pod, "10.8.0.5") == []

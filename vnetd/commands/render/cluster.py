@@ -16,14 +16,19 @@ from typing import Any
 from vnetd.errors import SpecError
 from vnetd.render.manifests import DEFAULT_IMAGE, manifest_warnings
 from vnetd.render.minicluster import (
-    DEFAULT_APP_IMAGE,
     DEFAULT_COMMAND,
-    DEFAULT_OPERATOR_VERSION,
-    OPERATOR_VERSIONS,
+    DEFAULT_DEADLINE,
+    DEFAULT_MONITORING_NAMESPACE,
     MiniClusterOptions,
     render_minicluster,
 )
 from vnetd.render.monitoring import render_monitoring
+from vnetd.render.operator_versions import (
+    DEFAULT_OPERATOR_VERSION,
+    DEFAULT_QUEUE_POLICY,
+    OPERATOR_VERSIONS,
+    QUEUE_POLICIES,
+)
 from vnetd.render.output import warn_on_stderr, write_file
 from vnetd.render.provision_job import render_provision
 from vnetd.spec import load_spec
@@ -38,20 +43,37 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
     _add_config_and_output(minicluster)
     options = [
         ("--image", "image", DEFAULT_IMAGE, "the vnetd image"),
-        ("--app-image", "app_image", DEFAULT_APP_IMAGE, "the container Flux runs in"),
+        ("--app-image", "app_image", "the distribution of the version's Flux view",
+         "the container Flux runs in"),
         # dest: "command" is the top-level subcommand's
         ("--command", "job_command", DEFAULT_COMMAND, "what the MiniCluster submits to Flux"),
-    ]
+    ]  # fmt: skip
     for flag, dest, default, text in options:
         metavar = flag[2:].upper().replace("-", "_")
         help_text = f"{text} (default {default})"
-        minicluster.add_argument(flag, dest=dest, metavar=metavar, default=default, help=help_text)
+        value = None if flag == "--app-image" else default
+        minicluster.add_argument(flag, dest=dest, metavar=metavar, default=value, help=help_text)
     minicluster.add_argument(
         "--operator-version",
-        choices=list(OPERATOR_VERSIONS),
+        metavar="VERSION",
         default=DEFAULT_OPERATOR_VERSION,
-        help="the Flux Operator the MiniCluster is for: where it puts the CURVE certificate, "
-        f"how a container's security context is written (default {DEFAULT_OPERATOR_VERSION})",
+        help=f"the Flux Operator installed: one of {', '.join(OPERATOR_VERSIONS)}, each a "
+        f"release tag or commit vnetd was checked against (default {DEFAULT_OPERATOR_VERSION})",
+    )
+    minicluster.add_argument(
+        "--deadline",
+        type=int,
+        metavar="SECONDS",
+        default=DEFAULT_DEADLINE,
+        help="how long the MiniCluster's Job may run before it fails (spec.deadlineSeconds, "
+        f"default {DEFAULT_DEADLINE}: a working session, not the operator's year)",
+    )
+    minicluster.add_argument(
+        "--queue-policy",
+        metavar="POLICY",
+        default=DEFAULT_QUEUE_POLICY,
+        help=f"Fluxion's queue policy: {', '.join(QUEUE_POLICIES)} (default "
+        f"{DEFAULT_QUEUE_POLICY}, the operator's; the rendered broker config carries it)",
     )
     minicluster.add_argument(
         "--tasks",
@@ -63,7 +85,22 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         "--mesh-policy",
         action="store_true",
         help="also a NetworkPolicy admitting WireGuard's UDP port from the mesh's pods "
+        "and the metrics port from --monitoring-namespace "
         "(for a namespace whose policies deny by default)",
+    )
+    minicluster.add_argument(
+        "--kernel-wireguard",
+        action="store_true",
+        help="the least-privilege form: vnetd uses the node kernel's WireGuard "
+        "(--dataplane kernel) and the pods mount no host path (no /dev/net/tun); "
+        "every node needs the wireguard module",
+    )
+    minicluster.add_argument(
+        "--monitoring-namespace",
+        metavar="NAMESPACE",
+        default=DEFAULT_MONITORING_NAMESPACE,
+        help="where Prometheus runs, admitted to /metrics by --mesh-policy "
+        f"(default {DEFAULT_MONITORING_NAMESPACE})",
     )
     minicluster.set_defaults(run=run_minicluster)
 
@@ -79,6 +116,12 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         help="how many ranks VnetdRankMissing expects registered, e.g. the DaemonSet's "
         "desired number of nodes when fewer nodes than mesh.size carry its label "
         "(default mesh.size)",
+    )
+    monitoring.add_argument(
+        "--minicluster",
+        action="store_true",
+        help="the pods are those of `vnetd render minicluster`: select them by the labels "
+        "the Flux Operator keeps and scrape the vnetd container, which declares no port",
     )
     monitoring.set_defaults(run=run_monitoring)
 
@@ -112,6 +155,10 @@ def run_minicluster(args: argparse.Namespace) -> int:
         operator_version=args.operator_version,
         tasks=args.tasks,
         mesh_policy=args.mesh_policy,
+        deadline=args.deadline,
+        queue_policy=args.queue_policy,
+        monitoring_namespace=args.monitoring_namespace,
+        kernel_wireguard=args.kernel_wireguard,
     )
     rendered = render_minicluster(spec, text, options)
     for warning in manifest_warnings(spec, args.image):
@@ -121,7 +168,8 @@ def run_minicluster(args: argparse.Namespace) -> int:
 
 
 def run_monitoring(args: argparse.Namespace) -> int:
-    _write(render_monitoring(load_spec(args.config), args.expected_ranks), args.output)
+    spec = load_spec(args.config)
+    _write(render_monitoring(spec, args.expected_ranks, args.minicluster), args.output)
     return 0
 
 
