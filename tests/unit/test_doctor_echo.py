@@ -72,3 +72,6 @@ async def test_nothing_answered_is_a_loss_within_the_bound() -> None:
         await sock.bind(("127.0.0.1", 0))  # bound, never read: every echo is lost
         found = await probe(socket.AF_INET, sock.getsockname(), MTU)
     assert (found.small, found.full, found.largest) == (None, None, None)
+    # Every attempt of both sizes was written (inner IP packets): what the sender's device
+    # must have sent, had the echoes reached it (the outbound-drop evidence).
+    assert found.written == 6 * (64 + MTU)

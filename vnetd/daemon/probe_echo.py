@@ -13,12 +13,13 @@ sockets because the protocol is one datagram each way.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import random
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -68,6 +69,9 @@ class ProbeResult:
     small: float | None = None
     full: float | None = None
     largest: int | None = None
+    written: int = 0
+    """Bytes of echoes written to the socket (inner IP packets; a send refused as too big
+    for the route is not counted, one refused otherwise is: the pod dropped it)."""
 
 
 @dataclass
@@ -81,6 +85,7 @@ class _Echoes:
     got: dict[int, float] = field(default_factory=dict)
     """Size -> round trip of the first answer of that size (any attempt)."""
     answered: trio.Event = field(default_factory=trio.Event)
+    written: int = 0
 
     async def receive(self) -> None:
         """Record every answer until cancelled (the probe's whole life)."""
@@ -127,8 +132,12 @@ class _Echoes:
         self.sent[size, attempt] = time.monotonic()
         try:
             await self.sock.send(payload)
-        except OSError:
-            pass  # EMSGSIZE, no route: counted as lost
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                return  # too big for the route: never written, counted as lost
+            # EPERM: a firewall rule in this pod dropped it on its way out; counted
+            # as written, so the device's flat tx count names where it went.
+        self.written += len(payload) + header_size(self.family)
 
 
 async def probe(family: int, address: tuple[str, int], mtu: int) -> ProbeResult:
@@ -145,7 +154,7 @@ async def probe(family: int, address: tuple[str, int], mtu: int) -> ProbeResult:
             nursery.start_soon(echoes.receive)
             result = await _sizes(echoes, mtu)
             nursery.cancel_scope.cancel()
-        return result
+        return replace(result, written=echoes.written)
 
 
 async def _sizes(echoes: _Echoes, mtu: int) -> ProbeResult:
