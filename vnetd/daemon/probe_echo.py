@@ -41,6 +41,8 @@ trip, room for a late answer from a loaded host or a first handshake, and inside
 row's deadline with room for bisection after it."""
 LAST_SEND = ECHO_WAIT - 0.5
 """The latest an attempt is sent, jitter included, so that its answer has time to come."""
+REFUSED_BY_A_RULE = (errno.EPERM, errno.EACCES)
+"""What a send returns when netfilter drops the packet on its way out (``NF_DROP``)."""
 BISECT_AT = (0.0, 0.15)
 BISECT_WAIT = 0.4
 BISECT_STEPS = 7
@@ -70,8 +72,9 @@ class ProbeResult:
     full: float | None = None
     largest: int | None = None
     written: int = 0
-    """Bytes of echoes written to the socket (inner IP packets; a send refused as too big
-    for the route is not counted, one refused otherwise is: the pod dropped it)."""
+    """Bytes of echoes written to the socket (inner IP packets): sends that passed, and
+    those a firewall rule in this pod refused (``REFUSED_BY_A_RULE``); not those too big
+    for the route or with none."""
 
 
 @dataclass
@@ -133,10 +136,10 @@ class _Echoes:
         try:
             await self.sock.send(payload)
         except OSError as exc:
-            if exc.errno == errno.EMSGSIZE:
-                return  # too big for the route: never written, counted as lost
-            # EPERM: a firewall rule in this pod dropped it on its way out; counted
-            # as written, so the device's flat tx count names where it went.
+            if exc.errno not in REFUSED_BY_A_RULE:
+                return  # too big for the route, no route: never written, counted as lost
+            # A firewall rule in this pod dropped it on its way out: counted as written,
+            # so the device's count, short of it, names where it went.
         self.written += len(payload) + header_size(self.family)
 
 

@@ -60,9 +60,9 @@ class PeerSeen:
     """Echoes from that rank (its primary overlay address) this daemon's service received
     while it probed: proof that its inner packets reach this pod's sockets."""
     written: int = 0
-    """Bytes of echoes (inner IP packets) this daemon's probe wrote to that rank's address,
-    sends refused as too big for the route not counted. Optional on the wire (0: an
-    older daemon, or nothing written)."""
+    """Bytes of echoes (inner IP packets) this daemon's probe wrote to that rank's address:
+    sends that passed or that a firewall rule in the pod refused, not those too big for
+    the route or with none. Optional on the wire (0: an older daemon, or nothing written)."""
     sent: int = 0
     """Bytes the device sent to that peer while the probe ran. Every inner packet that
     reaches the device leaves it as at least its size plus 32 bytes, so ``sent`` below
