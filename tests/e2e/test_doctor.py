@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from vnetd.lab.cluster import MeshLab, http_get, log_lines, write_spec
@@ -171,9 +172,33 @@ async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
             assert doc["registered"] == sorted(started)
 
 
-async def test_an_output_drop_on_a_pods_overlay_interface_is_no_data_in_that_pod() -> None:
-    """Rank 1's pod drops its inner packets to rank 2 on its way out of ``vnet0`` (an
-    nftables output rule, added once the mesh formed): the tunnel stands, rank 2's echoes
+def output_drop(family: str, hook: str, interface: str, address: str) -> list[str]:
+    """nft commands that drop what is sent to ``address`` on ``interface``, then the one
+    that removes them."""
+    device = f' device "{interface}"' if family == "netdev" else ""
+    match = "" if family == "netdev" else f'oifname "{interface}" '
+    return [
+        f"add table {family} vdoc",
+        f"add chain {family} vdoc out {{ type filter hook {hook}{device} priority 0 ; }}",
+        f"add rule {family} vdoc out {match}ip daddr {address} drop",
+        f"delete table {family} vdoc",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("family", "hook"),
+    [
+        # The socket's send fails with EPERM (netfilter's drop on the way out).
+        pytest.param("inet", "output", id="output-rule"),
+        # The send succeeds and the packet is dropped before the device (no error).
+        pytest.param("netdev", "egress", id="egress-rule-silent"),
+    ],
+)
+async def test_an_output_drop_on_a_pods_overlay_interface_is_no_data_in_that_pod(
+    family: str, hook: str
+) -> None:
+    """Rank 1's pod drops its inner packets to rank 2 on their way out of ``vnet0`` (an
+    nftables rule, added once the mesh formed): the tunnel stands, rank 2's echoes
     reach rank 1's service, and nothing rank 1 writes to rank 2 reaches its device. Both
     directions of that pair are ``no_data`` in rank 1's pod, outbound; every other pair
     ok. (Before the device's tx count was evidence, both were ``lossy``.)"""
@@ -183,16 +208,12 @@ async def test_an_output_drop_on_a_pods_overlay_interface_is_no_data_in_that_pod
             for rank in range(3):
                 await mesh.start_rank(rank)
             await wait_formed(mesh, {0, 1, 2})
-            await nft(
-                mesh, 1, "add table inet vdoc",
-                "add chain inet vdoc output { type filter hook output priority 0 ; }",
-                f'add rule inet vdoc output oifname "{mesh.spec.interface}" '
-                f"ip daddr {mesh.address(2)} drop",
-            )  # fmt: skip
+            *add, remove = output_drop(family, hook, mesh.spec.interface, mesh.address(2))
             try:
+                await nft(mesh, 1, *add)
                 code, doc, _ = await doctor(mesh)
             finally:
-                await lab.run(mesh.pod(1), ["nft", "delete table inet vdoc"], 10)
+                await lab.run(mesh.pod(1), ["nft", remove], 10)
             got = {(f["from"], f["to"]): f["cause"] for f in doc["failing"]}
             got |= {(w[0], w[1]): "ok" for w in doc["working"]}
             want = {(a, b): "no_data" if {a, b} == {1, 2} else "ok"
