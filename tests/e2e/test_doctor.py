@@ -15,6 +15,10 @@ the cause of the fault on it and no other (exit 1):
   hole): ``mtu_black_hole``, with the largest size that passes; and each daemon
   that found it has locked its route MTU to rank 3 to that size.
 
+Rank 1's pod drops its inner packets to rank 2 on its way out of its overlay
+interface (an nftables output rule): ``no_data`` in rank 1's pod, outbound, for
+both directions of that pair, ``ok`` for every other.
+
 Two sites behind NAT routers lose one site's only gateway: ``gateway_hop`` for
 every pair across. A pod moves to a new underlay address while one peer has
 lost the registry and takes WireGuard only on flows it opened:
@@ -35,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from vnetd.lab.cluster import MeshLab, http_get, log_lines, write_spec
@@ -165,6 +170,60 @@ async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
                 route = shown.stdout.decode()
                 assert ("mtu lock 13" in route) == (3 in (rank, peer)), (rank, peer, route)
             assert doc["registered"] == sorted(started)
+
+
+def output_drop(family: str, hook: str, interface: str, address: str) -> list[str]:
+    """nft commands that drop what is sent to ``address`` on ``interface``, then the one
+    that removes them."""
+    device = f' device "{interface}"' if family == "netdev" else ""
+    match = "" if family == "netdev" else f'oifname "{interface}" '
+    return [
+        f"add table {family} vdoc",
+        f"add chain {family} vdoc out {{ type filter hook {hook}{device} priority 0 ; }}",
+        f"add rule {family} vdoc out {match}ip daddr {address} drop",
+        f"delete table {family} vdoc",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("family", "hook"),
+    [
+        # The socket's send fails with EPERM (netfilter's drop on the way out).
+        pytest.param("inet", "output", id="output-rule"),
+        # The send succeeds and the packet is dropped before the device (no error).
+        pytest.param("netdev", "egress", id="egress-rule-silent"),
+    ],
+)
+async def test_an_output_drop_on_a_pods_overlay_interface_is_no_data_in_that_pod(
+    family: str, hook: str
+) -> None:
+    """Rank 1's pod drops its inner packets to rank 2 on their way out of ``vnet0`` (an
+    nftables rule, added once the mesh formed): the tunnel stands, rank 2's echoes
+    reach rank 1's service, and nothing rank 1 writes to rank 2 reaches its device. Both
+    directions of that pair are ``no_data`` in rank 1's pod, outbound; every other pair
+    ok. (Before the device's tx count was evidence, both were ``lossy``.)"""
+    with trio.fail_after(FORM + DOCTOR_TIMEOUT + 60):
+        async with open_lab(3, static_neighbours=True) as lab:
+            mesh = MeshLab.create(lab)
+            for rank in range(3):
+                await mesh.start_rank(rank)
+            await wait_formed(mesh, {0, 1, 2})
+            *add, remove = output_drop(family, hook, mesh.spec.interface, mesh.address(2))
+            try:
+                await nft(mesh, 1, *add)
+                code, doc, _ = await doctor(mesh)
+            finally:
+                await lab.run(mesh.pod(1), ["nft", remove], 10)
+            got = {(f["from"], f["to"]): f["cause"] for f in doc["failing"]}
+            got |= {(w[0], w[1]): "ok" for w in doc["working"]}
+            want = {(a, b): "no_data" if {a, b} == {1, 2} else "ok"
+                    for a in range(3) for b in range(3) if a != b}  # fmt: skip
+            wrong = {pair: (got.get(pair), c) for pair, c in want.items() if got.get(pair) != c}
+            assert not wrong, f"(got, wanted): {wrong}; {doc['failing']}"
+            assert code == 1
+            for failing in doc["failing"]:
+                print(failing["detail"])
+                assert "dropped in rank 1's pod, on its way out" in failing["detail"], failing
 
 
 LEASE_GONE = 15.0

@@ -86,6 +86,24 @@ INNER_DROPPED: Fault = lambda ev: with_seen(  # noqa: E731
     ev, 0, 1, small_rtt=None, full_rtt=None, largest=None, delivered=640, echoed=0
 )
 
+LOST: dict[str, object] = {"small_rtt": None, "full_rtt": None, "largest": None}
+"""No echo of the pair came back."""
+
+
+def outbound_dropped(ev: Evidence) -> Evidence:
+    """Rank 0's pod drops what it writes to rank 1 before its device: rank 1's echoes reach
+    rank 0's service, its answers and rank 0's own echoes never reach rank 0's device;
+    rank 1's device got a handshake response (92 B) from rank 0 meanwhile."""
+    ev = with_seen(ev, 0, 1, **LOST, delivered=9000, echoed=6, written=8904, sent=92)
+    return with_seen(ev, 1, 0, **LOST, delivered=92, echoed=0, written=8904, sent=9600)
+
+
+def underlay_loss(ev: Evidence) -> Evidence:
+    """Both devices sent every echo written (and more), some arrived, none came back."""
+    ev = with_seen(ev, 0, 1, **LOST, delivered=0, echoed=0, written=8904, sent=9600)
+    return with_seen(ev, 1, 0, **LOST, delivered=0, echoed=3, written=8904, sent=9600)
+
+
 CASES = [
     pytest.param(FLAT, lambda ev: ev, (0, 1), cause.OK, id="healthy"),
     pytest.param(FLAT, lambda ev: without_member(ev, 1), (0, 1), cause.NOT_REGISTERED,
@@ -127,6 +145,21 @@ CASES = [
     pytest.param(FLAT, lambda ev: with_seen(ev, 0, 1, small_rtt=None, full_rtt=None,
                  largest=None, delivered=32, echoed=0), (0, 1), cause.LOSSY,
                  id="a-keepalive-is-not-data"),
+    pytest.param(FLAT, outbound_dropped, (0, 1), cause.NO_DATA,
+                 id="outbound-dropped-in-the-source-pod"),
+    pytest.param(FLAT, outbound_dropped, (1, 0), cause.NO_DATA,
+                 id="outbound-dropped-in-the-target-pod-its-answers"),
+    pytest.param(FLAT, underlay_loss, (0, 1), cause.LOSSY, id="underlay-loss-still-lossy"),
+    pytest.param(FLAT, underlay_loss, (1, 0), cause.LOSSY,
+                 id="underlay-loss-still-lossy-reverse"),
+    pytest.param(FLAT, lambda ev: with_seen(with_seen(outbound_dropped(ev), 0, 1, written=0,
+                 sent=0), 1, 0, delivered=32), (0, 1), cause.LOSSY,
+                 id="a-row-without-write-counts-is-as-before"),
+    pytest.param(FLAT, lambda ev: with_seen(with_seen(outbound_dropped(ev), 0, 1,
+                 handshake_age=400.0), 1, 0, delivered=32), (1, 0), cause.LOSSY,
+                 id="no-session-no-outbound-evidence"),
+    pytest.param(FLAT, lambda ev: with_seen(UDP_DROPPED(ev), 0, 1, written=8904, sent=148),
+                 (0, 1), cause.NO_HANDSHAKE, id="writes-without-a-session-are-no-handshake"),
     pytest.param(FLAT, lambda ev: with_seen(INNER_DROPPED(ev), 0, 1, lag=2.5), (0, 1),
                  cause.OVERLOADED, id="a-loss-on-an-overloaded-prober-is-no-evidence"),
     pytest.param(FLAT, lambda ev: with_seen(INNER_DROPPED(ev), 1, 0, lag=2.5), (0, 1),
@@ -195,6 +228,13 @@ def test_a_black_hole_names_the_largest_size_that_passes() -> None:
     verdict = classify(ev, 0, 1)
     assert verdict.path_mtu == 1296
     assert "1296-byte packets pass, 1420-byte ones do not" in verdict.detail
+
+
+@pytest.mark.parametrize("pair", [(0, 1), (1, 0)])
+def test_an_outbound_drop_names_the_pod_it_is_in_and_the_direction(pair: tuple[int, int]) -> None:
+    detail = classify(outbound_dropped(healthy()), *pair).detail
+    assert "dropped in rank 0's pod, on its way out to vnet0" in detail
+    assert "wrote 8904 B of echoes to rank 1" in detail and "sent only 92 B" in detail
 
 
 def test_no_handshake_names_what_each_device_says() -> None:

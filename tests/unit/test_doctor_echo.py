@@ -8,11 +8,14 @@ sent close together. A probe must count the late answer and outlast the burst
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 
+import pytest
 import trio
 
-from vnetd.daemon.probe_echo import probe
+from vnetd.daemon.probe_echo import _Echoes, probe
 
 MTU = 1420
 
@@ -72,3 +75,32 @@ async def test_nothing_answered_is_a_loss_within_the_bound() -> None:
         await sock.bind(("127.0.0.1", 0))  # bound, never read: every echo is lost
         found = await probe(socket.AF_INET, sock.getsockname(), MTU)
     assert (found.small, found.full, found.largest) == (None, None, None)
+    # Every attempt of both sizes was written (inner IP packets): what the sender's device
+    # must have sent, had the echoes reached it (the outbound-drop evidence).
+    assert found.written == 6 * (64 + MTU)
+
+
+class RefusingSocket:
+    """A socket whose every send fails with one errno."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    async def send(self, data: bytes) -> int:
+        raise OSError(self.code, os.strerror(self.code))
+
+
+@pytest.mark.parametrize(
+    ("code", "written"),
+    [
+        pytest.param(errno.EPERM, 64, id="a-firewall-rule-in-the-pod-dropped-it-written"),
+        pytest.param(errno.EMSGSIZE, 0, id="too-big-for-the-route-never-written"),
+        pytest.param(errno.EHOSTUNREACH, 0, id="no-route-never-written"),
+    ],
+)
+async def test_a_send_a_rule_refused_counts_as_written_and_no_other(
+    code: int, written: int
+) -> None:
+    echoes = _Echoes(RefusingSocket(code), socket.AF_INET)  # type: ignore[arg-type]
+    await echoes._send(64)
+    assert echoes.written == written

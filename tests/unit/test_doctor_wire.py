@@ -27,10 +27,19 @@ from vnetd.model import Member
 def test_a_row_survives_the_wire() -> None:
     row = Row(3, "pod3", "k" * 44, 1420, {
         1: PeerSeen(1, "a" * 44, "198.18.0.2:51820", 4.5, 10, 20, 0.001, None, 1300, 96,
-                    lag=1.25, echoed=3),
+                    lag=1.25, echoed=3, written=8904, sent=92),
         2: PeerSeen(2),
     })  # fmt: skip
     assert decode_row(encode_row(row)) == row
+
+
+def test_a_row_of_a_daemon_without_write_counts_decodes_with_none_written() -> None:
+    """``written`` and ``sent`` are optional on the wire: a row from an older daemon
+    decodes (0, no outbound evidence), and an older doctor ignores them."""
+    line = (b'{"v":1,"rank":3,"instance":"pod3","public_key":"k","mtu":1420,'
+            b'"peers":[{"rank":1,"key":"a","delivered":96,"echoed":3}]}')  # fmt: skip
+    seen = decode_row(line).peers[1]
+    assert (seen.written, seen.sent, seen.delivered, seen.echoed) == (0, 0, 96, 3)
 
 
 def test_a_request_survives_the_wire_and_bad_ones_are_refused() -> None:

@@ -13,12 +13,13 @@ sockets because the protocol is one datagram each way.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import random
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -40,6 +41,8 @@ trip, room for a late answer from a loaded host or a first handshake, and inside
 row's deadline with room for bisection after it."""
 LAST_SEND = ECHO_WAIT - 0.5
 """The latest an attempt is sent, jitter included, so that its answer has time to come."""
+REFUSED_BY_A_RULE = (errno.EPERM, errno.EACCES)
+"""What a send returns when netfilter drops the packet on its way out (``NF_DROP``)."""
 BISECT_AT = (0.0, 0.15)
 BISECT_WAIT = 0.4
 BISECT_STEPS = 7
@@ -68,6 +71,10 @@ class ProbeResult:
     small: float | None = None
     full: float | None = None
     largest: int | None = None
+    written: int = 0
+    """Bytes of echoes written to the socket (inner IP packets): sends that passed, and
+    those a firewall rule in this pod refused (``REFUSED_BY_A_RULE``); not those too big
+    for the route or with none."""
 
 
 @dataclass
@@ -81,6 +88,7 @@ class _Echoes:
     got: dict[int, float] = field(default_factory=dict)
     """Size -> round trip of the first answer of that size (any attempt)."""
     answered: trio.Event = field(default_factory=trio.Event)
+    written: int = 0
 
     async def receive(self) -> None:
         """Record every answer until cancelled (the probe's whole life)."""
@@ -127,8 +135,12 @@ class _Echoes:
         self.sent[size, attempt] = time.monotonic()
         try:
             await self.sock.send(payload)
-        except OSError:
-            pass  # EMSGSIZE, no route: counted as lost
+        except OSError as exc:
+            if exc.errno not in REFUSED_BY_A_RULE:
+                return  # too big for the route, no route: never written, counted as lost
+            # A firewall rule in this pod dropped it on its way out: counted as written,
+            # so the device's count, short of it, names where it went.
+        self.written += len(payload) + header_size(self.family)
 
 
 async def probe(family: int, address: tuple[str, int], mtu: int) -> ProbeResult:
@@ -145,7 +157,7 @@ async def probe(family: int, address: tuple[str, int], mtu: int) -> ProbeResult:
             nursery.start_soon(echoes.receive)
             result = await _sizes(echoes, mtu)
             nursery.cancel_scope.cancel()
-        return result
+        return replace(result, written=echoes.written)
 
 
 async def _sizes(echoes: _Echoes, mtu: int) -> ProbeResult:

@@ -204,6 +204,8 @@ class ProbeService:
                 delivered=(device.rx_bytes - old.rx_bytes) if device and old else 0,
                 lag=round(lag.worst, 3),
                 echoed=heard[str(self.spec.address(rank))],
+                written=found.written,
+                sent=(device.tx_bytes - (old.tx_bytes if old else 0)) if device else 0,
             )
         if lag.worst > LAG_LIMIT:
             log.warning(

@@ -255,7 +255,12 @@ def _no_echo(evidence: Evidence, source: int, target: int, seen: PeerSeen | None
     lagged = _lagged(evidence, source, target)
     if lagged and not (seen is not None and seen.key and seen.handshake_age is None):
         return Verdict(source, target, OVERLOADED, f"no echo passed; {lagged}")
-    dropped = _inner_dropped(evidence, source, target) or _inner_dropped(evidence, target, source)
+    dropped = (
+        _outbound_dropped(evidence, source, target)
+        or _outbound_dropped(evidence, target, source)
+        or _inner_dropped(evidence, source, target)
+        or _inner_dropped(evidence, target, source)
+    )
     if dropped:
         return Verdict(source, target, NO_DATA, dropped)
     stale = _stale(evidence, source, target, seen) or _stale(evidence, target, source, back)
@@ -304,6 +309,33 @@ def _inner_dropped(evidence: Evidence, sender: int, at: int) -> str:
         f"rank {at}'s device received {seen.delivered} B from rank {sender} while probing, "
         f"but no echo or answer from it reached rank {at}'s sockets: inner traffic from "
         f"rank {sender} is dropped in rank {at}'s pod"
+    )
+
+
+def _outbound_dropped(evidence: Evidence, at: int, peer: int) -> str:
+    """Why inner packets from ``at`` to ``peer`` are dropped in ``at``'s pod on their way
+    out, or "".
+
+    ``at``'s probe wrote at least ``SMALL`` bytes of echoes to ``peer``, none came back,
+    and a session with ``peer`` is up (so the device sends what it is given at once),
+    yet the device sent fewer bytes to ``peer`` than the echoes alone would have made
+    (each leaves it as its size plus 32 or more). Loss on the underlay happens after
+    the device's count; only something between this pod's sockets and its device (a
+    firewall rule on the overlay interface, a qdisc) keeps them from it. Tried before
+    ``_inner_dropped``: the few handshake and keepalive bytes such a pod still sends
+    its peer must not name the peer's pod."""
+    row = evidence.rows.get(at)
+    seen = row.peers.get(peer) if row is not None else None
+    if seen is None or seen.small_rtt is not None or seen.written < SMALL:
+        return ""
+    age = seen.handshake_age
+    if age is None or age >= SESSION_LIFETIME or seen.sent >= seen.written:
+        return ""
+    return (
+        f"rank {at}'s probe wrote {seen.written} B of echoes to rank {peer} while probing, "
+        f"but its device sent only {seen.sent} B to it (a session is up): inner traffic "
+        f"to rank {peer} is dropped in rank {at}'s pod, on its way out to "
+        f"{evidence.spec.interface}"
     )
 
 

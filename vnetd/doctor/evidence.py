@@ -59,6 +59,15 @@ class PeerSeen:
     echoed: int = 0
     """Echoes from that rank (its primary overlay address) this daemon's service received
     while it probed: proof that its inner packets reach this pod's sockets."""
+    written: int = 0
+    """Bytes of echoes (inner IP packets) this daemon's probe wrote to that rank's address:
+    sends that passed or that a firewall rule in the pod refused, not those too big for
+    the route or with none. Optional on the wire (0: an older daemon, or nothing written)."""
+    sent: int = 0
+    """Bytes the device sent to that peer while the probe ran. Every inner packet that
+    reaches the device leaves it as at least its size plus 32 bytes, so ``sent`` below
+    ``written`` on a session that is up shows echoes dropped in this pod on their way
+    out, before its device. Optional on the wire."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,8 @@ def _peer(data: Mapping[str, Any]) -> PeerSeen:
         delivered=int(data.get("delivered", 0)),
         lag=float(data.get("lag", 0.0)),
         echoed=int(data.get("echoed", 0)),
+        written=int(data.get("written", 0)),
+        sent=int(data.get("sent", 0)),
     )
 
 
