@@ -65,7 +65,12 @@ from vnetd.render.pods import (
     with_etcd_tls,
     with_underlay_choice,
 )
-from vnetd.render.rank_certs import check_job_pod_names, refuse_for_daemonset, with_rank_cert
+from vnetd.render.rank_certs import (
+    check_job_pod_names,
+    check_no_pinned_gateway,
+    refuse_for_daemonset,
+    with_rank_cert,
+)
 from vnetd.render.site_manifests import etcd_args, site_objects, site_part, vnetd_site_args
 from vnetd.spec import MeshSpec, parse_spec
 
@@ -152,6 +157,8 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
     part = site_part(spec, options.mode, options.site, options.ranks)
     if options.mode == "sidecar":
         job = job_name(spec)
+        ranks = range(spec.size) if part is None else range(part.first, part.last + 1)
+        check_no_pinned_gateway(spec, ranks)
         if spec.rank_ca and (part is None or part.first == 0):
             check_job_pod_names(spec, job)
         data = {SPEC_KEY: spec_toml, BOOTSTRAP_KEY: render_flux(spec)}

@@ -91,6 +91,23 @@ def check_job_pod_names(spec: MeshSpec, job: str) -> None:
         )
 
 
+def check_no_pinned_gateway(spec: MeshSpec, ranks: range) -> None:
+    """Refuse rank certificates for pods of ``ranks`` whose signing key the spec pins.
+
+    Raises:
+        SpecError: a gateway among ``ranks`` has ``gateway_keys``: the driver makes a new
+            key per pod, which is never the pinned one, so readers would refuse it.
+    """
+    pinned = [rank for rank in ranks if spec.pinned_key(rank) is not None]
+    if spec.rank_ca and pinned:
+        site = spec.site_of_gateway(pinned[0])
+        raise SpecError(
+            f"sites.{site}.gateway_keys: rank {pinned[0]}'s signing key is pinned, and with "
+            "mesh.rank_ca each pod signs with the key the csi-driver makes for it, never the "
+            "pinned one; drop the pin (the rank certificate vouches for the key) or rank_ca"
+        )
+
+
 def with_rank_cert(spec: MeshSpec, container: Obj, volumes: list[Obj]) -> None:
     """Add the flags and the csi-driver's volume to the vnetd ``container`` (and to the
     pod's ``volumes``) when the spec pins ``rank_ca``; nothing otherwise."""

@@ -23,6 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from cryptography.x509.oid import NameOID
+from render_fixtures import BURST_TOML
 
 from vnetd.control import rank_cert
 from vnetd.control.proof import Signer
@@ -250,3 +251,22 @@ def test_the_documented_rank_ca_objects_are_the_issuer_the_pods_name():
         "readOnly": True,
         "volumeAttributes": rank_certs.volume_attributes(example),
     }
+
+
+def test_a_pinned_gateway_key_and_rank_certificates_are_refused_together():
+    """The csi-driver makes each pod a new key, never the one ``gateway_keys`` pins."""
+    pin = Signer.generate().public_key
+    text = (
+        BURST_TOML.replace(
+            "site_keepalive = 25", f'site_keepalive = 25\nrank_ca = ["{CA.public_key}"]'
+        )
+        + f'gateway_keys = {{ 32 = "{pin}" }}\n'
+    )
+    spec = spec_of(text)
+    with pytest.raises(SpecError, match=r"^sites\.b\.gateway_keys: rank 32's signing key"):
+        render_manifests(spec, text, ManifestOptions(site="b", ranks="32-63"))
+    with pytest.raises(SpecError, match=r"^sites\.b\.gateway_keys"):
+        render_manifests(spec, text)
+    objects = list(yaml.safe_load_all(render_manifests(spec, text, ManifestOptions(
+        site="a", ranks="0-31"))))  # fmt: skip
+    assert rank_cert_volume(pod_of(objects, "Job"))["name"] == rank_certs.VOLUME
