@@ -14,7 +14,11 @@ its user (``runAsUser``, else the image's user), with its capabilities as
 the bounding set and ``no_new_privs`` when privilege escalation is off; a
 ``privileged`` container runs as root with every capability. A pod's
 ``fsGroup`` owns its Secret and ConfigMap files, and is its containers' one
-supplementary group, as the kubelet does it.
+supplementary group, as the kubelet does it. A ``csi`` volume of cert-manager's
+csi-driver (``csi.cert-manager.io``) is what the driver would write on the node
+(``csi_driver_files``: an Ed25519 key made for the pod, a certificate from the
+test's CA with the URI SAN templated from the pod, both 0440), and only with
+``csi.readOnly: true``, without which the driver refuses the volume.
 
 Not emulated: seccomp, the container's own root filesystem (one mount
 namespace per pod), resource limits, probes (callers wait themselves).
@@ -38,6 +42,7 @@ from typing import Any
 
 import trio
 
+from vnetd.control.proof import Signer
 from vnetd.lab.open_lab import ETCD_IP, Lab, LabProcess, Pod
 from vnetd.render.pods import FLUX_IMAGE
 
@@ -62,6 +67,50 @@ def expand(value: str, env: Mapping[str, str]) -> str:
         return env[name] if name in env else match.group(0)
 
     return _VAR.sub(one, value)
+
+
+CSI_DRIVER = "csi.cert-manager.io"
+_POD_VARS = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+
+
+def csi_driver_files(attributes: Mapping[str, str], pod: Mapping[str, str], ca: Signer,
+                     *, days: float = 1.0) -> dict[str, bytes]:  # fmt: skip
+    """``tls.key`` and ``tls.crt`` as cert-manager's csi-driver writes them for a pod whose
+    ``POD_NAME``, ``POD_NAMESPACE``, ``POD_UID`` and ``SERVICE_ACCOUNT_NAME`` are ``pod``:
+    the attributes' URI SANs expanded as Go's ``os.Expand`` (another variable is an
+    error), an Ed25519 key (PKCS8 PEM), no subject, signed by ``ca``."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+    from cryptography.x509.oid import NameOID
+
+    assert attributes[f"{CSI_DRIVER}/key-algorithm"] == "Ed25519", attributes
+
+    def one(match: re.Match[str]) -> str:
+        return pod[match.group(1) or match.group(2)]  # KeyError: the driver refuses it too
+
+    uris = [_POD_VARS.sub(one, uri.strip())
+            for uri in attributes[f"{CSI_DRIVER}/uri-sans"].split(",")]  # fmt: skip
+    key = Ed25519PrivateKey.generate()
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lab rank CA")]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(days=days))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(u) for u in uris]),
+            critical=True,
+        )  # fmt: skip
+        .sign(ca.private_key, None)
+    )
+    pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    return {"tls.key": pem, "tls.crt": cert.public_bytes(Encoding.PEM)}
 
 
 def image_name(image: str) -> str:
@@ -149,8 +198,10 @@ def materialize_volumes(
     root: Path,
     config_maps: Mapping[str, Obj],
     secrets: Mapping[str, Mapping[str, bytes]],
+    csi: Mapping[str, Mapping[str, bytes]] | None = None,
 ) -> dict[str, Path | None]:
-    """A directory per volume of the pod (None: a host device already in place)."""
+    """A directory per volume of the pod (None: a host device already in place);
+    ``csi``: volume name -> the files its driver writes (``csi_driver_files``)."""
     sources: dict[str, Path | None] = {}
     group = spec.get("securityContext", {}).get("fsGroup", -1)
     for volume in spec.get("volumes", []):
@@ -177,6 +228,12 @@ def materialize_volumes(
                 (target / key).write_bytes(value)
                 (target / key).chmod(volume["secret"].get("defaultMode", 0o644))
                 os.chown(target / key, -1, group)
+        elif "csi" in volume:
+            assert volume["csi"]["driver"] == CSI_DRIVER, volume
+            assert volume["csi"].get("readOnly") is True, f"{name}: the driver refuses it"
+            for file, value in (csi or {})[name].items():
+                (target / file).write_bytes(value)
+                (target / file).chmod(0o440)  # csi-lib's mode, owner root
         elif "emptyDir" in volume:
             target.chmod(0o777)
         sources[name] = target
@@ -232,10 +289,11 @@ async def start_pod(
     config_maps: Mapping[str, Obj],
     secrets: Mapping[str, Mapping[str, bytes]],
     overrides: dict[str, dict[str, str]] | None = None,
+    csi: Mapping[str, Mapping[str, bytes]] | None = None,
 ) -> KubePod:
     """The pod's sandbox with its volumes mounted; no container started yet."""
     root = pod.dir / "kube"
-    sources = materialize_volumes(spec, root, config_maps, secrets)
+    sources = materialize_volumes(spec, root, config_maps, secrets, csi)
     sandbox = await lab.start(pod, ["sleep", "3600"], hostname=hostname)
     # Its namespaces are final once the wrapper (ip netns exec, unshare, sh) has
     # exec'd sleep; mounts made before that would land in a namespace it leaves.

@@ -315,3 +315,80 @@ def test_flux_stub_checks_the_certificate_as_flux_core_does(
         assert result.returncode == (0 if "would start" in message else 1)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_job_pods_run_with_their_own_rank_certificates(shims: Path, tmp_path: Path):
+    """The sidecar manifests rendered from manifests/sidecar/mesh.toml with ``rank_ca``
+    pinned: each pod's csi-driver volume holds a certificate issued for its own pod name
+    (``<job>-<index>-xxxxx``) by the pinned CA, vnetd signs with that key and carries the
+    certificate, and every reader takes every rank (``vnetd wait --ranks all``); a pod of
+    index 3 whose volume holds a certificate for index 2's pod name exits 2 naming it."""
+    from kube_pods import csi_driver_files
+
+    from vnetd.control.proof import Signer
+    from vnetd.render.manifests import render_manifests
+    from vnetd.render.rank_certs import VOLUME
+    from vnetd.spec import load_spec
+
+    ca = Signer.generate()
+    source = (ROOT / "manifests" / "sidecar" / "mesh.toml").read_text()
+    text = source.replace('hostname = "{name}-{rank}"',
+                          f'hostname = "{{name}}-{{rank}}"\nrank_ca = ["{ca.public_key}"]', 1)  # fmt: skip
+    (tmp_path / "mesh.toml").write_text(text)
+    objects = by_kind(list(yaml.safe_load_all(
+        render_manifests(load_spec(tmp_path / "mesh.toml"), text))))  # fmt: skip
+    (job,) = objects["Job"]
+    spec = job["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == VOLUME]
+    attributes = volume["csi"]["volumeAttributes"]
+    config_maps = {c["metadata"]["name"]: c for c in objects["ConfigMap"]}
+    name, size = job["metadata"]["name"], job["spec"]["completions"]
+
+    def issued(pod_name: str) -> dict[str, dict[str, bytes]]:
+        pod = {"POD_NAME": pod_name, "POD_NAMESPACE": "hpc", "POD_UID": f"uid-{pod_name}",
+               "SERVICE_ACCOUNT_NAME": "default"}  # fmt: skip
+        return {VOLUME: csi_driver_files(attributes, pod, ca)}
+
+    with trio.fail_after(240):
+        async with open_lab(size + 3, with_etcd=False) as lab:
+            secrets = await start_tls_etcd(lab, tmp_path)
+            secrets[f"{name}-curve-cert"] = {"curve.cert": CURVE_CERT}
+            await run_auth_jobs(lab, lab.pods[size : size + 2], shims, provision_job("sidecar"),
+                                config_maps, secrets)  # fmt: skip
+            env = {"PATH": f"{shims}:{PATH}"}
+            pods: list[KubePod] = []
+            for index, pod in enumerate(lab.pods[:size]):
+                pod_name = f"{name}-{index}-ab12{index}"
+                pods.append(await start_pod(
+                    lab, pod, spec, hostname=f"{name}-{index}",
+                    fields={"status.podIP": pod.underlay_ip, "metadata.name": pod_name},
+                    extra_env={**env, "JOB_COMPLETION_INDEX": str(index)},
+                    config_maps=config_maps, secrets=secrets, csi=issued(pod_name),
+                ))  # fmt: skip
+            for kube in pods:
+                await kube.run_to_end("flux-curve-cert")
+                await kube.start("vnetd")
+            gate = await pods[0].lab.run(
+                pods[0].pod,
+                ["env", "-i", f"PATH={shims}:{PATH}", *pods[0].privileges(pods[0].container("vnetd")),
+                 "vnetd", "wait", "--config", "/etc/vnetd/mesh.toml", "--ranks", "all",
+                 "--timeout", "60"],
+                90, beside=pods[0].sandbox,
+            )  # fmt: skip
+            assert gate.returncode == 0, gate.stdout.decode() + gate.stderr.decode()
+            for kube in pods:
+                daemon = kube.running["vnetd"].log_text()
+                assert kube.running["vnetd"].returncode is None, daemon
+                assert "Traceback" not in daemon and "bad entr" not in daemon, daemon
+            wrong = await start_pod(
+                lab, lab.pods[size + 2], spec, hostname=f"{name}-3",
+                fields={"status.podIP": lab.pods[size + 2].underlay_ip,
+                        "metadata.name": f"{name}-3-zz999"},
+                extra_env={**env, "JOB_COMPLETION_INDEX": "3"},
+                config_maps=config_maps, secrets=secrets, csi=issued(f"{name}-2-zz999"),
+            )  # fmt: skip
+            process = await wrong.start("vnetd")
+            assert await wait_exit(process, 60) == 2
+            log = process.log_text()
+            print(log.strip().splitlines()[-1])
+            assert f"field cert names pod hpc/{name}-2-zz999, not rank 3" in log, log

@@ -119,6 +119,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.render.pods": VIEWS,
     "vnetd.render.podscripts": VIEWS,
     "vnetd.render.secretfiles": VIEWS,
+    "vnetd.render.rank_certs": VIEWS,
     "vnetd.render.site_manifests": VIEWS,
     "vnetd.render.wgquick": VIEWS,
     "vnetd.status": VIEWS,

@@ -15,6 +15,10 @@ objects that run the mesh, so size, names and ports cannot drift apart.
   labelled node (``--rank auto``), of the PriorityClass
   ``manifests/daemonset/priorityclass.yaml`` defines.
 
+Where the spec pins ``[mesh] rank_ca``, each sidecar mounts its pod's own rank
+certificate (``rank_certs``); a DaemonSet, whose rank is chosen at run time, is
+refused.
+
 With ``--site`` or ``--ranks`` the sidecar objects become one site's part
 (``site_manifests``); without them the output is the whole mesh's.
 
@@ -60,6 +64,12 @@ from vnetd.render.pods import (
     vnetd_container,
     with_etcd_tls,
     with_underlay_choice,
+)
+from vnetd.render.rank_certs import (
+    check_job_pod_names,
+    check_no_pinned_gateway,
+    refuse_for_daemonset,
+    with_rank_cert,
 )
 from vnetd.render.site_manifests import etcd_args, site_objects, site_part, vnetd_site_args
 from vnetd.spec import MeshSpec, parse_spec
@@ -147,6 +157,10 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
     part = site_part(spec, options.mode, options.site, options.ranks)
     if options.mode == "sidecar":
         job = job_name(spec)
+        ranks = range(spec.size) if part is None else range(part.first, part.last + 1)
+        check_no_pinned_gateway(spec, ranks)
+        if spec.rank_ca and (part is None or part.first == 0):
+            check_job_pod_names(spec, job)
         data = {SPEC_KEY: spec_toml, BOOTSTRAP_KEY: render_flux(spec)}
         objects = [
             _config_map(spec, data),
@@ -156,6 +170,7 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
         if part is not None:
             return site_objects(spec, part, objects, image)
         return [*objects, disruption_budget(spec, job, labels(spec, "sidecar"))]
+    refuse_for_daemonset(spec)
     data = {SPEC_KEY: spec_toml}
     daemons = _daemon_set(spec, image, port, _digest(data), etcd_args(options.etcd))
     return [_config_map(spec, data), daemons]
@@ -308,6 +323,7 @@ def _job(spec: MeshSpec, job: str, image: str, port: int, digest: str, extra: li
         tun_volume(),
     ]
     with_etcd_tls(spec, sidecar, volumes)
+    with_rank_cert(spec, sidecar, volumes)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

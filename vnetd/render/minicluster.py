@@ -215,6 +215,7 @@ def render_minicluster(
     options = options or MiniClusterOptions()
     version = operator_version(options.operator_version)
     name = minicluster_name(spec)
+    _refuse_rank_certs(spec, version)
     port = http_port(spec)
     check_image(options.image, "--image")
     app_image = check_image(options.app_image or version.app_image, "--app-image")
@@ -260,6 +261,28 @@ def render_minicluster(
         objects.append(_mesh_policy(spec, port, options.monitoring_namespace))
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
     return header + yaml_stream(objects)
+
+
+RANK_CERT_GAPS = {
+    "0.2.1": "the Flux Operator 0.2.1 has no CSI volume for a container",
+    "0d75cef8": "the Flux Operator at 0d75cef8 writes a container's csiDriver volume "
+    "without csi.readOnly, which cert-manager's csi-driver refuses to mount",
+}
+"""Why each pinned version cannot give a pod its rank certificate (``rank_certs``): the
+operator's ``getExistingVolumes`` sets only the driver and attributes, the kubelet passes
+the volume's own ``csi.readOnly`` to the driver, and csi-lib's ``NodePublishVolume``
+refuses ``readOnly: false`` (docs/flux.md, "Credentials")."""
+
+
+def _refuse_rank_certs(spec: MeshSpec, version: OperatorVersion) -> None:
+    if not spec.rank_ca:
+        return
+    gap = RANK_CERT_GAPS.get(version.name, f"the Flux Operator {version.name} was not checked")
+    raise SpecError(
+        f"mesh.rank_ca: {gap}, so no MiniCluster pod can hold its rank certificate and "
+        "readers would refuse every record; render the mesh with `vnetd render manifests` "
+        "(an Indexed Job), or drop rank_ca for this mesh"
+    )
 
 
 def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions, app_image: str) -> Obj:
