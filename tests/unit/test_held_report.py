@@ -9,6 +9,7 @@ line name the entry; once the keeper stops, the lease ends and the new daemon cl
 
 from __future__ import annotations
 
+import base64
 import logging
 from pathlib import Path
 
@@ -16,13 +17,15 @@ import pytest
 import trio
 from test_daemon import Cluster
 
+from vnetd.control import rank_cert
 from vnetd.control.claim_attempt import Held, HeldBy
 from vnetd.control.membership import member_key
+from vnetd.control.proof import Signer
 from vnetd.model import Member
 from vnetd.observe.endpoints import DaemonEndpoints
 from vnetd.observe.metrics import DaemonMetrics
 from vnetd.registry.base import KeyValue
-from vnetd.spec import load_spec
+from vnetd.spec import load_spec, parse_spec
 
 
 def held_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -119,3 +122,20 @@ def test_held_by_keeps_since_only_while_the_same_entry_holds(
         "",
         200.0,
     )
+
+
+def test_held_by_names_the_pod_its_rank_certificate_names_where_a_rank_ca_is_pinned() -> None:
+    ca, holder = Signer.generate(), Signer.generate()
+    mesh: dict[str, object] = {"name": "m", "size": 4, "network": "10.0.0.0/24"}
+    pinned = parse_spec({"mesh": {**mesh, "rank_ca": [ca.public_key]}})
+    uri = "vnetd://m/flux/m-1-abcde/0f3c-uid-old"
+    cert = base64.b64encode(rank_cert.issue(ca, holder.public_key, uri, days=1)).decode()
+    member = Member(1, "A" * 43 + "=", None, "m-1-abcde", signing_key=holder.public_key, cert=cert)
+    entry = Held(member, KeyValue("k", b"v", 1, 1, 0x7F))
+    named = HeldBy.of(entry, None, 100.0, pinned)
+    assert named.holder == "pod flux/m-1-abcde (uid 0f3c-uid-old)"
+    assert named.entry() == f"signing key {holder.public_key[:12]}…, lease 7f, {named.holder}"
+    assert named.as_json(100.0)["holder"] == named.holder
+    assert HeldBy.of(entry, None, 100.0, parse_spec({"mesh": mesh})).holder == ""  # no CA
+    other = parse_spec({"mesh": {**mesh, "rank_ca": [Signer.generate().public_key]}})
+    assert HeldBy.of(entry, None, 100.0, other).holder == ""  # a CA that did not sign it
