@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -30,6 +31,7 @@ from test_scoped_credentials import as_user, secured_lab, tls_flags, vnetd_in
 from vnetd.control.membership import decode_member, encode_member, member_key
 from vnetd.control.proof import SIGNING_KEY_FILE, Signer, create_signer_file, load_signer
 from vnetd.lab.cluster import MeshLab, http_get
+from vnetd.lab.netns import signal_pid
 from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.lab.pods import LabProcess, Pod
 from vnetd.lab.underlay import ETCD_IP, ETCD_PORT
@@ -551,3 +553,74 @@ async def test_a_holder_displaced_under_a_live_lease_says_so_and_comes_back(lab:
         ping = await lab.run(mesh.pod(0), ["ping", "-c", "1", "-W", "2", mesh.address(1)], 5)
         assert ping.returncode == 0, ping.stdout.decode()
         assert mesh.dead_daemons() == {}
+
+
+async def test_a_dead_holder_s_lease_kept_alive_is_reported_and_its_replacement_waits(
+    lab: Lab,
+) -> None:
+    """Issue 44, fourth bullet: rank 1's daemon and its wireguard-go get SIGKILL (no
+    revoke) while the test, as an attacker would, keeps the rank's lease alive with
+    etcd's keepalive. A new daemon for rank 1 (another instance) waits and reports the
+    entry (log, /status ``self.held_by``, metric); ``vnetd doctor`` names
+    ``held_silent``, ``vnetd status`` beside the new daemon shows the old instance at
+    rank 1 and notes its device registered at no rank. Reported only: once the keeper
+    stops, the lease ends and the new daemon claims (docs/security.md)."""
+    with trio.fail_after(180):
+        mesh = await two_ranks(lab)
+        old, lease = mesh.pod(1).name, await lease_of_entry(mesh, 1)
+        wg_pid = mesh.wireguard_go_pid(1)
+        mesh.daemons[1].kill()
+        signal_pid(wg_pid, signal.SIGKILL)  # the pod is gone: its device with it
+        assert await mesh.daemons[1].wait(5) == -signal.SIGKILL
+        keeper = trio.CancelScope()
+
+        async def keep_alive() -> None:
+            with keeper:
+                while True:  # ends with the scope: cancelled below, or by fail_after
+                    await lab.etcdctl("lease", "keep-alive", "--once", f"{lease:x}")
+                    await trio.sleep(1.0)  # TTL is 5 s
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep_alive)
+            pod = mesh.pod(2)
+            argv = [sys.executable, "-m", "vnetd", "up", "--config", str(mesh.spec_path),
+                    "--rank", "1", "--state-dir", str(pod.state_dir),
+                    "--http-listen", f"127.0.0.1:{PORT}"]  # fmt: skip
+            new = await lab.start(pod, argv, {"POD_IP": pod.underlay_ip, "POD_NAME": pod.name})
+            await wait_log(new, f"rank 1 is held by {old}; waiting for its lease to end", 30)
+            await trio.sleep(3 * TTL)  # the kept-alive lease outlives three TTLs
+            assert "claimed rank 1 " not in new.log_text()
+            assert new.log_text().count("rank 1 is held by") == 1, "logged once"
+            status, body = await http_get(lab, pod, f"http://127.0.0.1:{PORT}/status")
+            assert status == 200
+            me = json.loads(body)["self"]
+            held = me["held_by"]
+            assert me["claim"] == "waiting" and held is not None, me
+            assert (held["instance"], held["lease"]) == (old, f"{lease:x}"), held
+            assert held["held_for_s"] >= 3 * TTL, held
+            _, metrics = await http_get(lab, pod, f"http://127.0.0.1:{PORT}/metrics")
+            assert re.search(rf'^vnetd_claim_held_seconds\{{instance="{old}",'
+                             rf'lease="{lease:x}",signing_key="[^"]+"\}} ', metrics, re.M)  # fmt: skip
+
+            doctor = await lab.run(mesh.pod(0), [sys.executable, "-m", "vnetd", "doctor",
+                                   "--config", str(mesh.spec_path), "--json", "--timeout",
+                                   "30"], 45)  # fmt: skip
+            print(doctor.stderr.decode()[-2000:])
+            report = json.loads(doctor.stdout)
+            text = json.dumps(report)
+            assert '"held_silent"' in text, text[:3000]
+            assert f"rank 1's entry (instance '{old}'" in text, text[:3000]
+
+            shown = await lab.run(pod, [sys.executable, "-m", "vnetd", "status", "--config",
+                                  str(mesh.spec_path)], 30, beside=new)  # fmt: skip
+            table = shown.stdout.decode()
+            print(table)
+            assert shown.returncode == 0, shown.stderr.decode()
+            assert "this device is registered at no rank" in table
+            row1 = next(line for line in table.splitlines() if line.split()[:1] == ["1"])
+            assert old in row1 and "registered" in row1, row1
+
+            keeper.cancel()  # reported, never acted on: the lease's end frees the rank
+            await wait_log(new, "claimed rank 1 ", 3 * TTL)
+        assert mesh.dead_daemons() == {1: -signal.SIGKILL}
+        assert new.returncode is None

@@ -104,6 +104,21 @@ def underlay_loss(ev: Evidence) -> Evidence:
     return with_seen(ev, 1, 0, **LOST, delivered=0, echoed=3, written=8904, sent=9600)
 
 
+def dead_holder(ev: Evidence, rank: int = 1, handshake_age: float | None = 40.0) -> Evidence:
+    """``rank``'s holder is gone, its entry live (a lease someone else keeps alive): no
+    row answers as it, and every prober got no echo and nothing from its key."""
+    ev = without_row(ev, rank)
+    for prober in ev.rows:
+        ev = with_seen(ev, prober, rank, small_rtt=None, full_rtt=None, largest=None,
+                       delivered=0, echoed=0, rx_bytes=0, handshake_age=handshake_age)  # fmt: skip
+    return ev
+
+
+def waiting_claimant(ev: Evidence, rank: int = 1) -> Evidence:
+    """A new daemon for ``rank`` (another instance, another key) answers at its address."""
+    return replace(ev, rows={**ev.rows, rank: Row(rank, f"pod{rank}-new", key(9), MTU, {})})
+
+
 CASES = [
     pytest.param(FLAT, lambda ev: ev, (0, 1), cause.OK, id="healthy"),
     pytest.param(FLAT, lambda ev: without_member(ev, 1), (0, 1), cause.NOT_REGISTERED,
@@ -118,6 +133,21 @@ CASES = [
                  id="registered-ranks-still-reach-each-other-while-full"),
     pytest.param(FLAT, lambda ev: full(with_seen(ev, 0, 1, full_rtt=None, largest=1300)),
                  (0, 1), cause.MTU_BLACK_HOLE, id="full-names-no-registered-pair"),
+    pytest.param(FLAT, dead_holder, (0, 1), cause.HELD_SILENT, id="held-silent-target"),
+    pytest.param(FLAT, dead_holder, (1, 0), cause.HELD_SILENT, id="held-silent-source"),
+    pytest.param(FLAT, lambda ev: dead_holder(ev, handshake_age=None), (2, 1),
+                 cause.HELD_SILENT, id="held-silent-never-shook-hands"),
+    pytest.param(FLAT, lambda ev: waiting_claimant(dead_holder(ev)), (0, 1), cause.HELD_SILENT,
+                 id="held-silent-before-claimed-twice-when-a-claimant-waits"),
+    pytest.param(FLAT, lambda ev: with_seen(dead_holder(ev), 2, 1, delivered=32), (0, 1),
+                 cause.LOSSY, id="not-silent-when-one-prober-received-from-the-key"),
+    pytest.param(FLAT, lambda ev: with_seen(dead_holder(ev), 3, 1, small_rtt=0.001), (0, 1),
+                 cause.LOSSY, id="not-silent-when-one-prober-got-an-echo"),
+    pytest.param(FLAT, lambda ev: replace(dead_holder(ev), rows={**dead_holder(ev).rows,
+                 1: healthy().rows[1]}), (0, 1), cause.LOSSY,
+                 id="not-silent-when-the-holder-answers-the-doctor"),
+    pytest.param(FLAT, lambda ev: dead_holder(without_row(without_row(ev, 2), 3)), (0, 1),
+                 cause.HELD_SILENT, id="one-prober-is-enough"),
     pytest.param(FLAT, lambda ev: replace(ev, members={**ev.members, 3: replace(
         ev.members[3], public_key=key(1))}), (0, 1), cause.CLAIMED_TWICE, id="key-under-two-ranks"),
     pytest.param(FLAT, lambda ev: replace(ev, rows={**ev.rows, 1: replace(
@@ -247,3 +277,12 @@ def test_the_gateway_hop_that_fails_is_named() -> None:
     ev = with_seen(healthy(SITES), 0, 3, small_rtt=None, full_rtt=None, largest=None)
     assert "gateway 2 → rank 3 fails" in classify(with_seen(ev, 2, 3, small_rtt=None), 0, 3).detail
     assert "rank 0 → gateway 2 fails" in classify(with_seen(ev, 0, 2, small_rtt=None), 0, 3).detail
+
+
+def test_held_silent_names_the_entry_and_what_it_cannot_tell_apart() -> None:
+    verdict = classify(waiting_claimant(dead_holder(healthy())), 0, 1)
+    assert "\n" not in verdict.detail
+    for words in ("rank 1's entry (instance 'pod1'", "3 daemons probing its key",
+                  "last handshake 40 s ago", "answers as instance 'pod1-new'",
+                  "lease kept alive by another client", "partition"):  # fmt: skip
+        assert words in verdict.detail

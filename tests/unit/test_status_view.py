@@ -20,6 +20,8 @@ from vnetd.status.view import (
     format_bytes,
     format_since,
     handshake_line,
+    held_notes,
+    is_silent,
     rank_rows,
     summary_line,
 )
@@ -133,6 +135,48 @@ def test_handshake_line():
         "device: 1/4 registered peers shook hands, never: 2; not on the device: 3, 4"
     )
     assert handshake_line(rank_rows(spec_of(6), members_of(0, 1), None, NOW)) is None
+
+
+@pytest.mark.parametrize(
+    ("peer", "silent"),
+    [
+        pytest.param(DevicePeer(key(1), (), None, 0.0, 0, 148), True, id="sent-never-shook-hands"),
+        pytest.param(
+            DevicePeer(key(1), (), None, NOW - 180, 92, 1480), True, id="sent-session-lifetime-ago"
+        ),  # fmt: skip
+        pytest.param(
+            DevicePeer(key(1), (), None, NOW - 179, 92, 1480),
+            False,
+            id="shook-hands-within-the-session-lifetime",
+        ),  # fmt: skip
+        pytest.param(DevicePeer(key(1), (), None, 0.0, 0, 0), False, id="nothing-sent"),
+    ],
+)
+def test_a_registered_peer_sent_to_without_a_recent_handshake_is_silent(peer, silent):
+    rows = rank_rows(spec_of(3), members_of(0, 1), {key(1): peer}, NOW, local_key=key(0))
+    assert is_silent(rows[1]) is silent
+    notes = held_notes(rows, NOW)
+    assert bool(notes) is silent
+    if silent:
+        assert notes[0].startswith("silent: rank 1 (instance 'pod1', since 22:12:20 (1 min 0 s))")
+        assert "held_silent" in notes[0] and "partition" in notes[0]
+        table = io.StringIO()
+        print_plain(plain_console(table), status_renderable(spec_of(3), rows, NOW, plain=True))
+        assert "(silent)" in table.getvalue() and "silent: rank 1" in table.getvalue()
+        assert notes[0] in as_json(spec_of(3), members_of(0, 1), {key(1): peer}, NOW,
+                                   local_key=key(0))["notes"]  # fmt: skip
+
+
+def test_a_device_registered_at_no_rank_is_noted():
+    device = {key(1): DevicePeer(key(1), (), None, NOW - 3, 92, 148)}
+    rows = rank_rows(spec_of(3), members_of(0, 1), device, NOW, local_key=key(9))
+    assert held_notes(rows, NOW) == [
+        "this device is registered at no rank: its daemon has not claimed one (a claim that "
+        "waits names the rank's holder in its log and in /status self.held_by)"
+    ]
+    assert held_notes(rank_rows(spec_of(3), members_of(0, 1), None, NOW), NOW) == []
+    ours = rank_rows(spec_of(3), members_of(0, 1), device, NOW, local_key=key(0))
+    assert held_notes(ours, NOW) == []
 
 
 # --- text formats ---------------------------------------------------------------------------

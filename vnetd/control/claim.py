@@ -39,7 +39,7 @@ from typing import Literal
 
 import trio
 
-from vnetd.control.claim_attempt import Claimed, Held, try_claim
+from vnetd.control.claim_attempt import Claimed, Held, HeldBy, try_claim
 from vnetd.control.proof import Signer
 from vnetd.control.renewal import RenewalSchedule, renewal_interval
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
@@ -80,6 +80,8 @@ class ClaimHolder:
         self.state: ClaimState = "claiming"
         self.holder: str | None = None
         """Who holds the rank while we wait (an instance, or "an unreadable entry")."""
+        self.held_by: HeldBy | None = None
+        """That entry's instance, signing key, lease and since when (None: not waiting)."""
         self.displaced = 0
         """How many times another holder took the rank while our lease lived."""
         self.restores = 0
@@ -162,7 +164,7 @@ class ClaimHolder:
 
     async def _claim(self) -> None:
         backoff = Backoff()
-        waiting_on: str | None = None
+        waiting_on: tuple[str, str] | None = None
         while True:
             try:
                 me, result = await retry_registry("claim", self._try_claim, self.health, backoff)
@@ -176,6 +178,7 @@ class ClaimHolder:
                 self.claims += 1
                 self.claimed_at = time.time()
                 self.state, self.holder, self._lost_with_lease = "claimed", None, False
+                self.held_by = None
                 how = "took over its own entry" if result.took_over else "created the entry"
                 if result.replaced:  # a writer's doing, which readers refuse: a warning
                     how = f"took over {result.replaced}"
@@ -190,7 +193,8 @@ class ClaimHolder:
                 )
                 self.claimed.set()
                 return
-            holder = result.holder.instance if result.holder else "an unreadable entry"
+            held_by = HeldBy.of(result, self.held_by, time.time(), self.spec)
+            holder, self.held_by = held_by.instance, held_by
             self.holder = holder
             if self._lost_with_lease and self.state != "displaced":
                 self.state = "displaced"
@@ -205,14 +209,15 @@ class ClaimHolder:
                 )
             elif self.state != "displaced":
                 self.state = "waiting"
-            if holder != waiting_on:
+            if (holder, held_by.signing_key) != waiting_on:  # once per holder
                 log.warning(
-                    "rank %d is held by %s%s; waiting for its lease to end",
+                    "rank %d is held by %s%s; waiting for its lease to end (%s)",
                     self.me.rank,
                     holder,
                     _why_held(result.holder, self.me),
+                    held_by.entry(),
                 )
-                waiting_on = holder
+                waiting_on = (holder, held_by.signing_key)
             await trio.sleep(min(1.0, self.ttl / 3))
 
     async def _try_claim(self) -> tuple[Member, Claimed | Held]:

@@ -20,6 +20,7 @@ from vnetd.control.membership import (
     member_key,
 )
 from vnetd.control.proof import Signer
+from vnetd.control.rank_cert import CACHE
 from vnetd.errors import RegistryError
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, Registry
@@ -43,6 +44,66 @@ class Held:
 
     holder: Member | None
     entry: KeyValue
+
+
+@dataclass(frozen=True)
+class HeldBy:
+    """Who holds the rank while our claim waits, and since when we see it held: what a
+    waiting claimant reports (``/status`` ``self.held_by``, a metric, one log line). It
+    only reports: a kept-alive lease of a dead holder and a live holder behind a
+    partition look the same from here (docs/security.md)."""
+
+    instance: str
+    """The holder's instance, or "an unreadable entry"."""
+    signing_key: str
+    """The first 12 characters of its signing key ("" when unsigned or unreadable)."""
+    lease: int
+    since: float
+    """Wall-clock time this claimant first found the rank held by this entry."""
+    holder: str = ""
+    """What its rank certificate names (``pod <namespace>/<name> (uid <uid>)``), if any."""
+
+    @classmethod
+    def of(cls, held: Held, before: HeldBy | None, now: float, spec: MeshSpec) -> HeldBy:
+        """``held`` as a report; ``since`` is kept while the same entry holds the rank."""
+        member = held.holder
+        instance = member.instance if member is not None else "an unreadable entry"
+        key = member.signing_key[:12] if member is not None else ""
+        same = before is not None and (before.instance, before.signing_key, before.lease) == (
+            instance,
+            key,
+            held.entry.lease,
+        )
+        since = before.since if same and before is not None else now
+        return cls(instance, key, held.entry.lease, since, _cert_holder(member, spec))
+
+    def entry(self) -> str:
+        """``signing key AbC…, lease 7f3a``, for the log line."""
+        key = f"signing key {self.signing_key}…, " if self.signing_key else ""
+        cert = f", {self.holder}" if self.holder else ""
+        return f"{key}lease {self.lease:x}{cert}"
+
+    def as_json(self, now: float) -> dict[str, object]:
+        return {
+            "instance": self.instance,
+            "signing_key": self.signing_key,
+            "lease": f"{self.lease:x}",
+            "holder": self.holder or None,
+            "since": self.since,
+            "held_for_s": round(max(0.0, now - self.since), 1),
+        }
+
+
+def _cert_holder(member: Member | None, spec: MeshSpec) -> str:
+    """What the holder's certificate names, when the spec pins a rank CA that signed it."""
+    if member is None or not member.cert or not spec.rank_ca:
+        return ""
+    found = CACHE.lookup(member.cert, spec)
+    if isinstance(found, str):
+        return ""
+    if len(found.holder) == 3:
+        return f"{found.named} (uid {found.holder[2]})"
+    return found.named
 
 
 def next_seq(after: int) -> int:

@@ -22,6 +22,7 @@ from vnetd.spec import MeshSpec
 OK = "ok"
 REGISTRY_FULL = "registry_full"
 NOT_REGISTERED = "not_registered"
+HELD_SILENT = "held_silent"
 CLAIMED_TWICE = "claimed_twice"
 KEY_MISMATCH = "key_mismatch"
 NOT_ON_DEVICE = "not_on_device"
@@ -40,6 +41,7 @@ SESSION_LIFETIME = 180.0
 CAUSES = (
     REGISTRY_FULL,
     NOT_REGISTERED,
+    HELD_SILENT,
     CLAIMED_TWICE,
     KEY_MISMATCH,
     NOT_ON_DEVICE,
@@ -90,6 +92,17 @@ class Evidence:
         return list(self._holders.get(key or "", ()))
 
     @cached_property
+    def silent(self) -> dict[int, str]:
+        """Rank -> why its live entry looks held by no live daemon (``held_silent``),
+        built once for the run."""
+        found = {}
+        for rank, member in self.members.items():
+            detail = _held_silent(self, rank, member)
+            if detail:
+                found[rank] = detail
+        return found
+
+    @cached_property
     def _holders(self) -> dict[str, tuple[int, ...]]:
         """Public key -> its ranks, built once: ``classify`` asks for every ordered pair,
         and a scan of the members each time made a run O(N³) (minutes at 1024 ranks)."""
@@ -115,6 +128,9 @@ def classify(evidence: Evidence, source: int, target: int) -> Verdict:
             )
         if rank not in members:
             return verdict(NOT_REGISTERED, f"rank {rank} has no entry in the registry")
+    for rank in (source, target):
+        if rank in evidence.silent:
+            return verdict(HELD_SILENT, evidence.silent[rank])
     for rank in (source, target):
         problem = _claim_problem(evidence, rank)
         if problem:
@@ -162,6 +178,36 @@ def classify(evidence: Evidence, source: int, target: int) -> Verdict:
                 hop = _gateway_hop(evidence, target, source, holders[0])
                 return Verdict(source, target, GATEWAY_HOP, f"on the way back: {hop.detail}")
     return _no_echo(evidence, source, target, seen)
+
+
+def _held_silent(evidence: Evidence, rank: int, member: Member) -> str:
+    """Why ``rank``'s live entry looks held by no live daemon, or "".
+
+    No daemon answered the doctor as the entry's instance, and every daemon that
+    probed the entry's key got no echo and received nothing from it while probing
+    (a live device answers an echo, or at least a keepalive or handshake). A report
+    only: a holder behind a partition looks the same (docs/security.md)."""
+    row = evidence.rows.get(rank)
+    if row is not None and row.instance == member.instance:
+        return ""
+    probes = [seen for r, other in evidence.rows.items() if r != rank
+              if (seen := other.peers.get(rank)) is not None
+              and seen.key == member.public_key]  # fmt: skip
+    if not probes or any(seen.small_rtt is not None or seen.delivered for seen in probes):
+        return ""
+    ages = [seen.handshake_age for seen in probes if seen.handshake_age is not None]
+    last = "never" if not ages else f"{min(ages):.0f} s ago"
+    who = (
+        f"its address answers as instance {row.instance!r} (a claimant waiting for the rank?)"
+        if row is not None
+        else "no daemon answers as it"
+    )
+    return (
+        f"rank {rank}'s entry (instance {member.instance!r}, key {_short(member.public_key)}) "
+        f"is live but {len(probes)} daemons probing its key got no echo and received nothing "
+        f"from it (last handshake {last}); {who}: its holder may be gone with its lease kept "
+        "alive by another client, or cut off by a partition"
+    )
 
 
 def _claim_problem(evidence: Evidence, rank: int) -> str:

@@ -159,6 +159,7 @@ class DaemonEndpoints:
             "claimed": r is not None and r.claim.state == "claimed",
             "claim": r.claim.state if r is not None else "claiming",
             "holder": r.claim.holder if r is not None else None,
+            "held_by": _held_by(r, document["time"]),
             "spec_differs": r.claim.spec_check.differs if r is not None else None,
             "black_holes": {str(rank): mtu for rank, mtu in sorted(self.black_holes.items())},
             "registry_full": r.health.full if r is not None else None,
@@ -174,6 +175,7 @@ class DaemonEndpoints:
         return {}
 
     async def _snapshot(self, r: RunningDaemon) -> Snapshot:
+        now = time.time()
         return Snapshot(
             members=len(r.view.members),
             peers=await self._device(r),
@@ -193,5 +195,12 @@ class DaemonEndpoints:
             registry_full=r.health.full is not None,
             registry_full_refusals=r.health.full_refusals,
             wireguard_restarts=restarts_of(r.dataplane),
-            now=time.time(),
+            held_by=_held_by(r, now),
+            now=now,
         )
+
+
+def _held_by(r: RunningDaemon | None, now: float) -> dict[str, object] | None:
+    """Who holds our rank while our claim waits (``claim_attempt.HeldBy``); else None."""
+    held = r.claim.held_by if r is not None and r.claim.state != "claimed" else None
+    return held.as_json(now) if held is not None else None

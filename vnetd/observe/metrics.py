@@ -43,6 +43,8 @@ class Snapshot:
     registry_full: bool = False
     registry_full_refusals: int = 0
     wireguard_restarts: int = 0
+    held_by: Mapping[str, object] | None = None
+    """Who holds our rank while our claim waits (``/status`` ``self.held_by``)."""
     now: float = 0.0
 
 
@@ -124,6 +126,16 @@ class _SnapshotCollector(Collector):
             "Times our entry, overwritten by another writer, was written back.",
             s.restores,
         )
+        held = GaugeMetricFamily(
+            "vnetd_claim_held_seconds",
+            "While our claim waits: seconds since we found the rank held by another entry, "
+            "labelled with its instance, signing key prefix and lease (absent: not waiting).",
+            labels=["instance", "signing_key", "lease"],
+        )
+        if s.held_by is not None:
+            labels = [str(s.held_by[name]) for name in ("instance", "signing_key", "lease")]
+            held.add_metric(labels, float(str(s.held_by["held_for_s"])))
+        yield held
         yield _gauge(
             "vnetd_spec_differs",
             "1 while the spec stored in the registry differs from the one this daemon "

@@ -24,6 +24,8 @@ from vnetd.status.view import (
     format_bytes,
     format_since,
     handshake_line,
+    held_notes,
+    is_silent,
     summary_line,
     utc_text,
 )
@@ -83,7 +85,7 @@ def status_renderable(
     device = handshake_line(rows)
     if device is not None:
         lines.append(Text(device))
-    lines += [Text(note, style="yellow") for note in notes]
+    lines += [Text(note, style="yellow") for note in [*notes, *held_notes(rows, now)]]
     return Group(*lines, table) if summary_first else Group(table, *lines)
 
 
@@ -116,6 +118,8 @@ def _device_cells(row: RankRow) -> list[str | Text]:
         handshake: str | Text = Text("never", style="yellow")
     else:
         handshake = f"{format_age(columns.handshake_age)} ago"
+    if is_silent(row):
+        handshake = Text(f"{handshake} (silent)", style="yellow")
     return [handshake, format_bytes(columns.rx_bytes), format_bytes(columns.tx_bytes)]
 
 

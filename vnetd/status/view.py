@@ -24,6 +24,12 @@ from vnetd.model import DevicePeer, Member
 from vnetd.ranks import format_ranks
 from vnetd.spec import DEFAULT_SITE, MeshSpec, SiteSpec
 
+SILENT_AFTER = 180.0
+"""WireGuard's session lifetime (REJECT_AFTER_TIME, s): a registered peer this device
+sent to without a handshake this recent is silent (``held_notes``)."""
+NAMED_AT_MOST = 5
+"""Silent ranks a note names one by one; more are counted."""
+
 SCHEMA_VERSION = 1
 """Bumped when a field of ``as_json``'s document changes meaning or goes away."""
 
@@ -206,6 +212,47 @@ def handshake_line(rows: Sequence[RankRow]) -> str | None:
     return line
 
 
+def is_silent(row: RankRow) -> bool:
+    """A registered peer this device sent to that has had no handshake within
+    ``SILENT_AFTER``: its holder may be gone while its lease is kept alive (or cut off)."""
+    columns = row.device
+    if row.member is None or columns is None or columns.role != "peer":
+        return False
+    age = columns.handshake_age
+    return columns.tx_bytes > 0 and (age is None or age >= SILENT_AFTER)
+
+
+def held_notes(rows: Sequence[RankRow], now: float) -> list[str]:
+    """Notes on entries that may be held by no live daemon, and on this device when it
+    is registered at no rank (its daemon's claim waits, or has not run yet). Reports
+    only: a holder behind a partition looks the same (docs/security.md)."""
+    notes = []
+    silent = [row for row in rows if is_silent(row)]
+    if silent:
+        named = ", ".join(_held_text(row, now) for row in silent[:NAMED_AT_MOST])
+        more = f" and {len(silent) - NAMED_AT_MOST} more" if len(silent) > NAMED_AT_MOST else ""
+        notes.append(
+            f"silent: {named}{more}: registered, but no handshake within {SILENT_AFTER:.0f} s "
+            "while this device sent to it (a holder gone with its lease kept alive by another "
+            "client, or cut off by a partition; vnetd doctor names held_silent)"
+        )
+    if any(row.device is not None for row in rows) and not any(
+        row.device is not None and row.device.role == "self" for row in rows
+    ):
+        notes.append(
+            "this device is registered at no rank: its daemon has not claimed one (a claim "
+            "that waits names the rank's holder in its log and in /status self.held_by)"
+        )
+    return notes
+
+
+def _held_text(row: RankRow, now: float) -> str:
+    member = row.member
+    assert member is not None
+    since = f", since {format_since(member.started, now)}" if member.started > 0 else ""
+    return f"rank {row.rank} (instance {member.instance!r}{since})"
+
+
 # --- text for the table ------------------------------------------------------------------
 
 
@@ -298,7 +345,7 @@ def as_json(
         "summary": summary_line(rows),
         "bad_entries": bad_entries,
         "device": None if device is None else {"public_key": local_key, "peers": len(device)},
-        "notes": list(notes),
+        "notes": [*notes, *held_notes(rows, now)],
         "ranks": [_row_json(row) for row in rows],
     }
 
