@@ -2,8 +2,9 @@
 
 Each version is a release tag or a commit, with the digest of its MiniCluster
 CRD; each fact vnetd relies on is a field here, read from that version's
-source, and ``tests/unit/render/test_operator_versions.py`` checks each one
-against the operator's own files stored under ``tests/unit/render/operator/``.
+source at ``commit``: ``scripts/check_operator_facts.py`` checks each one against a
+clone of the operator, and ``tests/unit/render/test_operator_versions.py`` those the
+stored CRD carries.
 Another version is refused with one line: the operator's scripts are
 internals (the line ``start.sh`` runs a container's command on, the marker
 ``wait.sh`` touches, where it copies the CURVE certificate) and change between
