@@ -153,12 +153,14 @@ def test_a_first_claim_that_decides_nothing_is_taken_unverified(verified: list[s
         pytest.param(lambda: put(PLAIN, 3, record(PLAIN, member(3, 4, THIEF), THIEF), 30, 21),
                      {3: THIEF}, id="rewritten-under-another-key"),
         pytest.param(lambda: delete(PLAIN, 3, 30), {}, id="its-entry-deleted"),
+        pytest.param(lambda: put(PLAIN, 5, encode_member(replace(member(5, 9, THIEF), signing_key="", seq=0)), 30, 30),
+                     {5: None}, id="an-unsigned-record-carries-its-key"),
         pytest.param(lambda: put(PLAIN, 3, record(PLAIN, member(3, 3, VICTIM), VICTIM), 30, 21),
                      {3: VICTIM}, id="the-named-key-rewrites-it"),  # the forgery's seq 99 ordered nothing
     ],
 )  # fmt: skip
 def test_an_unproven_forgery_is_verified_once_it_would_decide(
-    second: object, holder_after: dict[int, Signer], verified: list[str]
+    second: object, holder_after: dict[int, Signer | None], verified: list[str]
 ) -> None:
     """A forged first claim naming a key nobody carries decides nothing and is taken;
     once it would decide (its key carried again, its entry rewritten, its key's grace),
@@ -167,7 +169,7 @@ def test_an_unproven_forgery_is_verified_once_it_would_decide(
     view.apply(PLAIN, put(PLAIN, 3, forged(PLAIN, member(3, 9, VICTIM, seq=99), VICTIM), 20, 21))
     assert verified == [] and set(view.unproven) == {3}
     view.apply(PLAIN, second())  # type: ignore[operator]
-    signers = {rank: s.public_key for rank, s in holder_after.items()}
+    signers = {rank: s.public_key if s else "" for rank, s in holder_after.items()}
     assert {rank: m.signing_key for rank, m in view.members.items()} == signers and verified
     assert view.bindings.owner(key(9)) is None
     assert view.bad_total == 1
@@ -236,3 +238,15 @@ def test_a_replay_in_one_batch_is_still_refused() -> None:
     view = MemberView()
     view.apply_batch(PLAIN, events)
     assert view.members[1].seq == 6 and view.refused_total == 1
+
+
+def test_an_unsigned_copy_of_an_unproven_members_key_is_a_copy(verified: list[str]) -> None:
+    """The copy decides nothing by itself (no proof), but the member it copies is
+    verified then, so its key is bound and the copy ranks after it."""
+    view = MemberView()
+    view.apply(PLAIN, put(PLAIN, 3, record(PLAIN, member(3, 3, VICTIM), VICTIM), 20, 20))
+    assert set(view.unproven) == {3} and verified == []
+    copy = encode_member(replace(member(5, 3, THIEF), signing_key="", seq=0))
+    view.apply(PLAIN, put(PLAIN, 5, copy, 21, 21))
+    assert verified == [VICTIM.public_key] and view.bindings.copies == {5: key(3)}
+    assert view.created[5] > view.created[3] and not view.unproven

@@ -368,6 +368,8 @@ class MemberView:
             self._proven.pop(key, None)
             self._bad(key, exc, bad)
             return None
+        if self.unproven and self.bindings.carried(member):  # an unsigned copy too
+            self._prove_carriers(member)
         if waiting is not None:
             self._taken = waiting  # the same write again (a re-list): still unproven
         elif member.signing_key:  # one entry per rank key: a re-list verifies nothing twice
@@ -387,11 +389,19 @@ class MemberView:
             return True
         if not self.bindings.carried(member):
             return False
-        for other in [r for r in self.unproven if r in self.members]:
-            carrier = self.members[other]
-            if member.public_key == carrier.public_key or member.signing_key == carrier.signing_key:
-                self._prove(other, drop=True, bad=self.bad_entries)
+        self._prove_carriers(member)
         return True
+
+    def _prove_carriers(self, member: Member) -> None:
+        """Verify the unproven members at other ranks that carry ``member``'s public key
+        or signing key: one of them may be bound, or be the copy."""
+        for other in [r for r in self.unproven if r in self.members and r != member.rank]:
+            carrier = self.members[other]
+            signer = member.signing_key
+            if member.public_key == carrier.public_key or (
+                signer and signer == carrier.signing_key
+            ):
+                self._prove(other, drop=True, bad=self.bad_entries)
 
     def _prove(self, rank: int, *, drop: bool, bad: dict[str, str] | None) -> None:
         """Verify the proof of the member taken unproven at ``rank``: once verified its
