@@ -4,7 +4,8 @@
 Pure CPU, no lab: for a record as a daemon writes it, its size unsigned and
 signed, the time to encode it (the claim's side: once per claim or record
 update) and to decode it (every reader, once per watch event, and once per
-member in a list), and a reader's view taking one join (an event), a list of
+member in a list), and a reader's view taking one join (an event: a first claim,
+taken unproven, and the same record where its proof decides), a list of
 ``--size`` members into a fresh view (a start) and the same list again (a
 re-list, which verifies nothing it verified before), signed against unsigned.
 
@@ -105,7 +106,11 @@ def main() -> None:
         view.replace(spec, kvs, len(kvs))
         return lambda: view.replace(spec, kvs, len(kvs))
 
-    def join(values: list[bytes]) -> Callable[[], object]:
+    def join(values: list[bytes], *, decisive: bool = False) -> Callable[[], object]:
+        """A join event: a first claim of fresh keys at a free rank (its proof decides
+        nothing, so it is taken unproven), or (``decisive``) the same record as a rewrite
+        of the member at that rank (its proof is verified: docs/architecture.md,
+        "Proofs where they decide")."""
         kvs = [
             KeyValue(k, v, i + 1, i + 1, LEASE)
             for i, (k, v) in enumerate(zip(keys[:-1], values[:-1], strict=True))
@@ -114,8 +119,13 @@ def main() -> None:
         view.replace(spec, kvs, len(kvs))
         event = WatchEvent("put", keys[-1], values[-1], len(kvs) + 1, len(kvs) + 1, LEASE)
 
+        rank = len(kvs)
+
         def apply() -> None:
             view._proven.clear()  # each join is a record never verified before
+            view.unproven.clear()
+            if not decisive:
+                view._drop(rank)  # a free rank again (nothing to verify: cleared above)
             view.apply(spec, event)
 
         return apply
@@ -125,6 +135,7 @@ def main() -> None:
         "size": args.size,
         "join_event_unsigned_us": timed(join(unsigned), r, n),
         "join_event_signed_us": timed(join(signed), r, n),
+        "join_event_signed_decisive_us": timed(join(signed, decisive=True), r, n),
         "list_unsigned_ms": round(timed(listed(unsigned), list_rounds, n) / 1000, 2),
         "list_signed_ms": round(timed(listed(signed), list_rounds, n) / 1000, 2),
         "relist_unsigned_ms": round(timed(listed(unsigned, again=True), list_rounds, n) / 1000, 2),

@@ -187,6 +187,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.control.storm": CONTROL,
     "vnetd.control.watcher": CONTROL,
     "vnetd.control.member_view": CONTROL,
+    "vnetd.control.watch_batch": CONTROL,
     "vnetd.control.log_limit": CONTROL,
     "vnetd.observe": OBSERVE,
     "vnetd.observe.endpoints": OBSERVE,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
 from vnetd.model import Member
 
@@ -72,6 +72,10 @@ class RecordOrder:
             return None
         return None if member.seq == highest == 0 else highest
 
+    def knows(self, rank: int, signing_key: str) -> bool:
+        """Whether a record of ``signing_key`` was accepted at ``rank`` (its seq is compared)."""
+        return signing_key in self._ranks.get(rank, {})
+
     def highest(self, rank: int, signing_key: str) -> int:
         """The highest ``seq`` accepted from ``signing_key`` at ``rank`` (0: none)."""
         return self._ranks.get(rank, {}).get(signing_key, (0, 0))[0]
@@ -101,6 +105,8 @@ class KeyBindings:
         self._logged: dict[int, int] = {}
         self._signer: dict[str, str] = {}
         self._carriers: dict[str, int] = {}
+        self._signers: dict[str, int] = {}
+        """Signing key -> how many members in the view carry it (proven or not)."""
         self._until: dict[str, float] = {}
         self._expiring: deque[tuple[float, str]] = deque()
 
@@ -147,16 +153,31 @@ class KeyBindings:
         if member.signing_key and member.public_key not in self._signer:
             self._signer[member.public_key] = member.signing_key
 
-    def add(self, member: Member) -> None:
-        """``member`` is in the view now (it was not refused)."""
+    def carried(self, member: Member) -> bool:
+        """Whether a member in the view carries ``member``'s public key or signing key."""
+        return member.public_key in self._carriers or (
+            bool(member.signing_key) and member.signing_key in self._signers
+        )
+
+    def add(self, member: Member, *, proven: bool = True) -> None:
+        """``member`` is in the view now (it was not refused); its key is bound only when
+        its proof was verified (``proven``; an unsigned member binds nothing)."""
         key = member.public_key
         self._carriers[key] = self._carriers.get(key, 0) + 1
+        if member.signing_key:
+            self._signers[member.signing_key] = self._signers.get(member.signing_key, 0) + 1
         self._until.pop(key, None)
-        self.bind(member)
+        if proven:
+            self.bind(member)
 
     def remove(self, member: Member, grace: float) -> None:
         """``member`` left the view: its key stays bound for ``grace`` s if nobody carries it."""
         key = member.public_key
+        signs = self._signers.get(member.signing_key, 0) - 1
+        if signs > 0:
+            self._signers[member.signing_key] = signs
+        else:
+            self._signers.pop(member.signing_key, None)
         left = self._carriers.get(key, 0) - 1
         if left > 0:
             self._carriers[key] = left
@@ -167,12 +188,16 @@ class KeyBindings:
             self._until[key] = until
             self._expiring.append((until, key))
 
-    def recount(self, members: Iterable[Member], grace: float) -> None:
-        """The view was replaced by ``members`` (a list): carried keys as they are now."""
+    def recount(
+        self, members: Iterable[Member], grace: float, unproven: Container[int] = ()
+    ) -> None:
+        """The view was replaced by ``members`` (a list): carried keys as they are now;
+        the ranks in ``unproven`` bind nothing."""
         before = set(self._carriers)
         self._carriers = {}
+        self._signers = {}
         for member in members:
-            self.add(member)
+            self.add(member, proven=member.rank not in unproven)
         for key in before - set(self._carriers):
             if key in self._signer:
                 until = self._clock() + grace

@@ -15,7 +15,8 @@ import trio
 
 from vnetd.control.holders import KeyBindings, RecordOrder, may_rewrite
 from vnetd.control.log_limit import LogLimit
-from vnetd.control.membership import BadEntry, decode_member, describe, rank_of_key
+from vnetd.control.membership import BadEntry, check_proof, decode_member, describe, rank_of_key
+from vnetd.control.watch_batch import Unproven, last_per_key
 from vnetd.model import Member
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.spec import MeshSpec
@@ -72,6 +73,13 @@ class MemberView:
         self._grace = 0.0
         self._proven: dict[str, tuple[int, bytes]] = {}
         """Rank key -> (lease, digest) of the signed record last verified there."""
+        self.unproven: dict[int, Unproven] = {}
+        """Rank -> a member taken with its proof not verified: it decided nothing
+        (docs/architecture.md, "Proofs"); verified once it would."""
+        self._taken: Unproven | None = None
+        """What ``_decode`` took unverified, until ``_accepted`` places it."""
+        self.deferred_total = 0
+        """Records taken unverified (each verified later only if it comes to decide)."""
         self.revision = 0
         """The highest store revision seen: of the last list, or of an event since."""
         self.bad_entries: dict[str, str] = {}
@@ -114,8 +122,10 @@ class MemberView:
         leases: dict[int, int] = {}
         bad: dict[str, str] = {}
         listed: list[tuple[KeyValue, Member]] = []
+        for rank in list(self.unproven):  # a list defers nothing: its keys bind at once
+            self._prove(rank, drop=True, bad=None)
         for kv in kvs:
-            member = self._decode(spec, kv.key, kv.value, bad, kv.lease)
+            member = self._decode(spec, kv.key, kv.value, bad, kv.lease, defer=False)
             member = self._accepted(
                 spec, kv.key, member, kv.create_revision, kv.lease, kv.mod_revision
             )
@@ -168,8 +178,9 @@ class MemberView:
         self.apply_batch(spec, (event,))
 
     def apply_batch(self, spec: MeshSpec, events: Iterable[WatchEvent]) -> None:
-        """Take a batch of watch events as one change: one ``version`` bump at most."""
-        for event in events:
+        """Take a batch of watch events as one change: one ``version`` bump at most;
+        only the events ``last_per_key`` keeps are decoded."""
+        for event in last_per_key(events):
             self._apply_one(spec, event)
         if self._batch:
             self._bump()
@@ -209,7 +220,9 @@ class MemberView:
             self._drop(rank)
             return
         self._grace = RESET_GRACE_TTLS * spec.registry.lease_ttl
-        decoded = self._decode(spec, event.key, event.value, self.bad_entries, event.lease)
+        decoded = self._decode(
+            spec, event.key, event.value, self.bad_entries, event.lease, event.mod_revision
+        )
         old = self.members.get(rank) if rank is not None else None
         member = self._accepted(
             spec, event.key, decoded, event.create_revision, event.lease, event.mod_revision
@@ -223,12 +236,18 @@ class MemberView:
             changed = old != member or self.created.get(member.rank) != order
             if old is not None:
                 self.bindings.remove(old, self._grace)
-            self.bindings.add(member)
+            taken = self._taken
+            if taken is not None and taken.rank == member.rank:
+                self.unproven[member.rank] = taken
+            else:
+                self.unproven.pop(member.rank, None)
+            self.bindings.add(member, proven=member.rank not in self.unproven)
             self.members[member.rank] = member
             self.created[member.rank] = order
             self.leases[member.rank] = event.lease
             if changed:
                 self._batch.add(member.rank)
+        self._taken = None
 
     def _accepted(
         self,
@@ -256,8 +275,8 @@ class MemberView:
             if old is None:
                 return None
         elif old is None or (member is not None and may_rewrite(old, member)):
-            if member is not None:
-                self.order.accept(member, mod_revision)
+            if member is not None and (self._taken is None or self._taken.rank != rank):
+                self.order.accept(member, mod_revision)  # a proven record's seq only
             return member
         self.overwritten[rank] = mod_revision  # the holder writes its record back
         if self.refused.get(rank) != create_revision and highest is None:
@@ -303,6 +322,7 @@ class MemberView:
     def _drop(self, rank: int | None) -> None:
         if rank is None:
             return
+        self._prove(rank, drop=False, bad=None)  # an unproven one: its key's grace needs it
         self.created.pop(rank, None)
         self.leases.pop(rank, None)
         old = self.members.pop(rank, None)
@@ -315,24 +335,100 @@ class MemberView:
         return min(self.held.values(), default=math.inf)
 
     def _decode(
-        self, spec: MeshSpec, key: str, value: bytes, bad: dict[str, str], lease: int
+        self,
+        spec: MeshSpec,
+        key: str,
+        value: bytes,
+        bad: dict[str, str],
+        lease: int,
+        mod_revision: int = 0,
+        *,
+        defer: bool = True,
     ) -> Member | None:
+        """The member ``value`` holds, its proof verified unless it decides nothing (a
+        first claim, ``defer``: then noted in ``_taken``); None for a bad entry."""
+        self._taken = None
         seen = (lease, hashlib.blake2b(value, digest_size=16).digest())
+        rank = rank_of_key(spec, key)
+        waiting = self.unproven.get(rank) if rank is not None else None
+        if waiting is not None and (waiting.key, waiting.seen) != (key, seen):
+            self._prove(waiting.rank, drop=True, bad=None)  # compared with a new record
+            waiting = None
+        proven = self._proven.get(key) == seen or waiting is not None
+        defer = defer and not spec.rank_ca  # under a rank CA every first claim decides
         try:
-            member = decode_member(
-                spec, key, value, lease, proven=self._proven.get(key) == seen, leased=True
-            )
+            member = decode_member(spec, key, value, lease, proven=proven or defer, leased=True)
+            if member.signing_key and not proven and defer:
+                if not self._decides(spec, member):
+                    self._taken = Unproven(member.rank, key, value, lease, seen, mod_revision)
+                    self.deferred_total += 1
+                    return member
+                check_proof(key, value, lease)
         except BadEntry as exc:
             self._proven.pop(key, None)
-            if key not in self.bad_entries:
-                self.bad_total += 1
-                self._log_bad(exc)
-            if key in bad or len(bad) < BAD_ENTRIES_REMEMBERED:
-                bad[key] = str(exc)
+            self._bad(key, exc, bad)
             return None
-        if member.signing_key:  # one entry per rank key: a re-list verifies nothing twice
+        if self.unproven and self.bindings.carried(member):  # an unsigned copy too
+            self._prove_carriers(member)
+        if waiting is not None:
+            self._taken = waiting  # the same write again (a re-list): still unproven
+        elif member.signing_key:  # one entry per rank key: a re-list verifies nothing twice
             self._proven[key] = seen
         return member
+
+    def _decides(self, spec: MeshSpec, member: Member) -> bool:
+        """Whether ``member``'s proof decides who holds an entry or a key: a rewrite, a
+        seq compared, a pinned gateway rank, a key bound or carried (docs/architecture.md,
+        "Proofs"). The members that carry its keys unproven are verified first."""
+        rank = member.rank
+        if rank in self.members or rank in self.held or spec.pinned_key(rank) is not None:
+            return True
+        if self.order.knows(rank, member.signing_key):
+            return True
+        if self.bindings.owner(member.public_key) is not None:
+            return True
+        if not self.bindings.carried(member):
+            return False
+        self._prove_carriers(member)
+        return True
+
+    def _prove_carriers(self, member: Member) -> None:
+        """Verify the unproven members at other ranks that carry ``member``'s public key
+        or signing key: one of them may be bound, or be the copy."""
+        for other in [r for r in self.unproven if r in self.members and r != member.rank]:
+            carrier = self.members[other]
+            signer = member.signing_key
+            if member.public_key == carrier.public_key or (
+                signer and signer == carrier.signing_key
+            ):
+                self._prove(other, drop=True, bad=self.bad_entries)
+
+    def _prove(self, rank: int, *, drop: bool, bad: dict[str, str] | None) -> None:
+        """Verify the proof of the member taken unproven at ``rank``: once verified its
+        key is bound and its seq ordered; a forged one is a bad entry (``drop``: gone;
+        remembered in ``bad`` while its entry is still there)."""
+        waiting = self.unproven.pop(rank, None)
+        if waiting is None:
+            return
+        try:
+            check_proof(waiting.key, waiting.value, waiting.lease)
+        except BadEntry as exc:
+            self._bad(waiting.key, exc, {} if bad is None else bad)
+            if drop:
+                self._drop(rank)
+            return
+        self._proven[waiting.key] = waiting.seen
+        member = self.members.get(rank)
+        if member is not None:
+            self.bindings.bind(member)
+            self.order.accept(member, waiting.mod_revision)
+
+    def _bad(self, key: str, exc: BadEntry, bad: dict[str, str]) -> None:
+        if key not in self.bad_entries:
+            self.bad_total += 1
+            self._log_bad(exc)
+        if key in bad or len(bad) < BAD_ENTRIES_REMEMBERED:
+            bad[key] = str(exc)
 
     def _log_bad(self, exc: BadEntry) -> None:
         """Name a bad entry, at most ``log_limit.NAMED`` a minute; summarise the rest (a

@@ -183,6 +183,16 @@ def decode_member(
                   seq=seq if signing_key else 0)  # fmt: skip
 
 
+def check_proof(key: str, value: bytes, lease: int) -> None:
+    """Verify the proof of ``value``, a record ``decode_member`` took with ``proven``.
+
+    Raises:
+        BadEntry: its proof does not verify for ``key`` and ``lease``.
+    """
+    record = json.loads(value)
+    _proven_signer(show_key(key), key, record, lease, False)
+
+
 def _check_pin(spec: MeshSpec, key: str, rank: int, signing_key: str) -> None:
     """A gateway rank whose signing key the spec pins takes records signed by that key
     alone: a free gateway rank carries its site's cross-site routes (``mesh.gateways``)."""
