@@ -225,7 +225,7 @@ def _gateway_keys(table: Mapping[str, Any]) -> tuple[tuple[int, str], ...]:
     rank of that site's ``gateways``, each value a base64 Ed25519 public key (checked
     after ``_gateways``, so the site tables are known good)."""
     # vnetd.model imports this package, so its rules are imported once it is loaded.
-    from vnetd.model import is_ascii_number, key_bytes
+    from vnetd.model import is_ascii_number
 
     pins: list[tuple[int, str]] = []
     for name in sorted(table):
@@ -239,37 +239,35 @@ def _gateway_keys(table: Mapping[str, Any]) -> tuple[tuple[int, str], ...]:
             if int(text) not in ranks:
                 raise SpecError(f"{key}: rank {text} is not one of sites.{name}.gateways "
                                 f"{ranks}; pin only the site's own gateway ranks")  # fmt: skip
-            if not isinstance(value, str):
-                raise SpecError(f"{key}: expected a string, got {_kind(value)}")
-            try:
-                key_bytes(value)
-            except ValueError:
-                raise SpecError(
-                    f"{key}: {value[:60]!r} is not a signing public key: give the "
-                    "gateway's (base64 of 32 bytes), as `vnetd signing-key` prints it"
-                ) from None
+            _ed25519_key(key, value, "a signing public key: give the gateway's",
+                         "`vnetd signing-key`")  # fmt: skip
             pins.append((int(text), value))
     return tuple(sorted(pins))
+
+
+def _ed25519_key(key: str, value: object, what: str, printed_by: str) -> None:
+    """``value`` is a base64 Ed25519 public key, or a ``SpecError`` naming ``key``."""
+    from vnetd.model import key_bytes  # as in _gateway_keys: model imports this package
+
+    if not isinstance(value, str):
+        raise SpecError(f"{key}: expected a string, got {_kind(value)}")
+    try:
+        key_bytes(value)
+    except ValueError:
+        raise SpecError(
+            f"{key}: {value[:60]!r} is not {what} (base64 of 32 bytes), as {printed_by} prints it"
+        ) from None
 
 
 def _rank_ca(values: list[Any]) -> tuple[str, ...]:
     """``[mesh] rank_ca = ["CA public key", ...]``: base64 Ed25519 public keys, each once,
     kept in the order given (the stored spec compares them as written)."""
-    from vnetd.model import key_bytes  # as in _gateway_keys
-
     if not values:
         raise SpecError("mesh.rank_ca: empty; list the rank CA's public key or drop the key")
     for index, value in enumerate(values):
         key = f"mesh.rank_ca[{index}]"
-        if not isinstance(value, str):
-            raise SpecError(f"{key}: expected a string, got {_kind(value)}")
-        try:
-            key_bytes(value)
-        except ValueError:
-            raise SpecError(
-                f"{key}: {value[:60]!r} is not an Ed25519 public key: give the rank CA's "
-                "(base64 of 32 bytes), as `vnetd rank-ca --key-file FILE` prints it"
-            ) from None
+        _ed25519_key(key, value, "an Ed25519 public key: give the rank CA's",
+                     "`vnetd rank-ca --key-file FILE`")  # fmt: skip
         if value in values[:index]:
             raise SpecError(f"{key}: {value[:12]!r} is listed twice; list each CA once")
     return tuple(values)
