@@ -142,6 +142,18 @@ async def wait_exit(process, timeout: float) -> int:  # noqa: ASYNC109
     )
 
 
+async def wait_for_every_rank(kube: KubePod, shims: Path) -> None:
+    """The walk-through's gate, as ``kubectl exec ... -c vnetd -- vnetd wait ...`` runs it."""
+    gate = await kube.lab.run(
+        kube.pod,
+        ["env", "-i", f"PATH={shims}:{PATH}", *kube.privileges(kube.container("vnetd")),
+         "vnetd", "wait", "--config", "/etc/vnetd/mesh.toml", "--ranks", "all",
+         "--timeout", "60"],
+        90, beside=kube.sandbox,
+    )  # fmt: skip
+    assert gate.returncode == 0, gate.stdout.decode() + gate.stderr.decode()
+
+
 async def test_job_pods_start_as_the_manifests_say(shims: Path, tmp_path: Path):
     """Cert copy, vnetd sidecar and the Flux container's script, in 4 pods of the Job."""
     objects = rendered("sidecar")
@@ -189,15 +201,7 @@ async def test_job_pods_start_as_the_manifests_say(shims: Path, tmp_path: Path):
                 daemon = kube.running["vnetd"].log_text()
                 assert kube.running["vnetd"].returncode is None, daemon
                 assert "mtu auto:" in daemon and "Traceback" not in daemon
-            # The walk-through's gate, as `kubectl exec ... -c vnetd -- vnetd wait ...` runs it.
-            gate = await pods[0].lab.run(
-                pods[0].pod,
-                ["env", "-i", f"PATH={shims}:{PATH}", *pods[0].privileges(pods[0].container("vnetd")),
-                 "vnetd", "wait", "--config", "/etc/vnetd/mesh.toml", "--ranks", "all",
-                 "--timeout", "60"],
-                90, beside=pods[0].sandbox,
-            )  # fmt: skip
-            assert gate.returncode == 0, gate.stdout.decode() + gate.stderr.decode()
+            await wait_for_every_rank(pods[0], shims)
 
 
 async def test_daemonset_pods_start_and_take_the_underlay_interface(shims: Path, tmp_path: Path):
@@ -368,14 +372,7 @@ async def test_job_pods_run_with_their_own_rank_certificates(shims: Path, tmp_pa
             for kube in pods:
                 await kube.run_to_end("flux-curve-cert")
                 await kube.start("vnetd")
-            gate = await pods[0].lab.run(
-                pods[0].pod,
-                ["env", "-i", f"PATH={shims}:{PATH}", *pods[0].privileges(pods[0].container("vnetd")),
-                 "vnetd", "wait", "--config", "/etc/vnetd/mesh.toml", "--ranks", "all",
-                 "--timeout", "60"],
-                90, beside=pods[0].sandbox,
-            )  # fmt: skip
-            assert gate.returncode == 0, gate.stdout.decode() + gate.stderr.decode()
+            await wait_for_every_rank(pods[0], shims)
             for kube in pods:
                 daemon = kube.running["vnetd"].log_text()
                 assert kube.running["vnetd"].returncode is None, daemon
