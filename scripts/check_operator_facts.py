@@ -128,6 +128,8 @@ CHECKS: list[Callable[[OperatorVersion, Source], None]] = [
 
 
 def main() -> int:
+    if not __debug__:  # the checks are assert statements, which -O strips
+        raise SystemExit("run without python -O: the checks are assert statements")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("repo", type=Path, help="a clone (or bare git dir) of the operator")
     args = parser.parse_args()

@@ -15,8 +15,8 @@ replaces: ``docs/flux.md``.
 
 Facts of the operator this follows (read from its v1alpha2 API, controllers
 and scripts at commit 0d75cef8 and tag 0.2.1; those that differ between the
-versions are ``operator_versions.OPERATOR_VERSIONS``, checked by the tests
-against the operator's files they hold):
+versions are ``operator_versions.OPERATOR_VERSIONS``, checked against a clone of
+the operator by ``scripts/check_operator_facts.py``):
 
 * the pods are an Indexed Job named after the MiniCluster, so host
   ``<name>-<index>``, and ``JOB_COMPLETION_INDEX`` gives vnetd its rank; they
@@ -132,9 +132,9 @@ class MiniClusterOptions:
     """The least-privilege form: vnetd runs ``--dataplane kernel`` and the pods mount no
     host path (wireguard-go's ``/dev/net/tun`` is not needed); nodes need the module."""
     deadline: int = DEFAULT_DEADLINE
+    """``spec.deadlineSeconds``: how long the Job may run before it fails."""
     queue_policy: str = DEFAULT_QUEUE_POLICY
     """Fluxion's queue policy, in the broker config and ``flux.scheduler.queuePolicy``."""
-    """``spec.deadlineSeconds``: how long the Job may run before it fails."""
 
 
 def broker_config(

@@ -302,7 +302,7 @@ def utc_text(when: float) -> str:
 
 def registry_full_note(refusal: str) -> str:
     """The note that names a full registry (etcd's NOSPACE): its refusal and the fix; the
-    same line in ``vnetd status`` and the daemon's ``/status``."""
+    same line in ``vnetd status``, ``vnetd doctor`` and the daemon's ``/status``."""
     return (
         f"registry full: etcd refuses writes ({refusal}); ranks not registered cannot "
         f"claim and records are not updated, the data plane stays as it is; {REGISTRY_FULL_FIX}"

@@ -32,9 +32,10 @@ from vnetd.doctor.evidence import (
     merge_rows,
 )
 from vnetd.doctor.report import Run, document, text
-from vnetd.errors import REGISTRY_FULL_FIX, RegistryUnavailable
+from vnetd.errors import RegistryUnavailable
 from vnetd.model import Member
 from vnetd.registry import RegistryOpener
+from vnetd.status.view import registry_full_note
 
 CONNECTIONS = 128
 """Probe services asked at once: each row runs on its own daemon, so the run takes
@@ -99,7 +100,7 @@ async def doctor(
             f"(it reaches the daemons over the overlay, port {spec.doctor_port})"
         )
     if full is not None:
-        notes.append(f"registry full: etcd refuses writes ({full}); {REGISTRY_FULL_FIX}")
+        notes.append(registry_full_note(full))
     evidence = Evidence(spec, members, rows, full)
     verdicts = tuple(
         classify(evidence, a, b) for a in range(spec.size) for b in range(spec.size) if a != b
