@@ -286,6 +286,11 @@ def test_a_csi_driver_key_file_signs(tmp_path: Path) -> None:
     path.chmod(0o444)
     with pytest.raises(IdentityError, match="mode 0444 lets others read"):
         load_signer(path)
+    base64_key = tmp_path / "signing.key"  # the group may read only the csi-driver's PEM
+    base64_key.write_text(base64.b64encode(HOLDER.private_bytes()).decode())
+    base64_key.chmod(0o440)
+    with pytest.raises(IdentityError, match="mode 0440 lets others read"):
+        load_signer(base64_key)
     path.chmod(0o600)
     path.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
         Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))  # fmt: skip

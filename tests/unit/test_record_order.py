@@ -19,7 +19,7 @@ from shared import byte_key as key
 from vnetd.control.claim import ClaimHolder
 from vnetd.control.claim_attempt import Claimed, try_claim
 from vnetd.control.holders import KEYS_ORDERED, RecordOrder
-from vnetd.control.membership import decode_member, encode_member, member_key
+from vnetd.control.membership import SEQ_MAX, decode_member, encode_member, member_key
 from vnetd.control.proof import Signer
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
@@ -204,6 +204,20 @@ async def test_each_record_is_after_the_last_and_after_the_entry_it_replaces() -
     stored = await registry.get(KEY1)
     assert stored is not None
     assert decode_member(SPEC, KEY1, stored.value, lease).seq == future + 1
+
+
+async def test_another_keys_seq_is_not_passed_when_its_entry_is_taken_over() -> None:
+    """Readers order one signing key's records: a leaseless entry signed by another key,
+    at the highest seq there is, must not push our next record past what readers take."""
+    registry = MemoryRegistry()
+    lease = await registry.grant(60)
+    await registry.create(KEY1, record(INTRUDER, INTRUDER_SIGNER, 0, SEQ_MAX), 0)
+    result = await try_claim(registry, SPEC, HOLDER, lease, HOLDER_SIGNER)
+    assert isinstance(result, Claimed) and result.took_over
+    assert 0 < result.seq < SEQ_MAX
+    stored = await registry.get(KEY1)
+    assert stored is not None
+    assert decode_member(SPEC, KEY1, stored.value, lease).seq == result.seq
 
 
 async def test_an_older_record_of_ours_put_back_is_named() -> None:

@@ -148,8 +148,9 @@ async def try_claim(
         if replaced is None:
             return Held(holder, existing)
         if signer is not None and holder is not None and holder.seq >= seq:
-            seq = next_seq(holder.seq)  # never below the entry it replaces
-            value = encode_member(replace(me, seq=seq), signer, key=key, lease=lease)
+            if holder.signing_key == me.signing_key:  # readers order one key's records
+                seq = next_seq(holder.seq)  # never below the entry it replaces
+                value = encode_member(replace(me, seq=seq), signer, key=key, lease=lease)
         if await registry.replace(key, value, existing.mod_revision, lease):
             return Claimed(took_over=True, replaced=replaced, seq=seq)
     raise RegistryError(f"{key}: claim kept losing compare-and-swap races")

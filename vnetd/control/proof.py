@@ -159,8 +159,8 @@ def open_signer(
 def load_signer(path: Path, source: str = "") -> Signer:
     """The signing key in the file ``path``: ``signing.key``'s format (base64 of the
     32-byte Ed25519 seed) or a PKCS8 PEM Ed25519 key (cert-manager's csi-driver's
-    ``tls.key``); readable by the owner and at most its group (0600, a Secret's 0400,
-    the csi-driver's 0440), writable by the owner alone.
+    ``tls.key``); readable by the owner alone (0600, a Secret's 0400), the PEM key also
+    by its group (the csi-driver's 0440), writable by the owner alone.
 
     Args:
         source: the flag, variable or spec key that named ``path``, put before it in
@@ -173,15 +173,16 @@ def load_signer(path: Path, source: str = "") -> Signer:
     named = f"{source} {path}" if source else str(path)
     try:
         mode = path.stat().st_mode & 0o777
-        if mode & 0o037:
-            raise IdentityError(
-                f"{named}: mode {mode:04o} lets others read the signing key; run chmod 600 {path}"
-            )
         text = path.read_text()
     except OSError as exc:
         raise IdentityError(f"{named}: cannot use the signing key: {exc.strerror}") from None
+    pem = text.lstrip().startswith("-----BEGIN")
+    if mode & (0o037 if pem else 0o077):  # the group may read only the csi-driver's PEM key
+        raise IdentityError(
+            f"{named}: mode {mode:04o} lets others read the signing key; run chmod 600 {path}"
+        )
     try:
-        if text.lstrip().startswith("-----BEGIN"):
+        if pem:
             return _pem_signer(text.encode())
         return Signer.from_private_bytes(base64.b64decode(text.strip(), validate=True))
     except ValueError:
