@@ -5,6 +5,7 @@ data-plane kinds listed once, too). See docs/architecture.md, "Module map"."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,21 @@ def test_a_bad_rank_is_named_before_the_host_is_read(tmp_path, monkeypatch) -> N
     args = parsed(tmp_path, "--rank", "9", extra="mtu = 'auto'")
     with pytest.raises(VnetdError, match="^--rank: rank 9 is out of range"):
         up.daemon_settings(args, {"POD_IP": "x"})
+    assert host.calls == []
+
+
+def test_a_done_job_is_seen_before_any_input_is_resolved(tmp_path, monkeypatch, caplog) -> None:
+    """As before the record: a container restarted after its job ended exits 0 on the exit
+    file, whatever its rank sources say now, and reads nothing of the host."""
+    host = HostReads(monkeypatch)
+    for name in ("VNETD_RANK", "JOB_COMPLETION_INDEX", "POD_IP", "VNETD_EXIT_ON_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    done = tmp_path / "done"
+    done.touch()
+    args = parsed(tmp_path, "--exit-on-file", str(done), extra="mtu = 'auto'")
+    with caplog.at_level(logging.INFO, logger="vnetd.daemon"):
+        assert up.run(args) == 0
+    assert f"{done} exists: the job is done; not starting" in caplog.text
     assert host.calls == []
 
 

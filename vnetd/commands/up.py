@@ -11,6 +11,7 @@ are imported when the command runs, so building the CLI imports neither.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -27,10 +28,12 @@ from vnetd.config import (
     add_site_arguments,
     settings_from_args,
 )
-from vnetd.daemon_settings import DaemonSettings, resolve_daemon_settings
+from vnetd.daemon_settings import DaemonSettings, resolve_daemon_settings, resolve_exit_file
 from vnetd.identity import needs_default_route, resolve_endpoint, resolve_rank_or_auto
 from vnetd.logs import set_rank
 from vnetd.spec import DATAPLANE_KINDS
+
+log = logging.getLogger("vnetd.daemon")
 
 
 def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
@@ -110,8 +113,12 @@ def run(args: argparse.Namespace) -> int:
 
     from vnetd.daemon.root import run_until_signal
 
-    settings = daemon_settings(args, os.environ)
-    trio.run(run_until_signal, settings)
+    flags = settings_from_args(Settings, args, os.environ)
+    done = resolve_exit_file(flags.exit_on_file, os.environ)
+    if done is not None and done.exists():  # a container restarted after its job ended
+        log.info("%s exists: the job is done; not starting", done)
+        return 0
+    trio.run(run_until_signal, resolved_settings(flags, os.environ))
     return 0
 
 
@@ -124,9 +131,13 @@ def daemon_settings(args: argparse.Namespace, env: Mapping[str, str]) -> DaemonS
     Raises:
         VnetdError: naming the flag, variable, spec key or host fact at fault.
     """
+    return resolved_settings(settings_from_args(Settings, args, env), env)
+
+
+def resolved_settings(flags: Settings, env: Mapping[str, str]) -> DaemonSettings:
+    """``daemon_settings`` from the flags already resolved with the spec."""
     from vnetd.dataplane.rtnetlink.link_reads import default_route_address, resolve_mtu
 
-    flags = settings_from_args(Settings, args, env)
     spec = flags.spec
     hostname = socket.gethostname()
     # The rank first, before the host is read: a bad rank is named before an endpoint or
