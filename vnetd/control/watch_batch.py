@@ -31,7 +31,10 @@ def last_per_key(events: Iterable[WatchEvent]) -> list[WatchEvent]:
     (the rewrite and order rules give the same answer for the last one). Every other
     event of that key is kept (another key's record makes the last a rewrite, a seq not
     below the last's makes it a replay), and so is every event before a last delete.
-    The signing key and seq are read unverified: they can only keep events."""
+    The signing key and seq are read unverified. A forged last put that names a genuine
+    earlier one's signing key with a higher seq lets that earlier put be dropped: the
+    forgery is refused when its proof is checked, nothing forged is taken, and the view
+    keeps the member it had before the batch until the holder writes its record back."""
     events = list(events)
     last = {event.key: index for index, event in enumerate(events)}
     if len(last) == len(events):
