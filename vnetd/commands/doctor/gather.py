@@ -21,16 +21,9 @@ from vnetd.commands.doctor.plan import DoctorPlan
 from vnetd.control.membership import read_members
 from vnetd.control.write_probe import writes_refused
 from vnetd.daemon.probe_echo import ECHO_WAIT
+from vnetd.daemon.probe_service import ask_row
 from vnetd.doctor.cause import Evidence, classify
-from vnetd.doctor.evidence import (
-    MAX_ROW,
-    Row,
-    RowRequest,
-    WireError,
-    decode_row,
-    encode_request,
-    merge_rows,
-)
+from vnetd.doctor.evidence import Row, merge_rows
 from vnetd.doctor.report import Run, document, text
 from vnetd.errors import RegistryUnavailable
 from vnetd.model import Member
@@ -175,27 +168,8 @@ async def ask_all(
 
 
 async def ask(plan: DoctorPlan, rank: int, ranks: tuple[int, ...], budget: float) -> Row | None:
-    """One rank's row from its probe service, or None (no answer within ``budget`` + 2 s:
-    the service keeps its probes 1 s inside ``budget``)."""
-    spec = plan.spec
-    request = RowRequest(tuple(r for r in ranks if r != rank), budget)
-    with trio.move_on_after(budget + 2.0):
-        try:
-            stream = await trio.open_tcp_stream(str(spec.address(rank)), spec.doctor_port)
-            async with stream:
-                await stream.send_all(encode_request(request) + b"\n")
-                buffer = bytearray()
-                while len(buffer) <= MAX_ROW:
-                    chunk = await stream.receive_some(1 << 16)
-                    if not chunk:
-                        break
-                    buffer += chunk
-                    if buffer.endswith(b"\n"):
-                        break
-            return decode_row(bytes(buffer))
-        except (OSError, trio.BrokenResourceError, WireError):
-            return None
-    return None
+    """One rank's row from its probe service, or None (``probe_service.ask_row``)."""
+    return await ask_row(plan.spec, rank, ranks, budget)
 
 
 def _progress(err: TextIO, started: float, total: int) -> Callable[[int], None]:
