@@ -89,3 +89,10 @@ def proxy_line(proxy: Proxy, interface: str) -> str:
         f"(TCP {ports}): its capture takes Flux's TCP on {interface}, and a sidecar that "
         f"never exits keeps the Job from completing; {proxy.opt_out}"
     )
+
+
+def proxy_lines(tables: Iterable[str], interface: str) -> list[str]:
+    """A ``proxy_line`` for each foreign proxy listening in the pod whose TCP tables
+    (``/proc/net/tcp``, ``tcp6``) are ``tables``."""
+    ports = listening_ports(tables)
+    return [proxy_line(proxy, interface) for proxy in foreign_proxies(ports)]

@@ -29,7 +29,7 @@ from vnetd.dataplane.base import Dataplane
 from vnetd.doctor.cause import Evidence, classify
 from vnetd.doctor.evidence import Row
 from vnetd.doctor.report import failing_lines
-from vnetd.doctor.sidecars import PROC_TABLES, foreign_proxies, listening_ports, proxy_line
+from vnetd.doctor.sidecars import PROC_TABLES, proxy_lines
 from vnetd.errors import DataplaneError
 from vnetd.model import Member
 from vnetd.observe.http import Check
@@ -90,8 +90,7 @@ class MeshGate:
 
     def proxies(self) -> list[str]:
         """A line for each foreign sidecar proxy listening in this pod."""
-        ports = listening_ports(self.read_tables())
-        return [proxy_line(proxy, self.spec.interface) for proxy in foreign_proxies(ports)]
+        return proxy_lines(self.read_tables(), self.spec.interface)
 
     async def check(self, running: GatedDaemon | None, fanout: int, verdict: bool) -> Check:
         """Open (200), not yet (503, with what is missing), or refused (409: a foreign

@@ -4,6 +4,7 @@ The I/O around ``vnetd.doctor.cause``: the registry is read once (and, when
 ranks are missing, asked whether it takes writes: ``control.write_probe``, so a
 full registry is named as their cause), the probe services are asked over the
 overlay (``CONNECTIONS`` at a time), and the whole run stays inside ``--timeout``.
+A foreign service-mesh sidecar in the pod it runs in (``doctor.sidecars``) is a note.
 A progress line goes to stderr on long runs.
 """
 
@@ -25,8 +26,10 @@ from vnetd.daemon.probe_service import ask_row
 from vnetd.doctor.cause import Evidence, classify
 from vnetd.doctor.evidence import Row, merge_rows
 from vnetd.doctor.report import Run, document, text
+from vnetd.doctor.sidecars import proxy_lines
 from vnetd.errors import RegistryUnavailable
 from vnetd.model import Member
+from vnetd.observe.gate import read_proc_tables
 from vnetd.registry import RegistryOpener
 from vnetd.status.view import registry_full_note
 
@@ -94,6 +97,8 @@ async def doctor(
         )
     if full is not None:
         notes.append(registry_full_note(full))
+    # A service mesh's sidecar beside this pod's daemon: Flux's TCP on the overlay breaks.
+    notes += proxy_lines(await trio.to_thread.run_sync(read_proc_tables), spec.interface)
     evidence = Evidence(spec, members, rows, full)
     verdicts = tuple(
         classify(evidence, a, b) for a in range(spec.size) for b in range(spec.size) if a != b
