@@ -71,6 +71,8 @@ def script_facts(version: OperatorVersion, source: Source) -> None:
     root = "configroot" if "/config/" in version.curve_cert else "viewroot"
     assert f"curvepath=${root}/curve/curve.cert" in wait, "CURVE path"
     assert version.config_root.endswith("/config" if root == "configroot" else "/view")
+    # The tree the mesh gate waits on (wait.gate.tbon_neighbours), and no other topology.
+    assert f"-Stbon.fanout={version.tbon_fanout} " in wait, "tbon.fanout"
 
 
 def job_facts(version: OperatorVersion, source: Source) -> None:

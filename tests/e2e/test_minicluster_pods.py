@@ -52,7 +52,7 @@ GO = "job-may-end"
 Obj = dict[str, Any]
 
 
-def render(tmp_path: Path) -> tuple[Obj, Obj, Obj]:
+def render(tmp_path: Path, gate_timeout: int | None = None) -> tuple[Obj, Obj, Obj]:
     """The spec beside the sidecar example, resized, rendered as a MiniCluster, and the
     pod of its provisioning Job (``vnetd render provision``)."""
     text = SPEC.read_text().replace("size = 4 ", f"size = {SIZE} ")
@@ -61,7 +61,8 @@ def render(tmp_path: Path) -> tuple[Obj, Obj, Obj]:
     path = tmp_path / "mesh.toml"
     path.write_text(text)
     docs = by_kind(list(yaml.safe_load_all(render_minicluster(
-        load_spec(path), text, MiniClusterOptions(image="harbor.test/hpc/vnetd:0.1.0"),
+        load_spec(path), text,
+        MiniClusterOptions(image="harbor.test/hpc/vnetd:0.1.0", gate_timeout=gate_timeout),
     ))))  # fmt: skip
     (config_map,) = docs["ConfigMap"]
     (minicluster,) = docs["MiniCluster"]
@@ -163,26 +164,37 @@ def shims() -> Any:  # noqa: ANN401 - the shim directory's iterator
         yield directory
 
 
-async def test_a_batch_minicluster_completes_and_each_rank_leaves_at_once(
-    shims: Path, tmp_path: Path
-):
-    config_map, minicluster, provisioning = render(tmp_path)
+async def operator_pods(
+    lab: Lab, tmp_path: Path, shims: Path, rendered: tuple[Obj, Obj, Obj]
+) -> list[KubePod]:
+    """etcd, the provisioning Jobs, then the MiniCluster's pods with no container started
+    (each with its default route); the last two lab pods run etcd's Jobs."""
+    config_map, minicluster, provisioning = rendered
     spec, entrypoints = operator_pod(minicluster)
     name = minicluster["metadata"]["name"]
     config_maps = {m["metadata"]["name"]: m for m in (config_map, entrypoints)}
+    secrets = await start_tls_etcd(lab, tmp_path)
+    await run_auth_jobs(lab, lab.pods[SIZE:], shims, provisioning, config_maps, secrets)
+    pods: list[KubePod] = []
+    for index, pod in enumerate(lab.pods[:SIZE]):
+        added = await lab.run(pod, ["ip", "route", "add", "default", "via", GATEWAY])
+        assert added.returncode == 0, added.stderr.decode()
+        pods.append(await start_pod(
+            lab, pod, spec, hostname=f"{name}-{index}", fields={},
+            extra_env={"PATH": f"{shims}:{PATH}", "JOB_COMPLETION_INDEX": str(index)},
+            config_maps=config_maps, secrets=secrets,
+        ))  # fmt: skip
+    return pods
+
+
+async def test_a_batch_minicluster_completes_and_each_rank_leaves_at_once(
+    shims: Path, tmp_path: Path
+):
+    rendered = render(tmp_path)
+    name = rendered[1]["metadata"]["name"]
     with trio.fail_after(300):
         async with open_lab(SIZE + 2, with_etcd=False) as lab:
-            secrets = await start_tls_etcd(lab, tmp_path)
-            await run_auth_jobs(lab, lab.pods[SIZE:], shims, provisioning, config_maps, secrets)
-            pods: list[KubePod] = []
-            for index, pod in enumerate(lab.pods[:SIZE]):
-                added = await lab.run(pod, ["ip", "route", "add", "default", "via", GATEWAY])
-                assert added.returncode == 0, added.stderr.decode()
-                pods.append(await start_pod(
-                    lab, pod, spec, hostname=f"{name}-{index}", fields={},
-                    extra_env={"PATH": f"{shims}:{PATH}", "JOB_COMPLETION_INDEX": str(index)},
-                    config_maps=config_maps, secrets=secrets,
-                ))  # fmt: skip
+            pods = await operator_pods(lab, tmp_path, shims, rendered)
             for kube in pods:  # the operator's containers start together
                 await kube.start("vnetd")
                 await kube.start(name)
@@ -223,3 +235,4 @@ async def test_a_batch_minicluster_completes_and_each_rank_leaves_at_once(
                 assert f"{OPERATOR_MARKER} exists: the job is done" in log, log
                 assert "lease revoked" in log and "Traceback" not in log
                 assert "vnetd ready" in kube.running[name].log_text()
+                assert "vnetd gate open: rank " in kube.running[name].log_text()

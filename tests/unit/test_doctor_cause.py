@@ -271,6 +271,16 @@ def test_no_handshake_names_what_each_device_says() -> None:
     verdict = classify(UDP_DROPPED(healthy()), 0, 1)
     assert "rank 0's device: endpoint 198.18.0.2:51820, last handshake never" in verdict.detail
     assert "rank 1's device: no answer" in verdict.detail
+    assert verdict.detail.startswith(
+        "UDP blocked: no WireGuard handshake completes between ranks 0 and 1: UDP port 51820 "
+        "between their pods is dropped"
+    )
+
+
+def test_no_handshake_with_a_session_up_does_not_blame_udp() -> None:
+    ev = with_seen(UDP_DROPPED(healthy()), 0, 1, handshake_age=30.0)
+    verdict = classify(ev, 0, 1)
+    assert verdict.cause != cause.OK and "UDP blocked" not in verdict.detail
 
 
 def test_the_gateway_hop_that_fails_is_named() -> None:

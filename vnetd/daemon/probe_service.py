@@ -27,10 +27,14 @@ from vnetd.doctor.evidence import (
     LAG_LIMIT,
     MAGIC,
     MAX_REQUEST,
+    MAX_ROW,
     PeerSeen,
     Row,
+    RowRequest,
     WireError,
     decode_request,
+    decode_row,
+    encode_request,
     encode_row,
 )
 from vnetd.errors import VnetdError
@@ -219,6 +223,29 @@ class ProbeService:
                     await self._lower(seen.rank, seen.largest)
         return Row(self.me.rank, self.me.instance, self.me.public_key, self.mtu, peers)
 
+    async def rows_about(
+        self, ranks: list[int], helpers: list[int], deadline: float
+    ) -> dict[int, Row]:
+        """This daemon's row for ``ranks`` and the rows of ``helpers`` (ranks it reaches)
+        about them, asked over the overlay at once, within ``deadline``: the mesh gate's
+        evidence, as ``vnetd doctor`` gathers it for those ranks."""
+        rows: dict[int, Row] = {}
+
+        async def own() -> None:
+            rows[self.me.rank] = await self.row(ranks, deadline)
+
+        async def helper(rank: int) -> None:
+            row = await ask_row(self.spec, rank, tuple(ranks), deadline)
+            if row is not None and row.rank == rank:
+                rows[rank] = row
+
+        with trio.move_on_after(deadline + 2.0):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(own)
+                for rank in helpers:
+                    nursery.start_soon(helper, rank)
+        return rows
+
     async def _lower(self, rank: int, largest: int) -> None:
         """Lock the route MTU of ``rank``'s addresses to what passed (a black hole).
 
@@ -252,6 +279,30 @@ class ProbeService:
             results[rank] = await probe(self.family, address, self.mtu)
         finally:
             limit.release()
+
+
+async def ask_row(spec: MeshSpec, rank: int, ranks: tuple[int, ...], budget: float) -> Row | None:
+    """``rank``'s row from its probe service over the overlay, or None (no answer within
+    ``budget`` + 2 s: the service keeps its probes 1 s inside ``budget``). The client of
+    ``vnetd doctor`` and of the mesh gate's verdict."""
+    request = RowRequest(tuple(r for r in ranks if r != rank), budget)
+    with trio.move_on_after(budget + 2.0):
+        try:
+            stream = await trio.open_tcp_stream(str(spec.address(rank)), spec.doctor_port)
+            async with stream:
+                await stream.send_all(encode_request(request) + b"\n")
+                buffer = bytearray()
+                while len(buffer) <= MAX_ROW:
+                    chunk = await stream.receive_some(1 << 16)
+                    if not chunk:
+                        break
+                    buffer += chunk
+                    if buffer.endswith(b"\n"):
+                        break
+            return decode_row(bytes(buffer))
+        except (OSError, trio.BrokenResourceError, WireError):
+            return None
+    return None
 
 
 class _Lag:

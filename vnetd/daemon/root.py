@@ -294,6 +294,8 @@ async def _serve_probes(
 
     on_black_hole = endpoints.black_hole if endpoints is not None else None
     service = ProbeService(spec, me, mtu, dataplane, on_black_hole)
+    if endpoints is not None:
+        endpoints.mesh_gate.row_source = service.rows_about  # the gate's verdict
     await service.serve(task_status=task_status)
 
 

@@ -207,6 +207,7 @@ def _held_silent(evidence: Evidence, rank: int, member: Member) -> str:
         f"is live but {len(probes)} daemons probing its key got no echo and received nothing "
         f"from it (last handshake {last}); {who}: its holder may be gone with its lease kept "
         "alive by another client, or cut off by a partition"
+        + ("" if ages else f" (never reached: UDP port {evidence.spec.port} to it blocked?)")
     )
 
 
@@ -319,9 +320,20 @@ def _no_echo(evidence: Evidence, source: int, target: int, seen: PeerSeen | None
         source,
         target,
         NO_HANDSHAKE,
-        f"rank {source}'s device: {_device_text(seen)}; "
-        f"rank {target}'s device: {_device_text(back)}",
+        f"{_blocked(evidence, source, target, seen, back)}rank {source}'s device: "
+        f"{_device_text(seen)}; rank {target}'s device: {_device_text(back)}",
     )
+
+
+def _blocked(ev: Evidence, a: int, b: int, seen: PeerSeen | None, back: PeerSeen | None) -> str:
+    """The "UDP blocked" prefix when no device that answered holds a session with the other (the
+    handshake is one datagram each way: with both on the devices, they do not pass)."""
+    if any(s is not None and s.handshake_age is not None and s.handshake_age < SESSION_LIFETIME
+           for s in (seen, back)):  # fmt: skip
+        return ""
+    return (f"UDP blocked: no WireGuard handshake completes between ranks {a} and {b}: UDP port "
+            f"{ev.spec.port} between their pods is dropped (a NetworkPolicy, a firewall, the "
+            "CNI) or a NAT has no forwarded port; ")  # fmt: skip
 
 
 def _lagged(evidence: Evidence, source: int, target: int) -> str:

@@ -1,5 +1,5 @@
-"""The HTTP endpoints of a daemon: what ``/healthz``, ``/readyz``, ``/metrics`` and
-``/status`` answer, read from its components.
+"""The HTTP endpoints of a daemon: what ``/healthz``, ``/readyz``, ``/metrics``,
+``/status`` and ``/gatez`` answer, read from its components.
 
 The endpoint is served from the start, before the device exists, so a probe
 sees "not ready: starting" rather than a refused connection; the running
@@ -22,6 +22,7 @@ from vnetd.control.watcher import MemberView
 from vnetd.dataplane.base import Dataplane, restarts_of
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Member
+from vnetd.observe.gate import MeshGate
 from vnetd.observe.http import Check
 from vnetd.observe.metrics import DaemonMetrics, Snapshot
 from vnetd.observe.readiness import readiness
@@ -76,6 +77,7 @@ class DaemonEndpoints:
         self.started = time.time()
         self.black_holes: dict[int, int] = {}
         """Peers whose route MTU the probe service locked after finding a black hole."""
+        self.mesh_gate = MeshGate(spec, me)
 
     def black_hole(self, rank: int, mtu: int) -> None:
         """The probe service locked ``rank``'s route MTU to ``mtu`` (a path-MTU black hole)."""
@@ -125,6 +127,10 @@ class DaemonEndpoints:
             holder,
             registry_full_note(full) if full is not None else None,
         )
+
+    async def gate(self, fanout: int, verdict: bool) -> Check:
+        """``/gatez``: the MiniCluster's mesh gate (``vnetd.observe.gate``)."""
+        return await self.mesh_gate.check(self.running, fanout, verdict)
 
     async def metrics(self) -> bytes:
         if self.running is not None:

@@ -1,15 +1,17 @@
-"""The daemon's HTTP endpoint: ``/healthz``, ``/readyz``, ``/metrics``, ``/status``.
+"""The daemon's HTTP endpoint: ``/healthz``, ``/readyz``, ``/metrics``, ``/status``,
+``/gatez``.
 
 hypercorn (its trio worker) does the HTTP; this module is a small ASGI
-application that maps four GET paths to an ``Endpoints`` object. Routing
-four fixed paths needs no framework. The endpoint is off unless a listen
+application that maps five GET paths to an ``Endpoints`` object. Routing
+five fixed paths needs no framework. The endpoint is off unless a listen
 address is configured (``[http] listen`` in the spec or ``--http-listen``),
 and hypercorn is only imported then (~50 ms of a daemon's start otherwise).
 
 Bounded (docs/security.md, "The HTTP endpoint"): ``/status`` lists every member's
 endpoint, key and instance, so it answers only clients on the loopback (the pod
 itself: ``vnetd status`` beside the daemon, an exec'd ``curl``); a client from
-elsewhere gets 403. ``/status`` and ``/metrics`` read the whole device and build
+elsewhere gets 403; so does ``/gatez`` (the MiniCluster's mesh gate, whose verdict
+sets the probe service probing). ``/status`` and ``/metrics`` read the whole device and build
 one row per rank, so each is built at most once per ``SHARED_FOR`` seconds, and
 concurrent requests share that build instead of each making its own.
 """
@@ -23,6 +25,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from ipaddress import ip_address
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 import trio
 
@@ -35,6 +38,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GRACEFUL_TIMEOUT = 1.0
+DEFAULT_FANOUT = 2
+"""flux-core's default ``tbon.fanout``, when ``/gatez`` is not told the tree's."""
+MAX_FANOUT = 1 << 20
 SHARED_FOR = 1.0
 """Seconds one build of ``/status`` or ``/metrics`` answers every request for."""
 
@@ -45,6 +51,9 @@ class Check:
 
     ok: bool
     detail: str
+    status: int | None = None
+    """The HTTP status when it is neither 200 nor 503 (the gate's 409: waiting will not
+    help)."""
 
 
 class Endpoints(Protocol):
@@ -55,6 +64,8 @@ class Endpoints(Protocol):
     async def metrics(self) -> bytes: ...
 
     async def status(self) -> dict[str, Any]: ...
+
+    async def gate(self, fanout: int, verdict: bool) -> Check: ...
 
 
 class App:
@@ -88,13 +99,31 @@ class App:
         elif path == "/metrics":
             data = await self._metrics.get()
             await _respond(send, 200, data, content_type=METRICS_CONTENT_TYPE, body=body_wanted)
-        elif path == "/status" and not from_loopback(scope):
-            await _respond(send, 403, b"/status answers only from inside the pod (loopback)\n")
+        elif path in ("/status", "/gatez") and not from_loopback(scope):
+            await _respond(
+                send, 403, f"{path} answers only from inside the pod (loopback)\n".encode()
+            )
+        elif path == "/gatez":
+            await self._gate(scope, send, body_wanted)
         elif path == "/status":
             data = await self._status.get()
             await _respond(send, 200, data, content_type="application/json", body=body_wanted)
         else:
-            await _respond(send, 404, b"not found: try /healthz /readyz /metrics /status\n")
+            await _respond(send, 404, b"not found: try /healthz /readyz /metrics /status /gatez\n")
+
+    async def _gate(self, scope: Scope, send: Send, body_wanted: bool) -> None:
+        """``/gatez?fanout=K[&verdict=1]``: the MiniCluster's mesh gate (``observe.gate``)."""
+        query = parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
+        try:
+            fanout = int(query.get("fanout", [str(DEFAULT_FANOUT)])[0])
+        except ValueError:
+            fanout = 0
+        if not 1 <= fanout <= MAX_FANOUT:
+            await _respond(send, 400, f"fanout: give 1 to {MAX_FANOUT}\n".encode())
+            return
+        check = await self.endpoints.gate(fanout, query.get("verdict") == ["1"])
+        status = check.status or (200 if check.ok else 503)
+        await _respond(send, status, (check.detail + "\n").encode(), body=body_wanted)
 
 
 class Shared:

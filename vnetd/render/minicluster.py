@@ -7,8 +7,9 @@ given config replaces the operator's whole file, so its other tables are
 written here: ``operator_versions.broker_config``), a PodDisruptionBudget for
 its pods (and, opt-in, a NetworkPolicy for the mesh's UDP port and the
 metrics port). vnetd runs as a second container of every pod; the Flux
-container's ``commands.pre`` waits for vnetd's ``/readyz`` before the
-operator's script starts the broker. The Job is bounded by
+container's ``commands.pre`` waits for vnetd's ``/readyz``, then at the mesh
+gate (``/gatez``: the ranks its broker connects to answer over the overlay,
+bounded by ``--gate-timeout``) before the operator's script starts the broker. The Job is bounded by
 ``deadlineSeconds`` and, where the version has the field, fails at its
 first container restart. What the operator still does and what vnetd
 replaces: ``docs/flux.md``.
@@ -82,7 +83,7 @@ from vnetd.render.pods import (
     readyz_host,
     resources,
 )
-from vnetd.render.podscripts import readyz_wait
+from vnetd.render.podscripts import GATE_TIMEOUT, mesh_gate_wait, readyz_wait
 from vnetd.render.secretfiles import (
     STAGING_DIR,
     copy_commands,
@@ -135,6 +136,9 @@ class MiniClusterOptions:
     """``spec.deadlineSeconds``: how long the Job may run before it fails."""
     queue_policy: str = DEFAULT_QUEUE_POLICY
     """Fluxion's queue policy, in the broker config and ``flux.scheduler.queuePolicy``."""
+    gate_timeout: int | None = None
+    """How long the Flux container waits at the mesh gate before it fails (``podscripts``);
+    None: ``GATE_TIMEOUT``, or half the deadline when that is shorter."""
 
 
 def broker_config(
@@ -227,6 +231,12 @@ def render_minicluster(
             f"--deadline: {options.deadline} is not a number of seconds; give 1 or more "
             "(how long the MiniCluster's Job may run)"
         )
+    if options.gate_timeout is not None and not 1 <= options.gate_timeout < options.deadline:
+        raise SpecError(
+            f"--gate-timeout: {options.gate_timeout} is not a number of seconds below "
+            f"--deadline {options.deadline}; give 1 to {options.deadline - 1} (how long "
+            "each pod waits for the ranks its broker needs before the Job fails)"
+        )
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -249,7 +259,7 @@ def render_minicluster(
                 "scheduler": {"queuePolicy": options.queue_policy},
             },
             "containers": [
-                _flux_container(spec, port, options, app_image),
+                _flux_container(spec, port, options, app_image, version),
                 _vnetd_container(spec, port, options, version),
             ],
         },
@@ -285,12 +295,17 @@ def _refuse_rank_certs(spec: MeshSpec, version: OperatorVersion) -> None:
     )
 
 
-def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions, app_image: str) -> Obj:
+def _flux_container(
+    spec: MeshSpec, port: int, options: MiniClusterOptions, app_image: str, version: OperatorVersion
+) -> Obj:
+    host = readyz_host(spec)
+    timeout = options.gate_timeout or max(1, min(GATE_TIMEOUT, options.deadline // 2))
+    gate = mesh_gate_wait(host, port, version.tbon_fanout, timeout)
     return {
         "image": app_image,
         "runFlux": True,
         "command": options.command,
-        "commands": {"pre": readyz_wait(readyz_host(spec), port)},
+        "commands": {"pre": readyz_wait(host, port) + gate},
     }
 
 

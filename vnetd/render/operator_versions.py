@@ -50,6 +50,8 @@ class OperatorVersion:
     """``securityContext`` is Kubernetes' own, not ``{privileged, addCapabilities}``."""
     backoff_limit: bool
     """``spec.backoffLimit`` exists (without it the Job's is the operator's fixed 100)."""
+    tbon_fanout: int = 256
+    """The ``tbon.fanout`` ``wait.sh`` starts every broker with (the mesh gate's tree)."""
 
     @property
     def config_root(self) -> str:

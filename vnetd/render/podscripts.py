@@ -6,6 +6,11 @@
   container runs it before ``flux broker``; a MiniCluster runs it as
   ``commands.pre``, since the Flux Operator's containers have no startup
   gate of their own.
+* ``mesh_gate_wait``: bash a MiniCluster's Flux container runs after that
+  wait, polling vnetd's ``/gatez`` until the ranks its broker connects to
+  answer over the overlay; it exits 1 with vnetd doctor's verdict for those
+  that did not when its bound expires, and at once when vnetd names a foreign
+  sidecar in the pod.
 * ``flux_start_script``: that wait, then ``exec flux broker`` with the
   rendered bootstrap config.
 * ``CERT_COPY_SCRIPT``: flux-core refuses a CURVE certificate its group or
@@ -121,6 +126,69 @@ until vnetd_ready; do
   sleep 1
 done
 echo "vnetd ready: the overlay address is up"
+"""
+
+
+GATE_TIMEOUT = 600
+"""Seconds a MiniCluster's Flux container waits at the mesh gate (``mesh_gate_wait``): its
+peers' pods may still be pulling images when its own vnetd is ready."""
+GATE_READ = 20
+"""Seconds the gate's script waits for an answer: the verdict probes for up to 10 s."""
+GATE_REPORT = 30
+"""Seconds between two of its progress lines."""
+
+
+def mesh_gate_wait(host: str, port: int, fanout: int, timeout: int = GATE_TIMEOUT) -> str:
+    """Bash that returns once this pod's vnetd answers 200 on ``/gatez`` (the ranks this
+    broker connects to in Flux's tree of ``fanout`` are registered and have completed a
+    handshake with it: ``vnetd.observe.gate``), or exits 1: at once when vnetd refuses
+    (409: a foreign sidecar in the pod), else after ``timeout`` seconds, printing the
+    doctor's verdict for the ranks that did not answer to stderr.
+
+    Run after ``readyz_wait`` (so vnetd answers at all); safe under ``set -eu``.
+    """
+    query = f"fanout={fanout}"
+    return f"""\
+# The mesh gate: wait until the ranks this broker connects to answer over the overlay.
+vnetd_gate() {{
+  (
+    exec 3<>"/dev/tcp/{host}/{port}" || exit 1
+    printf 'GET /gatez?%s HTTP/1.0\r\nHost: localhost\r\n\r\n' "$1" >&3
+    IFS=' ' read -r -t {GATE_READ} _ status _ <&3 || exit 1
+    while IFS= read -r -t {GATE_READ} line <&3 && [ -n "${{line%$'\r'}}" ]; do :; done
+    while IFS= read -r -t {GATE_READ} line <&3 || [ -n "${{line:-}}" ]; do
+      printf '%s\n' "$line"; line=
+    done
+    case "$status" in 200) exit 0 ;; 409) exit 2 ;; *) exit 1 ;; esac
+  ) 2>/dev/null
+}}
+vnetd_gate_start=$SECONDS
+vnetd_gate_end=$((SECONDS + {timeout}))
+vnetd_gate_report=$SECONDS
+while :; do
+  vnetd_gate_status=0
+  vnetd_gate_says=$(vnetd_gate "{query}") || vnetd_gate_status=$?
+  if [ "$vnetd_gate_status" = 0 ]; then
+    echo "vnetd gate open: $vnetd_gate_says"
+    break
+  fi
+  if [ "$vnetd_gate_status" = 2 ]; then
+    echo "vnetd gate refused: $vnetd_gate_says" >&2
+    exit 1
+  fi
+  if [ "$SECONDS" -ge "$vnetd_gate_end" ]; then
+    echo "vnetd gate: timed out after {timeout} s: the ranks this broker connects to" \
+      "did not all answer over the overlay; vnetd doctor's verdict:" >&2
+    vnetd_gate "{query}&verdict=1" >&2 || true
+    exit 1
+  fi
+  if [ "$SECONDS" -ge "$vnetd_gate_report" ]; then
+    echo "vnetd gate: waiting ($((SECONDS - vnetd_gate_start)) s of {timeout} s):" \
+      "${{vnetd_gate_says:-no answer}}"
+    vnetd_gate_report=$((SECONDS + {GATE_REPORT}))
+  fi
+  sleep 1
+done
 """
 
 

@@ -122,6 +122,22 @@ def _absent(gate: Gate, registered: Mapping[int, str]) -> list[int]:
     return [r for r in range(gate.size) if r not in registered and r != gate.self_rank]
 
 
+def tbon_neighbours(rank: int, size: int, fanout: int) -> tuple[int, ...]:
+    """The ranks ``rank``'s Flux broker connects to: its parent and its children in
+    Flux's k-ary tree of ``fanout`` (``tbon.topo`` ``kary:K``: rank r's parent is
+    ``(r - 1) // K``), ascending.
+
+    What a MiniCluster's gate waits for (docs/flux.md, "The mesh gate"): a broker talks
+    to these alone (ZeroMQ over TCP on the overlay), so together the gates of all ranks
+    cover every edge of the tree, and a broker whose edges all answer can join.
+    """
+    if fanout < 1:
+        raise ValueError("a tree needs a fanout of 1 or more")
+    parent = () if rank == 0 else ((rank - 1) // fanout,)
+    first = rank * fanout + 1
+    return parent + tuple(range(first, min(first + fanout, size)))
+
+
 def progress_line(summary: str, notes: Sequence[str], elapsed: float, timeout: float) -> str:
     """``vnetd wait: 5/8 ranks registered, missing: 3, 4, 7 (12 s of 300 s)``."""
     return f"vnetd wait: {_with_notes(summary, notes)} ({elapsed:.0f} s of {timeout:g} s)"

@@ -432,3 +432,40 @@ def test_kernel_wireguard_is_the_least_privilege_form(version: str):
     assert default["volumes"]["dev-net"] == {"hostPath": "/dev/net", "path": "/dev/net"}
     assert "--dataplane" not in default["command"], "auto by default"
     assert vnetd["securityContext"] == default["securityContext"], "NET_ADMIN either way"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_pre_waits_at_the_mesh_gate_bounded_by_the_gate_timeout(version: str):
+    """After /readyz, ``pre`` polls /gatez with the version's tree and gives up after
+    ``--gate-timeout`` (default 600 s, or half a shorter deadline), asking for the verdict."""
+    pre = minicluster_of(SIDECAR_SPEC, version)["spec"]["containers"][0]["commands"]["pre"]
+    assert pre.index("GET /readyz") < pre.index("GET /gatez?%s")
+    assert '"fanout=256"' in pre and '"fanout=256&verdict=1"' in pre
+    assert "vnetd_gate_end=$((SECONDS + 600))" in pre
+    options = MiniClusterOptions(image=IMAGE, operator_version=version, gate_timeout=20)
+    _, minicluster, _ = rendered(SIDECAR_SPEC, options)
+    assert (
+        "vnetd_gate_end=$((SECONDS + 20))"
+        in minicluster["spec"]["containers"][0]["commands"]["pre"]
+    )
+    validate_crd(minicluster, f"minicluster-{version}")
+    short = MiniClusterOptions(image=IMAGE, operator_version=version, deadline=600)
+    _, minicluster, _ = rendered(SIDECAR_SPEC, short)
+    assert (
+        "vnetd_gate_end=$((SECONDS + 300))"
+        in minicluster["spec"]["containers"][0]["commands"]["pre"]
+    )
+
+
+@pytest.mark.parametrize("gate", [0, 600, 601])
+def test_a_gate_timeout_not_below_the_deadline_is_refused_with_one_line(
+    capsys: pytest.CaptureFixture[str], gate: int
+):
+    code, out, err = run(capsys, "render", "minicluster", "--config", str(SIDECAR_SPEC),
+                         "--deadline", "600", "--gate-timeout", str(gate))  # fmt: skip
+    assert (code, out) == (2, "")
+    assert err.strip() == (
+        f"vnetd: error: --gate-timeout: {gate} is not a number of seconds below --deadline 600; "
+        "give 1 to 599 (how long each pod waits for the ranks its broker needs before the "
+        "Job fails)"
+    )

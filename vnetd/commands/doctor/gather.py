@@ -4,6 +4,7 @@ The I/O around ``vnetd.doctor.cause``: the registry is read once (and, when
 ranks are missing, asked whether it takes writes: ``control.write_probe``, so a
 full registry is named as their cause), the probe services are asked over the
 overlay (``CONNECTIONS`` at a time), and the whole run stays inside ``--timeout``.
+A foreign service-mesh sidecar in the pod it runs in (``doctor.sidecars``) is a note.
 A progress line goes to stderr on long runs.
 """
 
@@ -21,19 +22,14 @@ from vnetd.commands.doctor.plan import DoctorPlan
 from vnetd.control.membership import read_members
 from vnetd.control.write_probe import writes_refused
 from vnetd.daemon.probe_echo import ECHO_WAIT
+from vnetd.daemon.probe_service import ask_row
 from vnetd.doctor.cause import Evidence, classify
-from vnetd.doctor.evidence import (
-    MAX_ROW,
-    Row,
-    RowRequest,
-    WireError,
-    decode_row,
-    encode_request,
-    merge_rows,
-)
+from vnetd.doctor.evidence import Row, merge_rows
 from vnetd.doctor.report import Run, document, text
+from vnetd.doctor.sidecars import proxy_lines
 from vnetd.errors import RegistryUnavailable
 from vnetd.model import Member
+from vnetd.observe.gate import read_proc_tables
 from vnetd.registry import RegistryOpener
 from vnetd.status.view import registry_full_note
 
@@ -101,6 +97,8 @@ async def doctor(
         )
     if full is not None:
         notes.append(registry_full_note(full))
+    # A service mesh's sidecar beside this pod's daemon: Flux's TCP on the overlay breaks.
+    notes += proxy_lines(await trio.to_thread.run_sync(read_proc_tables), spec.interface)
     evidence = Evidence(spec, members, rows, full)
     verdicts = tuple(
         classify(evidence, a, b) for a in range(spec.size) for b in range(spec.size) if a != b
@@ -175,27 +173,8 @@ async def ask_all(
 
 
 async def ask(plan: DoctorPlan, rank: int, ranks: tuple[int, ...], budget: float) -> Row | None:
-    """One rank's row from its probe service, or None (no answer within ``budget`` + 2 s:
-    the service keeps its probes 1 s inside ``budget``)."""
-    spec = plan.spec
-    request = RowRequest(tuple(r for r in ranks if r != rank), budget)
-    with trio.move_on_after(budget + 2.0):
-        try:
-            stream = await trio.open_tcp_stream(str(spec.address(rank)), spec.doctor_port)
-            async with stream:
-                await stream.send_all(encode_request(request) + b"\n")
-                buffer = bytearray()
-                while len(buffer) <= MAX_ROW:
-                    chunk = await stream.receive_some(1 << 16)
-                    if not chunk:
-                        break
-                    buffer += chunk
-                    if buffer.endswith(b"\n"):
-                        break
-            return decode_row(bytes(buffer))
-        except (OSError, trio.BrokenResourceError, WireError):
-            return None
-    return None
+    """One rank's row from its probe service, or None (``probe_service.ask_row``)."""
+    return await ask_row(plan.spec, rank, ranks, budget)
 
 
 def _progress(err: TextIO, started: float, total: int) -> Callable[[int], None]:

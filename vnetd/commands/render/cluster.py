@@ -30,6 +30,7 @@ from vnetd.render.operator_versions import (
     QUEUE_POLICIES,
 )
 from vnetd.render.output import warn_on_stderr, write_file
+from vnetd.render.podscripts import GATE_TIMEOUT
 from vnetd.render.provision_job import render_provision
 from vnetd.spec import load_spec
 
@@ -67,6 +68,15 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         default=DEFAULT_DEADLINE,
         help="how long the MiniCluster's Job may run before it fails (spec.deadlineSeconds, "
         f"default {DEFAULT_DEADLINE}: a working session, not the operator's year)",
+    )
+    minicluster.add_argument(
+        "--gate-timeout",
+        type=int,
+        metavar="SECONDS",
+        help="how long each pod's Flux container waits for the ranks its broker connects "
+        "to to answer over the overlay before it exits 1 with vnetd doctor's verdict and "
+        f"the Job fails (below --deadline; default {GATE_TIMEOUT}, or half --deadline "
+        "when that is shorter)",
     )
     minicluster.add_argument(
         "--queue-policy",
@@ -159,6 +169,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
         queue_policy=args.queue_policy,
         monitoring_namespace=args.monitoring_namespace,
         kernel_wireguard=args.kernel_wireguard,
+        gate_timeout=args.gate_timeout,
     )
     rendered = render_minicluster(spec, text, options)
     for warning in manifest_warnings(spec, args.image):
