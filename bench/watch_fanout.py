@@ -67,8 +67,10 @@ from common import (
 from etcd_metrics import parse as parse_metrics
 from etcd_transport import signal_go
 
+from vnetd.control.membership import members_prefix
 from vnetd.lab.etcd import ETCD_BIN
 from vnetd.lab.open_lab import Lab, LabProcess, open_lab
+from vnetd.spec import parse_spec
 
 NAME = "watch_fanout"
 TITLE = "Watch fan-out: etcd directly, through grpc-proxy, through a vnetd relay"
@@ -77,9 +79,12 @@ ARMS = ("writes", "direct-json", "direct-grpc", "proxy", "relay")
 CACHE_PORT = 23790
 ETCD_CORE, BENCH_CORE = 1, 0
 READY_TIMEOUT = 60.0
-RELAY_ARGV = (sys.executable, "-m", "vnetd", "relay", "--etcd", "{etcd}", "--listen", "{listen}")
-"""How the relay arm starts ``vnetd relay`` (``{etcd}``: etcd's URL, ``{listen}``:
-HOST:PORT to serve on); ``--relay-argv`` overrides it if the command's flags differ."""
+RELAY_ARGV = (sys.executable, "-m", "vnetd", "relay", "--config", "{config}", "--etcd", "{etcd}",
+              "--listen", "{listen}")  # fmt: skip
+"""How the relay arm starts ``vnetd relay`` (``{config}``: the arm's mesh spec, whose
+members prefix the relay serves; ``{etcd}``: etcd's URL; ``{listen}``: HOST:PORT);
+``--relay-argv`` overrides it (``env PYTHONPATH=... python -m vnetd relay ...`` runs a
+relay from another checkout)."""
 SCRAPE = (
     "import sys, urllib.request; "
     "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
@@ -175,14 +180,24 @@ async def start_proxy(lab: Lab) -> Cache:
     return Cache(process, f"http://{listen}")
 
 
-async def start_relay(lab: Lab, template: list[str]) -> Cache:
+async def start_relay(lab: Lab, template: list[str], config: Path) -> Cache:
+    """``vnetd relay`` for the mesh of ``config``, once its /healthz says it is in step."""
     pod = lab.pods[1]
     listen = f"{pod.underlay_ip}:{CACHE_PORT + 1}"
-    argv = [part.format(etcd=lab.etcd_url, listen=listen) for part in template]
+    argv = [part.format(config=config, etcd=lab.etcd_url, listen=listen) for part in template]
     process = await lab.start(pod, pinned(argv), private_mount=False)
     url = f"http://{listen}"
-    await wait_answers(lab, f"{url}/health", process)
+    await wait_answers(lab, f"{url}/healthz", process)
     return Cache(process, url)
+
+
+def arm_spec(lab: Lab, name: str, size: int) -> tuple[Path, str]:
+    """A mesh spec of the arm's own (its file, its members prefix): each arm registers
+    on a fresh prefix, and a relay serves one mesh's."""
+    mesh = {"name": name, "size": size, "network": "10.64.0.0/12"}
+    path = lab.workdir / f"{name}.toml"
+    path.write_text("[mesh]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in mesh.items()))
+    return path, members_prefix(parse_spec({"mesh": mesh}))
 
 
 def task_cpu_seconds(pid: int) -> float:
@@ -209,7 +224,7 @@ class Arm:
     def __init__(self, lab: Lab, args: argparse.Namespace, name: str, run: int,
                  cache: Cache | None) -> None:  # fmt: skip
         self.lab, self.args, self.name, self.run, self.cache = lab, args, name, run, cache
-        self.prefix = f"/vnetd/fanout-{run}-{name}/members/"
+        self.config, self.prefix = arm_spec(lab, f"fanout-{run}-{name}", args.size)
 
     def client_argv(self) -> list[str]:
         url = self.cache.url if self.cache is not None else self.lab.etcd_url
@@ -242,6 +257,15 @@ class Arm:
         return time.monotonic(), etcd_cpu(self.lab), cache
 
     async def measure(self) -> JSON:
+        if self.name != "relay":
+            return await self.storm()
+        self.cache = await start_relay(self.lab, self.args.relay_template, self.config)
+        try:
+            return await self.storm()
+        finally:
+            await self.cache.process.stop()
+
+    async def storm(self) -> JSON:
         client = await self.open_watches()
         try:
             t0, etcd0, cache0 = self.cpus()
@@ -342,7 +366,7 @@ def summarize(runs: list[JSON], arms: list[str]) -> JSON:
 
 async def bench(args: argparse.Namespace) -> int:
     os.sched_setaffinity(0, {BENCH_CORE})
-    template = relay_command(args) if "relay" in args.arms else None
+    template = args.relay_template = relay_command(args) if "relay" in args.arms else None
     if "relay" in args.arms and template is None:
         print("relay arm skipped: no `vnetd relay` command here yet", flush=True)
         args.arms.remove("relay")
@@ -357,8 +381,6 @@ async def bench(args: argparse.Namespace) -> int:
         caches: dict[str, Cache] = {}
         if "proxy" in args.arms:
             caches["proxy"] = await start_proxy(lab)
-        if template is not None:
-            caches["relay"] = await start_relay(lab, template)
         for index in range(runs_for(args.runs)):
             print(f"{NAME}: {args.size} ranks, {args.watchers} watchers, run {index + 1}",
                   flush=True)  # fmt: skip
