@@ -45,10 +45,12 @@ def fanout_section(r: JSON | None) -> tuple[list[str], bool | None]:
         "(`taskset`; nothing else on the machine is pinned). *etcd watches*: watches etcd",
         "held on the prefix; *events etcd delivered*: its `etcd_debugging_mvcc_events_total`",
         "over the storm; *CPU-s*: from the first registration until every watcher held all",
-        f"N, less the process's own at-rest rate (over {p['rest_s']:g} s just before) times",
-        "that window; *etcd µs per event*: that, less the registrations' own cost (the",
-        "first arm), over the events delivered; *cache µs per record*: the cache's CPU over",
-        "the records it forwarded (watchers × N). Median (min–max) over runs.",
+        "N, less the process's own at-rest rate times that window (the rate taken just",
+        f"before, over {p['rest_s']:g} s in a first run and over the arm's previous window,",
+        "up to 60 s, in a later one); *etcd µs per event*: that, less the registrations'",
+        "own cost (the first arm), over the events delivered; *cache µs per record*: the",
+        "cache's CPU over the records it forwarded (watchers × N). Median (min–max) over",
+        "runs.",
         "",
         *table(HEADER, rows),
         *_ratios(s, p),
@@ -88,4 +90,11 @@ def _ratios(s: JSON, p: JSON) -> list[str]:
             f"etcd CPU-s ≤ {s['target_etcd_cpu_ratio']:g} of the direct arm's (the daemons' "
             "JSON path) — ")  # fmt: skip
     judged = verdict(_met(s)) if p["size"] >= 1024 else f"not judged at {p['size']} ranks"
-    return ["Ratios (medians): " + "; ".join(parts) + ".", "", rule + judged + ".", ""]
+    lines = ["Ratios (medians): " + "; ".join(parts) + ".", "", rule + judged + ".", ""]
+    proxy, relay = (s["by_arm"].get(k, {}).get("cache_us_per_record", {}).get("median")
+                    for k in ("proxy", "relay"))  # fmt: skip
+    if proxy is not None and relay is not None:
+        lines += [f"Per record forwarded, grpc-proxy spent {proxy:.1f} µs and the vnetd relay "
+                  f"{relay:.1f} µs ({relay / proxy:.2f}× the proxy's); etcd delivered each "
+                  "registration once to either.", ""]  # fmt: skip
+    return lines

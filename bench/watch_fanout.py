@@ -20,8 +20,9 @@ arm runs on a fresh members prefix:
   ``vnetd relay --help`` answers, one printed line and no figures.
 
 Per arm (bench/fanout_client.py): the W watches open and confirmed from the
-next revision, then etcd's and the cache's CPU over ``--rest`` s (the at-rest
-rate), then N member records put at once (32 requests in flight) while the
+next revision, then etcd's and the cache's CPU at rest (over ``--rest`` s in a
+first run; in a later one over as long as the arm's storm window lasted before,
+up to ``REST_MAX`` s), then N member records put at once (32 requests in flight) while the
 watches deliver. Figures: the events etcd delivered (its
 ``etcd_debugging_mvcc_events_total``) and the watch messages it sent; the
 watches etcd held (``etcd_debugging_mvcc_watcher_total``); etcd's CPU over the
@@ -79,6 +80,7 @@ ARMS = ("writes", "direct-json", "direct-grpc", "proxy", "relay")
 CACHE_PORT = 23790
 ETCD_CORE, BENCH_CORE = 1, 0
 READY_TIMEOUT = 60.0
+REST_MAX = 60.0
 RELAY_ARGV = (sys.executable, "-m", "vnetd", "relay", "--config", "{config}", "--etcd", "{etcd}",
               "--listen", "{listen}")  # fmt: skip
 """How the relay arm starts ``vnetd relay`` (``{config}``: the arm's mesh spec, whose
@@ -222,8 +224,9 @@ class Arm:
     """One arm of one run: W watchers (or none) on a fresh prefix, then the N writes."""
 
     def __init__(self, lab: Lab, args: argparse.Namespace, name: str, run: int,
-                 cache: Cache | None) -> None:  # fmt: skip
+                 cache: Cache | None, rest_s: float) -> None:  # fmt: skip
         self.lab, self.args, self.name, self.run, self.cache = lab, args, name, run, cache
+        self.rest_s = rest_s
         self.config, self.prefix = arm_spec(lab, f"fanout-{run}-{name}", args.size)
 
     def client_argv(self) -> list[str]:
@@ -269,7 +272,7 @@ class Arm:
         client = await self.open_watches()
         try:
             t0, etcd0, cache0 = self.cpus()
-            await trio.sleep(self.args.rest)
+            await trio.sleep(self.rest_s)
             t1, etcd1, cache1 = self.cpus()
             before = await etcd_metrics(self.lab)
             tb, etcd_b, cache_b = self.cpus()
@@ -299,6 +302,7 @@ class Arm:
             "etcd_watch_messages": sent,
             "window_s": round(window, 3),
             "etcd_cpu_s": round(etcd_a - etcd_b - rest_etcd * window, 3),
+            "rest_s": round(t1 - t0, 3),
             "etcd_rest_share": round(rest_etcd, 4),
             "cache_cpu_s": round(cache_a - cache_b - rest_cache * window, 3),
             "cache_rest_share": round(rest_cache, 4),
@@ -341,7 +345,7 @@ how fast they go) is most of the figure."""
 
 KEYS = ("etcd_events", "etcd_watch_messages", "etcd_watches", "etcd_cpu_s", "etcd_us_per_event",
         "etcd_us_per_write", "cache_cpu_s", "cache_us_per_record", "watcher_cpu_s",
-        "formation_s", "register_s", "window_s", "etcd_rest_share")  # fmt: skip
+        "formation_s", "register_s", "window_s", "rest_s", "etcd_rest_share")  # fmt: skip
 
 
 def summarize(runs: list[JSON], arms: list[str]) -> JSON:
@@ -379,6 +383,7 @@ async def bench(args: argparse.Namespace) -> int:
         await trio.run_process(["taskset", "-a", "-p", "-c", str(ETCD_CORE), str(lab.etcd.pid)],
                                capture_stdout=True)  # fmt: skip
         caches: dict[str, Cache] = {}
+        windows: dict[str, float] = {}  # each arm's last storm window: the next rest's length
         if "proxy" in args.arms:
             caches["proxy"] = await start_proxy(lab)
         for index in range(runs_for(args.runs)):
@@ -386,10 +391,12 @@ async def bench(args: argparse.Namespace) -> int:
                   flush=True)  # fmt: skip
             arms = []
             for name in args.arms:
-                arm = Arm(lab, args, name, index, caches.get(name))
+                rest = min(max(args.rest, windows.get(name, 0.0)), REST_MAX)
+                arm = Arm(lab, args, name, index, caches.get(name), rest)
                 done = await attempt(failures, {"arm": name, "run": index + 1}, arm.measure)
                 if done is not None:
                     arms.append(done)
+                    windows[name] = done["window_s"]
             per_event(arms)
             runs.append({"run": index + 1, "arms": arms})
         for cache in caches.values():
