@@ -28,7 +28,7 @@ def control_plane_section(r: JSON | None) -> tuple[list[str], bool | None]:
             mmm(v["cpu_share_per_daemon_rest"], 3, 100, " %"),
             mmm(v["etcd_storm_rps"], 0), mmm(v["etcd_rest_rps"], 0),
             f"{mmm(v['etcd_storm_cpu'], 0, 100, ' %')} / {mmm(v['etcd_rest_cpu'], 1, 100, ' %')}",
-            mmm(v.get("etcd_us_per_event") or {}, 0), mmm(v.get("projection_s") or {}, 1),
+            mmm(v.get("etcd_us_per_event") or {}, 0),
         ])  # fmt: skip
     target = str(r["summary"]["target_size"])
     met = None
@@ -61,7 +61,6 @@ def control_plane_section(r: JSON | None) -> tuple[list[str], bool | None]:
                 "etcd req/s, rest",
                 "etcd CPU storm / rest",
                 "etcd µs per event",
-                f"projected s, {target} ranks",
             ],
             rows,
         ),  # fmt: skip
@@ -121,11 +120,9 @@ def _control_plane_costs(r: JSON) -> list[str]:
         "*etcd µs per event* = all of etcd's CPU from the first start to full (grants, claims, "
         "lists and keepalives included) over the watch events it delivered meanwhile (its "
         "`etcd_debugging_mvcc_events_total`; N(N+1)/2 for N ranks: a daemon is sent every "
-        f"registration after its own). *Projected*: time to full mesh at {target} ranks "
-        "started at once, one core per daemon and a 4-core etcd, from the run's own costs: "
-        f"least start → claim + CPU per daemon × {target}/N (a daemon's work is O(N), serial "
-        f"on its core) + {target}·{int(target) + 1}/2 events × µs per event / 4 cores; the "
-        "terms are added as if serial, an upper bound.",
+        "registration after its own): etcd's whole CPU, idle share included, so no cost "
+        "per event to project from; the scale model section projects a cluster from costs "
+        "measured one at a time instead.",
         "",
     ]
 
@@ -232,3 +229,147 @@ def _paced_note(p: JSON) -> str:
         f", and once more for {each} (rows *at N/s*: a rate these 2 cores keep up "
         "with, for the rest and the convergence a saturated storm hides)"
     )
+
+
+# --- the scale model ----------------------------------------------------------------------
+
+MODEL_TARGETS = ((1024, 3.0), (10_000, 10.0))
+"""Ranks started at once, and the seconds to full mesh the issue asks of them."""
+DAEMONS_PER_CACHE = 100
+MODEL_HEADER = ("ranks", "read", "at least s", "at most s", "target", "result", "what stops it")
+WRITES_PER_CLAIM = 2
+"""A claim is a lease grant and a create transaction: each costed as one measured put."""
+
+
+def _median(r: JSON | None, *path: str) -> float | None:
+    value: Any = r
+    for key in path:
+        value = (value or {}).get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, int | float) else None
+
+
+def model_components(fanout: JSON | None, join_storm: JSON | None,
+                     startup: JSON | None) -> dict[str, float | None]:  # fmt: skip
+    """Each cost, measured in isolation by its own bench (median over its runs)."""
+    arm = (fanout or {}).get("summary", {}).get("by_arm", {})
+    return {
+        "claim_s": _median(startup, "summary", "all", "claimed_s", "median"),
+        "write_us": _median(arm, "writes", "etcd_us_per_write", "median"),
+        "event_json_us": _median(arm, "direct-json", "etcd_us_per_event", "median"),
+        "event_grpc_us": _median(arm, "direct-grpc", "etcd_us_per_event", "median"),
+        "proxy_us": _median(arm, "proxy", "cache_us_per_record", "median"),
+        "relay_us": _median(arm, "relay", "cache_us_per_record", "median"),
+        "join_us": _median(join_storm, "summary", "us_per_join", "median"),
+    }
+
+
+def model_terms(n: int, way: str, c: dict[str, float | None]) -> dict[str, float] | None:
+    """The terms of the time to full mesh of ``n`` ranks started at once, in seconds, read
+    ``way`` (``direct``, ``proxy``, ``relay``); None where a component is not measured."""
+    caches = -(-n // DAEMONS_PER_CACHE)
+    event = c["event_json_us"] if way in ("direct", "relay") else c["event_grpc_us"]
+    forward = {"direct": 0.0, "proxy": c["proxy_us"], "relay": c["relay_us"]}[way]
+    needed = (c["claim_s"], c["write_us"], event, forward, c["join_us"])
+    if any(x is None for x in needed):
+        return None
+    assert event is not None
+    assert forward is not None
+    watchers = n if way == "direct" else caches
+    per_cache = -(-n // caches)
+    return {
+        "start → claim": c["claim_s"] or 0.0,
+        "etcd: the claims": WRITES_PER_CLAIM * n * (c["write_us"] or 0.0) / 1e6,
+        "etcd: events delivered": watchers * n * event / 1e6,
+        "a cache: records forwarded": 0.0 if way == "direct" else per_cache * n * forward / 1e6,
+        "a daemon: the joins": n * (c["join_us"] or 0.0) / 1e6,
+    }
+
+
+def scale_model_section(fanout: JSON | None, join_storm: JSON | None,
+                        startup: JSON | None) -> tuple[list[str], bool | None]:  # fmt: skip
+    """The projection for a cluster from the measured components, and what stops it."""
+    c = model_components(fanout, join_storm, startup)
+    out = ["## Scale model: ranks started at once on a cluster", ""]
+    ways = ["direct", "proxy"] + (["relay"] if c["relay_us"] is not None else [])
+    rows, verdicts = [], []
+    for n, target in MODEL_TARGETS:
+        for way in ways:
+            terms = model_terms(n, way, c)
+            if terms is None:
+                rows.append([f"{n:,}", way, "–", "–", f"≤ {target:g} s", "not measured", ""])
+                continue
+            low, high = max(terms.values()), sum(terms.values())
+            met = high <= target
+            if way != "direct":
+                verdicts.append(met)
+            rows.append([f"{n:,}", way, num(low, 1), num(high, 1), f"≤ {target:g} s",
+                         verdict(met), _stops(terms, target)])  # fmt: skip
+    missing = [k for k, v in c.items() if v is None and k != "relay_us"]
+    out += [
+        "Each cost measured alone: *start → claim* (Start-up section, median); etcd's CPU",
+        "per registration write and per delivered event, JSON gateway and gRPC, in the",
+        "storm window with its at-rest CPU taken off, etcd pinned to a core of its own",
+        "(Watch fan-out section); a cache's CPU per record it forwards (same section); a",
+        "daemon's CPU per join (issue 28's join storm: `bench/join_storm.py`, everything",
+        "it spends from its claim to full, signature checks and rest included, over the",
+        "joins). " + _components_line(c),
+        "",
+        "The model, for N ranks started at once with a core per daemon, etcd on one core",
+        f"and ⌈N/{DAEMONS_PER_CACHE}⌉ caches on cores of their own: etcd takes the N claims",
+        f"({WRITES_PER_CLAIM} writes each) and delivers every registration to every watch it",
+        "holds (N² events directly: a daemon that lists before the others register is",
+        "sent all N; ⌈N/100⌉·N through caches); each cache forwards every registration",
+        "to its N/⌈N/100⌉ daemons; each daemon takes N joins. Each term is serial work on",
+        "one core. The stages overlap (events flow while claims land), so the time to",
+        "full mesh lies between the largest term (*at least*) and their sum (*at most*);",
+        "a target is met when the sum is under it. etcd's term is for one core: more cores",
+        "could divide it at best, which is not measured here. Left out: the daemons' first",
+        "lists (served by the caches through them; directly, each can be up to N records",
+        "from etcd), lease keepalives (N every TTL/3 s), and the data plane's handshakes.",
+        "",
+        *table(MODEL_HEADER, rows),
+        *([f"Not measured, so not projected: {', '.join(missing)}.", ""] if missing else []),
+        *_best_caches(c),
+    ]
+    return out, (all(verdicts) if verdicts else None)
+
+
+def _components_line(c: dict[str, float | None]) -> str:
+    def us(key: str) -> str:
+        return "–" if c[key] is None else f"{c[key]:.1f} µs"
+
+    claim = "–" if c["claim_s"] is None else f"{c['claim_s']:.2f} s"
+    return (f"Here: start → claim {claim}; etcd {us('write_us')} a write, {us('event_json_us')} "
+            f"an event (JSON), {us('event_grpc_us')} (gRPC); grpc-proxy {us('proxy_us')} a "
+            f"record, vnetd relay {us('relay_us')}; a daemon {us('join_us')} a join.")  # fmt: skip
+
+
+def _stops(terms: dict[str, float], target: float) -> str:
+    """The term that stops a missed target, and by how much."""
+    high = sum(terms.values())
+    name, worst = max(terms.items(), key=lambda kv: kv[1])
+    detail = ", ".join(f"{k} {v:.1f} s" for k, v in terms.items())
+    if high <= target:
+        return f"nothing ({detail})"
+    if worst > target:
+        return (f"{name}: {worst:.1f} s alone, {worst / target:.1f}× the target however the "
+                f"stages overlap ({detail})")  # fmt: skip
+    return (f"the terms in series, over by {high - target:.1f} s; {name} is the largest, "
+            f"{worst:.1f} s: met only as far as the stages overlap ({detail})")  # fmt: skip
+
+
+def _best_caches(c: dict[str, float | None]) -> list[str]:
+    """The number of caches that minimises etcd's delivery term plus a cache's term."""
+    event, forward = c["event_grpc_us"], c["proxy_us"]
+    if not event or not forward or event <= 0 or forward <= 0:
+        return []
+    n = MODEL_TARGETS[-1][0]
+    best = max(1, round(math.sqrt(n * forward / event)))
+    both = (best * n * event + -(-n // best) * n * forward) / 1e6
+    return [
+        f"With grpc-proxy, etcd's term grows with the caches and each cache's shrinks: at "
+        f"{n:,} ranks their sum is least with about {best} caches ({both:.1f} s for the two "
+        "terms together); fewer events per cache need a second tier of caches fed by the "
+        "first, which is not measured here.",
+        "",
+    ]
