@@ -18,6 +18,14 @@ and scripts at commit 0d75cef8 and tag 0.2.1; those that differ between the
 versions are ``operator_versions.OPERATOR_VERSIONS``, checked against a clone of
 the operator by ``scripts/check_operator_facts.py``):
 
+* ``spec.size`` is that Job's completions and parallelism, the pods it starts
+  with; ``spec.maxSize`` (default ``size``) bounds a resize (``kubectl scale``:
+  the CRD's scale subresource is ``spec.size``) and is the host list
+  ``<name>-[0-(maxSize-1)]`` the operator encodes R for; with ``maxSize >
+  size`` its ``wait.sh`` passes ``-Sbroker.quorum=<size>`` (``getRequiredRanks``),
+  so rank 0 starts once that many brokers are up and the others join at their
+  fixed addresses when the Job grows. The rendered ``maxSize`` is every rank
+  the MiniCluster holds, the bootstrap's every host;
 * the pods are an Indexed Job named after the MiniCluster, so host
   ``<name>-<index>``, and ``JOB_COMPLETION_INDEX`` gives vnetd its rank; they
   are ``restartPolicy: OnFailure``, so a pod completes only once every
@@ -123,7 +131,9 @@ class MiniClusterOptions:
     command: str = DEFAULT_COMMAND
     operator_version: str = DEFAULT_OPERATOR_VERSION
     tasks: int | None = None
-    """``spec.tasks``; None: one per rank (the operator's own default is 1)."""
+    """``spec.tasks``; None: one per pod it starts with (the operator's own default is 1)."""
+    size: int | None = None
+    """``spec.size``, the pods it starts with; None: every rank it holds (``spec.maxSize``)."""
     mesh_policy: bool = False
     """Also a NetworkPolicy admitting the mesh's UDP port from its own pods, and the
     metrics port from ``monitoring_namespace``."""
@@ -219,7 +229,14 @@ def render_minicluster(
     port = http_port(spec)
     check_image(options.image, "--image")
     app_image = check_image(options.app_image or version.app_image, "--app-image")
-    tasks = spec.size if options.tasks is None else options.tasks
+    capacity = spec.size
+    size = capacity if options.size is None else options.size
+    if not 1 <= size <= capacity:
+        raise SpecError(
+            f"--size: {size} is not a number of pods the MiniCluster can start with; give "
+            f"1 to {capacity} (the ranks it holds, its maxSize)"
+        )
+    tasks = size if options.tasks is None else options.tasks
     if tasks < 1:
         raise SpecError(f"--tasks: {tasks} is not a task count; give 1 or more")
     if options.deadline < 1:
@@ -238,7 +255,8 @@ def render_minicluster(
         "kind": "MiniCluster",
         "metadata": {"name": name, "labels": labels(spec, "minicluster")},
         "spec": {
-            "size": spec.size,
+            "size": size,
+            "maxSize": capacity,
             "tasks": tasks,
             "deadlineSeconds": options.deadline,
             **({"backoffLimit": BACKOFF_LIMIT} if version.backoff_limit else {}),
@@ -255,6 +273,7 @@ def render_minicluster(
         },
     }
     budget = disruption_budget(spec, name, pod_selector(spec))
+    budget["spec"]["minAvailable"] = size
     budget["metadata"]["labels"] = labels(spec, "minicluster")
     objects = [config_map, minicluster, budget]
     if options.mesh_policy:

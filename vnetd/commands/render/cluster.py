@@ -79,7 +79,14 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         "--tasks",
         type=int,
         metavar="N",
-        help="how many tasks the command runs as (default: one per rank)",
+        help="how many tasks the command runs as (default: one per pod it starts with)",
+    )
+    minicluster.add_argument(
+        "--size",
+        type=int,
+        metavar="N",
+        help="how many pods the MiniCluster starts with (spec.size; default every rank, "
+        "its maxSize): Flux starts once N ranks are up and `kubectl scale` grows it",
     )
     minicluster.add_argument(
         "--mesh-policy",
@@ -154,6 +161,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
         command=args.job_command,
         operator_version=args.operator_version,
         tasks=args.tasks,
+        size=args.size,
         mesh_policy=args.mesh_policy,
         deadline=args.deadline,
         queue_policy=args.queue_policy,
