@@ -145,6 +145,9 @@ class MiniClusterOptions:
     """``spec.deadlineSeconds``: how long the Job may run before it fails."""
     queue_policy: str = DEFAULT_QUEUE_POLICY
     """Fluxion's queue policy, in the broker config and ``flux.scheduler.queuePolicy``."""
+    batch: bool = False
+    """The Flux container's ``batch``: the operator submits each line of ``command`` in one
+    ``flux batch`` (a nested instance, on the overlay by the broker config's hint)."""
 
 
 def broker_config(
@@ -153,10 +156,18 @@ def broker_config(
     queue_policy: str = DEFAULT_QUEUE_POLICY,
 ) -> str:
     """The operator's broker config for this MiniCluster whose ``[bootstrap]`` is ``vnetd
-    render flux --curve-cert <the operator's copy>``: only the addresses come from vnetd."""
+    render flux --curve-cert <the operator's copy>``: only the addresses come from vnetd.
+
+    And ``[tbon] interface-hint``, the overlay interface: brokers bootstrapped by PMI (the
+    nested instance of ``flux batch``, the operator's batch mode, or ``flux alloc``) take
+    their TCP endpoints from that hint, inherited from the enclosing instance, else from the
+    default route, the pod network (flux-config-tbon(5)). This instance boots from
+    ``[bootstrap]``, which the hint does not change.
+    """
     pinned = operator_version(version)
     bootstrap = render_flux(spec, FluxOptions(curve_cert=pinned.curve_cert))
-    return operator_broker_config(pinned, bootstrap, queue_policy)
+    hint = f'\n[tbon]\ninterface-hint = "{spec.interface}"\n'
+    return operator_broker_config(pinned, bootstrap, queue_policy) + hint
 
 
 def pod_selector(spec: MeshSpec) -> Obj:
@@ -244,6 +255,9 @@ def render_minicluster(
             f"--deadline: {options.deadline} is not a number of seconds; give 1 or more "
             "(how long the MiniCluster's Job may run)"
         )
+    flux = _flux_container(spec, port, options, app_image)
+    if options.batch:
+        flux["batch"] = True
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -267,7 +281,7 @@ def render_minicluster(
                 "scheduler": {"queuePolicy": options.queue_policy},
             },
             "containers": [
-                _flux_container(spec, port, options, app_image),
+                flux,
                 _vnetd_container(spec, port, options, version),
             ],
         },

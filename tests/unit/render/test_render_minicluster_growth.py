@@ -63,3 +63,26 @@ def test_max_size_is_every_rank_and_size_the_pods_it_starts_with(version: str):
 def test_a_size_outside_the_mesh_is_refused(size: int):
     with pytest.raises(SpecError, match=rf"--size: {size} is not a number of pods .* 1 to 4"):
         docs_of(MiniClusterOptions(image=IMAGE, size=size))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_batch_mode_nests_its_instance_on_the_overlay(version: str):
+    """The operator's batch mode runs ``flux batch``: a nested instance bootstrapped by PMI,
+    whose brokers bind where ``tbon.interface-hint`` points, inherited from this instance's
+    config (flux-config-tbon(5)); without it, the default route's address, the pod network,
+    which a default-deny namespace closes to TCP."""
+    spec = load_spec(SIDECAR_SPEC)
+    (minicluster,) = docs_of(
+        MiniClusterOptions(
+            image=IMAGE, operator_version=version, batch=True, command="./step-1\n./step-2"
+        )  # fmt: skip
+    )["MiniCluster"]
+    flux = minicluster["spec"]["containers"][0]
+    assert flux["batch"] is True and flux["command"] == "./step-1\n./step-2"
+    config = tomllib.loads(minicluster["spec"]["flux"]["brokerConfig"])
+    assert config["tbon"] == {"interface-hint": spec.interface}
+    validate_crd(minicluster, f"minicluster-{version}")
+    (plain,) = docs_of(MiniClusterOptions(image=IMAGE, operator_version=version))["MiniCluster"]
+    assert "batch" not in plain["spec"]["containers"][0]
+    # The hint is there in every mode: a user's own `flux batch` or `flux alloc` nests too.
+    assert tomllib.loads(plain["spec"]["flux"]["brokerConfig"])["tbon"] == config["tbon"]

@@ -89,6 +89,12 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         "its maxSize): Flux starts once N ranks are up and `kubectl scale` grows it",
     )
     minicluster.add_argument(
+        "--batch",
+        action="store_true",
+        help="the operator's batch mode: each line of --command is submitted in one nested "
+        "`flux batch` instance, whose brokers use the overlay interface like the others",
+    )
+    minicluster.add_argument(
         "--mesh-policy",
         action="store_true",
         help="also a NetworkPolicy admitting WireGuard's UDP port from the mesh's pods "
@@ -162,6 +168,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
         operator_version=args.operator_version,
         tasks=args.tasks,
         size=args.size,
+        batch=args.batch,
         mesh_policy=args.mesh_policy,
         deadline=args.deadline,
         queue_policy=args.queue_policy,
