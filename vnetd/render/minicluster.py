@@ -53,7 +53,6 @@ the operator by ``scripts/check_operator_facts.py``):
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +67,16 @@ from vnetd.render.manifests import (
     labels,
     manifest_objects_header,
     yaml_stream,
+)
+from vnetd.render.minicluster_site import (
+    bursting_hostlist,
+    fake_hostname,
+    forwarding_container,
+    minicluster_part,
+    public_volume,
+    shell_join,
+    site_objects,
+    site_vnetd_args,
 )
 from vnetd.render.operator_versions import (
     DEFAULT_OPERATOR_VERSION,
@@ -97,6 +106,7 @@ from vnetd.render.secretfiles import (
     secret_files,
     staged_volumes,
 )
+from vnetd.render.site_manifests import SitePart
 from vnetd.spec import MeshSpec
 
 API_VERSION = "flux-framework.org/v1alpha2"
@@ -145,6 +155,12 @@ class MiniClusterOptions:
     """``spec.deadlineSeconds``: how long the Job may run before it fails."""
     queue_policy: str = DEFAULT_QUEUE_POLICY
     """Fluxion's queue policy, in the broker config and ``flux.scheduler.queuePolicy``."""
+    site: str | None = None
+    """``--site``: the MiniCluster is one site's part of the mesh (``minicluster_site``)."""
+    ranks: str = "all"
+    """``--ranks A-B``: the ranks it runs, Job index ``i`` being rank ``A + i``."""
+    etcd: tuple[str, ...] = ()
+    """``--etcd``: the client URLs vnetd uses instead of ``registry.endpoints``."""
     batch: bool = False
     """The Flux container's ``batch``: the operator submits each line of ``command`` in one
     ``flux batch`` (a nested instance, on the overlay by the broker config's hint)."""
@@ -240,7 +256,8 @@ def render_minicluster(
     port = http_port(spec)
     check_image(options.image, "--image")
     app_image = check_image(options.app_image or version.app_image, "--app-image")
-    capacity = spec.size
+    part = minicluster_part(spec, options.site, options.ranks)
+    capacity = spec.size if part is None else part.count
     size = capacity if options.size is None else options.size
     if not 1 <= size <= capacity:
         raise SpecError(
@@ -258,6 +275,10 @@ def render_minicluster(
     flux = _flux_container(spec, port, options, app_image)
     if options.batch:
         flux["batch"] = True
+    fake = fake_hostname(spec, part)
+    if fake:
+        flux["commands"]["pre"] = f"{fake}\n{flux['commands']['pre']}"
+    forwarding = forwarding_container(spec, part, options.image, version.core_security_context)
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -279,10 +300,12 @@ def render_minicluster(
                 "brokerConfig": broker_config(spec, version.name, options.queue_policy),
                 "noWaitSocket": True,
                 "scheduler": {"queuePolicy": options.queue_policy},
+                **({} if part is None else {"bursting": {"hostlist": bursting_hostlist(spec)}}),
             },
             "containers": [
                 flux,
-                _vnetd_container(spec, port, options, version),
+                _vnetd_container(spec, port, options, version, part),
+                *([] if forwarding is None else [forwarding]),
             ],
         },
     }
@@ -290,6 +313,7 @@ def render_minicluster(
     budget["spec"]["minAvailable"] = size
     budget["metadata"]["labels"] = labels(spec, "minicluster")
     objects = [config_map, minicluster, budget]
+    objects += site_objects(spec, part, labels(spec, "minicluster"), pod_selector(spec))
     if options.mesh_policy:
         objects.append(_mesh_policy(spec, port, options.monitoring_namespace))
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
@@ -328,18 +352,25 @@ def _flux_container(spec: MeshSpec, port: int, options: MiniClusterOptions, app_
 
 
 def _vnetd_container(
-    spec: MeshSpec, port: int, options: MiniClusterOptions, version: OperatorVersion
+    spec: MeshSpec,
+    port: int,
+    options: MiniClusterOptions,
+    version: OperatorVersion,
+    part: SitePart | None,
 ) -> Obj:
     listen = f"{'[::]' if listens_on_ipv6(spec) else '0.0.0.0'}:{port}"
     argv = ["vnetd", "up", "--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--state-dir", STATE_DIR,
             "--http-listen", listen, "--exit-on-file", version.marker]  # fmt: skip
     if options.kernel_wireguard:
         argv += ["--dataplane", "kernel"]
+    argv += site_vnetd_args(part, options.etcd)
+    public = public_volume(spec, part)
     # The operator's own mounts are taken too, for the TLS directory as for the files.
     taken = (*VNETD_MOUNTS, OPERATOR_VIEW, STAGING_DIR, "/flux_operator")
+    taken += tuple(volume["path"] for volume in public.values())
     tls_dir = etcd_tls_dir(spec, taken)
     files = secret_files(spec, (*taken, tls_dir) if tls_dir else taken)
-    steps = [*copy_commands(files), f"exec {shlex.join(argv)}"]
+    steps = [*copy_commands(files), f"exec {shell_join(argv)}"]
     volume = config_name(spec)
     return {
         "name": VNETD_CONTAINER,
@@ -358,6 +389,7 @@ def _vnetd_container(
             **({} if options.kernel_wireguard else {"dev-net": DEV_NET}),
             **_etcd_tls_volume(tls_dir),
             **staged_volumes(files),
+            **public,
         },
     }
 
