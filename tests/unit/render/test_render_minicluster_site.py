@@ -9,6 +9,7 @@ expanded here by bash as the operator's scripts would; the gateway pieces are
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import tomllib
 from pathlib import Path
@@ -176,3 +177,38 @@ def test_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path):
     assert re.search(r"--ranks: ranks 30, 31 are gateways of site a", err), err
     assert main([*argv[:6], "--site", "c", "--ranks", "0-1"]) == 0
     assert "--site: the spec names sites a, b and not c" in capsys.readouterr().err
+
+
+BURSTING = Path(__file__).parents[3] / "docs" / "bursting.md"
+
+
+def test_bursting_doc_renders_a_minicluster_per_cluster(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+):
+    """docs/bursting.md's spec and its ``render minicluster`` commands, run as written."""
+    doc = BURSTING.read_text()
+    spec_text = re.search(r"### The spec \(`mesh.toml`.*?```toml\n(.*?)```", doc, re.S)
+    assert spec_text is not None
+    (tmp_path / "mesh.toml").write_text(spec_text.group(1))
+    commands = [
+        shlex.split(line.split(" #", 1)[0])
+        for block in re.findall(r"```sh\n(.*?)```", doc, flags=re.S)
+        for line in block.replace("\\\n", " ").splitlines()
+        if line.startswith("vnetd render minicluster")
+    ]
+    assert len(commands) == 2
+    for argv, first, gateways in zip(commands, (0, 32), ((30, 31), (32, 33)), strict=True):
+        output = tmp_path / argv[argv.index("-o") + 1]
+        argv[argv.index("-o") + 1] = str(output)
+        argv[argv.index("--config") + 1] = str(tmp_path / "mesh.toml")
+        assert main(argv[1:]) == 0, capsys.readouterr().err
+        docs: dict[str, list[Obj]] = {}
+        for doc_ in yaml.safe_load_all(output.read_text()):
+            docs.setdefault(doc_["kind"], []).append(doc_)
+        (minicluster,) = docs["MiniCluster"]
+        assert minicluster["metadata"]["name"] == "flux"
+        assert (minicluster["spec"]["size"], minicluster["spec"]["maxSize"]) == (32, 32)
+        names = [s["metadata"]["name"] for s in docs["Service"]]
+        assert names == [f"flux-gateway-{g}" for g in gateways]
+        argv_ = vnetd_argv(minicluster, 1)
+        assert build_parser().parse_args(argv_[1:]).rank == (str(first + 1) if first else None)
