@@ -242,12 +242,15 @@ def minicluster_name(spec: MeshSpec) -> str:
 def render_minicluster(
     spec: MeshSpec, spec_toml: str, options: MiniClusterOptions | None = None
 ) -> str:
-    """The ConfigMap, the MiniCluster and its PodDisruptionBudget as a YAML stream.
+    """The ConfigMap, the MiniCluster and its PodDisruptionBudget as a YAML stream (and, for
+    a site's part with gateways, ``minicluster_site.site_objects``).
 
     Raises:
         SpecError: the host names cannot be an Indexed Job's, the HTTP port is
             0, an image reference is malformed, a Secret file cannot be mounted,
-            the version is unknown or ``--tasks`` below 1 (each naming its key or flag).
+            the version is unknown, ``--tasks`` below 1, ``--size`` outside the
+            ranks it holds, or a part ``minicluster_part`` refuses (each naming its
+            key or flag).
     """
     options = options or MiniClusterOptions()
     version = operator_version(options.operator_version)
