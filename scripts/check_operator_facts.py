@@ -39,6 +39,7 @@ FILES = {
     "minicluster.go": "controllers/flux/minicluster.go",
     "pods.go": "controllers/flux/pods.go",
     "view.go": "pkg/flux/view.go",
+    "config.go": "pkg/flux/config.go",
     "start.sh": "pkg/flux/templates/start.sh",
     "wait.sh": "pkg/flux/templates/wait.sh",
 }
@@ -106,6 +107,7 @@ def broker_config_facts(version: OperatorVersion, source: Source) -> None:
         ours = tomllib.loads(broker_config(spec, version.name, queue))
         theirs = operators_own_config(version, source, queue)
         assert ours.pop("bootstrap") == bootstrap["bootstrap"], "bootstrap is vnetd's"
+        assert ours.pop("tbon") == {"interface-hint": spec.interface}, "vnetd's one addition"
         assert theirs.pop("bootstrap")["curve_cert"] == version.curve_cert, "CURVE path"
         assert ours == theirs, f"[resource], [access], [archive], queue policy {queue}"
     # view.go writes it through an unquoted here-document: nothing the shell expands.
@@ -124,8 +126,29 @@ def service_facts(version: OperatorVersion, source: Source) -> None:
     assert "podLabels[podLabelAppName] = cluster.Name" in pods, "name is overwritten"
 
 
+def size_facts(version: OperatorVersion, source: Source) -> None:
+    """What ``size``, ``maxSize`` and a burst site's part rely on (minicluster_site.py)."""
+    job = source("job.go")
+    assert "Completions:           &cluster.Spec.Size," in job, "size is the Job's"
+    assert "Parallelism:           &cluster.Spec.Size," in job, "size is the Job's"
+    assert "completionMode := batchv1.IndexedCompletion" in job, "an Indexed Job"
+    view = source("view.go")
+    assert "hosts := generateHostlist(cluster, cluster.Spec.MaxSize)" in view, "R's hosts"
+    assert 'mainHost := fmt.Sprintf("%s-0", cluster.Name)' in view, "the lead host"
+    config = source("config.go")
+    assert "hosts = cluster.Spec.Flux.Bursting.Hostlist" in config, "bursting.hostlist"
+    assert "if cluster.Spec.MaxSize == cluster.Spec.Size {" in config, "quorum only below"
+    wait = source("wait.sh")
+    assert "-Sbroker.quorum={{ .RequiredRanks }}" in wait, "quorum"
+    lead = 'if [ $(hostname) == "${mainHost}" ]; then'
+    assert wait.count(lead) == 1, "lead by host name"
+    # pre runs in wait.sh's own shell before the branches that start the brokers: its
+    # export (FLUX_FAKE_HOSTNAME) reaches every broker.
+    assert 0 < wait.index("{{ .Container.Commands.Pre}}") < wait.index(lead), "pre"
+
+
 CHECKS: list[Callable[[OperatorVersion, Source], None]] = [
-    script_facts, job_facts, broker_config_facts, service_facts,
+    script_facts, job_facts, broker_config_facts, service_facts, size_facts,
 ]  # fmt: skip
 
 

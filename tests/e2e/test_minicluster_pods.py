@@ -101,13 +101,14 @@ def start_script(container: Obj) -> str:
     )
 
 
-def operator_pod(minicluster: Obj) -> tuple[Obj, Obj]:
-    """The pod spec the operator makes of ``minicluster`` and its entrypoint ConfigMap."""
+def operator_pod(minicluster: Obj, job: str | None = None) -> tuple[Obj, Obj]:
+    """The pod spec the operator makes of ``minicluster`` and its entrypoint ConfigMap;
+    ``job``: the Flux container's script (default ``job_script``)."""
     name = minicluster["metadata"]["name"]
     body = minicluster["spec"]
     assert body["flux"]["noWaitSocket"] is True, "else start.sh waits for Flux's socket"
-    flux, vnetd = body["containers"]
-    assert flux["runFlux"] and not vnetd.get("runFlux")
+    flux, *others = body["containers"]
+    assert flux["runFlux"] and not any(other.get("runFlux") for other in others)
     entrypoint = f"{name}-entrypoint"
     mounts: list[Obj] = [
         {"name": "flux-view", "mountPath": VIEW},
@@ -143,10 +144,9 @@ def operator_pod(minicluster: Obj) -> tuple[Obj, Obj]:
             "securityContext": security,
             "volumeMounts": mounts,  # the operator's list grows from container to container
         })  # fmt: skip
-    config_map = {
-        "metadata": {"name": entrypoint},
-        "data": {"wait-0.sh": job_script(minicluster), "start-1.sh": start_script(vnetd)},
-    }
+    scripts = {f"start-{i}.sh": start_script(c) for i, c in enumerate(others, start=1)}
+    data = {"wait-0.sh": job_script(minicluster) if job is None else job, **scripts}
+    config_map = {"metadata": {"name": entrypoint}, "data": data}
     spec = {"restartPolicy": "OnFailure", "containers": containers, "volumes": volumes}
     return spec, config_map
 

@@ -2,7 +2,8 @@
 
 It does what a Flux broker does with a ``[bootstrap]`` table and nothing
 more: it finds its rank as the index of the first ``hosts`` entry whose
-``host`` equals ``hostname``; it binds a ROUTER on its own entry's ``bind``
+``host`` equals ``hostname`` (``FLUX_FAKE_HOSTNAME`` instead where set, as
+flux-core's ``boot_config`` reads it); it binds a ROUTER on its own entry's ``bind``
 URI when it has downstream peers; it connects a DEALER to its parent's
 ``connect`` URI (rank 0 is everyone's parent unless ``parent`` keys give
 a tree). Every URI comes from the file; nothing about the mesh is in here.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import secrets
 import signal
 import socket
@@ -52,7 +54,8 @@ def main() -> int:
         bootstrap = tomllib.load(handle)["bootstrap"]
     hosts: list[dict[str, Any]] = bootstrap["hosts"]
     names = [entry["host"] for entry in hosts]
-    hostname = socket.gethostname()
+    # As flux-core's boot_config: FLUX_FAKE_HOSTNAME, when set, is the name looked up.
+    hostname = os.environ.get("FLUX_FAKE_HOSTNAME") or socket.gethostname()
     if hostname not in names:
         print(json.dumps({"event": "error", "why": f"{hostname} not in hosts"}), flush=True)
         return 1

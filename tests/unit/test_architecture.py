@@ -112,6 +112,8 @@ LAYER_OF: dict[str, str] = {
     "vnetd.render.hosts": VIEWS,
     "vnetd.render.manifests": VIEWS,
     "vnetd.render.minicluster": VIEWS,
+    "vnetd.render.minicluster_site": VIEWS,
+    "vnetd.render.minicluster_pods": VIEWS,
     "vnetd.render.operator_versions": VIEWS,
     "vnetd.render.monitoring": VIEWS,
     "vnetd.render.provision_job": VIEWS,

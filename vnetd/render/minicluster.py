@@ -19,6 +19,14 @@ and scripts at commit 0d75cef8 and tag 0.2.1; those that differ between the
 versions are ``operator_versions.OPERATOR_VERSIONS``, checked against a clone of
 the operator by ``scripts/check_operator_facts.py``):
 
+* ``spec.size`` is that Job's completions and parallelism, the pods it starts
+  with; ``spec.maxSize`` (default ``size``) bounds a resize (``kubectl scale``:
+  the CRD's scale subresource is ``spec.size``) and is the host list
+  ``<name>-[0-(maxSize-1)]`` the operator encodes R for; with ``maxSize >
+  size`` its ``wait.sh`` passes ``-Sbroker.quorum=<size>`` (``getRequiredRanks``),
+  so rank 0 starts once that many brokers are up and the others join at their
+  fixed addresses when the Job grows. The rendered ``maxSize`` is every rank
+  the MiniCluster holds, the bootstrap's every host;
 * the pods are an Indexed Job named after the MiniCluster, so host
   ``<name>-<index>``, and ``JOB_COMPLETION_INDEX`` gives vnetd its rank; they
   are ``restartPolicy: OnFailure``, so a pod completes only once every
@@ -46,7 +54,6 @@ the operator by ``scripts/check_operator_facts.py``):
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +68,17 @@ from vnetd.render.manifests import (
     labels,
     manifest_objects_header,
     yaml_stream,
+)
+from vnetd.render.minicluster_pods import mesh_policy, pod_annotations, pod_labels, pod_selector
+from vnetd.render.minicluster_site import (
+    bursting_hostlist,
+    fake_hostname,
+    forwarding_container,
+    minicluster_part,
+    public_volume,
+    shell_join,
+    site_objects,
+    site_vnetd_args,
 )
 from vnetd.render.operator_versions import (
     DEFAULT_OPERATOR_VERSION,
@@ -90,6 +108,7 @@ from vnetd.render.secretfiles import (
     secret_files,
     staged_volumes,
 )
+from vnetd.render.site_manifests import SitePart
 from vnetd.spec import MeshSpec
 
 API_VERSION = "flux-framework.org/v1alpha2"
@@ -102,8 +121,6 @@ DEFAULT_MONITORING_NAMESPACE = "monitoring"
 DEV_NET = {"hostPath": "/dev/net", "path": "/dev/net"}
 """wireguard-go's ``/dev/net/tun`` from the node (the operator's host paths are
 directories)."""
-NAMESPACE_LABEL = "kubernetes.io/metadata.name"
-"""The label the API server sets on every namespace: its name."""
 DEFAULT_DEADLINE = 4 * 3600
 """``spec.deadlineSeconds`` (the Job's ``activeDeadlineSeconds``): a working session. The
 operator's own default, 31,500,000 s, holds the nodes of a hung MiniCluster for a year."""
@@ -124,7 +141,9 @@ class MiniClusterOptions:
     command: str = DEFAULT_COMMAND
     operator_version: str = DEFAULT_OPERATOR_VERSION
     tasks: int | None = None
-    """``spec.tasks``; None: one per rank (the operator's own default is 1)."""
+    """``spec.tasks``; None: one per pod it starts with (the operator's own default is 1)."""
+    size: int | None = None
+    """``spec.size``, the pods it starts with; None: every rank it holds (``spec.maxSize``)."""
     mesh_policy: bool = False
     """Also a NetworkPolicy admitting the mesh's UDP port from its own pods, and the
     metrics port from ``monitoring_namespace``."""
@@ -139,6 +158,15 @@ class MiniClusterOptions:
     gate_timeout: int | None = None
     """How long the Flux container waits at the mesh gate before it fails (``podscripts``);
     None: ``GATE_TIMEOUT``, or half the deadline when that is shorter."""
+    site: str | None = None
+    """``--site``: the MiniCluster is one site's part of the mesh (``minicluster_site``)."""
+    ranks: str = "all"
+    """``--ranks A-B``: the ranks it runs, Job index ``i`` being rank ``A + i``."""
+    etcd: tuple[str, ...] = ()
+    """``--etcd``: the client URLs vnetd uses instead of ``registry.endpoints``."""
+    batch: bool = False
+    """The Flux container's ``batch``: the operator submits each line of ``command`` in one
+    ``flux batch`` (a nested instance, on the overlay by the broker config's hint)."""
 
 
 def broker_config(
@@ -147,46 +175,18 @@ def broker_config(
     queue_policy: str = DEFAULT_QUEUE_POLICY,
 ) -> str:
     """The operator's broker config for this MiniCluster whose ``[bootstrap]`` is ``vnetd
-    render flux --curve-cert <the operator's copy>``: only the addresses come from vnetd."""
+    render flux --curve-cert <the operator's copy>``: only the addresses come from vnetd.
+
+    And ``[tbon] interface-hint``, the overlay interface: brokers bootstrapped by PMI (the
+    nested instance of ``flux batch``, the operator's batch mode, or ``flux alloc``) take
+    their TCP endpoints from that hint, inherited from the enclosing instance, else from the
+    default route, the pod network (flux-config-tbon(5)). This instance boots from
+    ``[bootstrap]``, which the hint does not change.
+    """
     pinned = operator_version(version)
     bootstrap = render_flux(spec, FluxOptions(curve_cert=pinned.curve_cert))
-    return operator_broker_config(pinned, bootstrap, queue_policy)
-
-
-def pod_selector(spec: MeshSpec) -> Obj:
-    """The labels that select the MiniCluster's pods, from ``spec.pod.labels``, which the
-    operator keeps (it overwrites ``app.kubernetes.io/name`` with the MiniCluster's name);
-    ``part-of: vnetd`` is what etcd's NetworkPolicy admits."""
-    return {
-        "app.kubernetes.io/part-of": "vnetd",
-        "app.kubernetes.io/instance": spec.name,
-        "app.kubernetes.io/component": "minicluster",
-    }
-
-
-def pod_labels(spec: MeshSpec) -> Obj:
-    """``spec.pod.labels``: the selector's, and Istio's opt-outs that are labels (a sidecar
-    label wins over a namespace's injection; ambient mode's is a label only)."""
-    return {
-        **pod_selector(spec),
-        "sidecar.istio.io/inject": "false",
-        "istio.io/dataplane-mode": "none",
-    }
-
-
-def pod_annotations(spec: MeshSpec) -> Obj:
-    """``spec.pod.annotations``: no service mesh sidecar in these pods.
-
-    A sidecar's capture takes Flux's TCP on the overlay interface (Istio's iptables
-    redirect it, and STRICT mTLS refuses the brokers' plain ZeroMQ), and a sidecar that
-    never exits keeps the pod, so the Job, from completing. Inert where no mesh runs.
-    """
-    return {
-        "sidecar.istio.io/inject": "false",
-        # Should a sidecar be injected anyway, its capture leaves the overlay alone.
-        "traffic.sidecar.istio.io/excludeInterfaces": spec.interface,
-        "linkerd.io/inject": "disabled",
-    }
+    hint = f'\n[tbon]\ninterface-hint = "{spec.interface}"\n'
+    return operator_broker_config(pinned, bootstrap, queue_policy) + hint
 
 
 def minicluster_name(spec: MeshSpec) -> str:
@@ -209,12 +209,15 @@ def minicluster_name(spec: MeshSpec) -> str:
 def render_minicluster(
     spec: MeshSpec, spec_toml: str, options: MiniClusterOptions | None = None
 ) -> str:
-    """The ConfigMap, the MiniCluster and its PodDisruptionBudget as a YAML stream.
+    """The ConfigMap, the MiniCluster and its PodDisruptionBudget as a YAML stream (and, for
+    a site's part with gateways, ``minicluster_site.site_objects``).
 
     Raises:
         SpecError: the host names cannot be an Indexed Job's, the HTTP port is
             0, an image reference is malformed, a Secret file cannot be mounted,
-            the version is unknown or ``--tasks`` below 1 (each naming its key or flag).
+            the version is unknown, ``--tasks`` below 1, ``--size`` outside the
+            ranks it holds, or a part ``minicluster_part`` refuses (each naming its
+            key or flag).
     """
     options = options or MiniClusterOptions()
     version = operator_version(options.operator_version)
@@ -223,7 +226,15 @@ def render_minicluster(
     port = http_port(spec)
     check_image(options.image, "--image")
     app_image = check_image(options.app_image or version.app_image, "--app-image")
-    tasks = spec.size if options.tasks is None else options.tasks
+    part = minicluster_part(spec, options.site, options.ranks)
+    capacity = spec.size if part is None else part.count
+    size = capacity if options.size is None else options.size
+    if not 1 <= size <= capacity:
+        raise SpecError(
+            f"--size: {size} is not a number of pods the MiniCluster can start with; give "
+            f"1 to {capacity} (the ranks it holds, its maxSize)"
+        )
+    tasks = size if options.tasks is None else options.tasks
     if tasks < 1:
         raise SpecError(f"--tasks: {tasks} is not a task count; give 1 or more")
     if options.deadline < 1:
@@ -237,6 +248,13 @@ def render_minicluster(
             f"--deadline {options.deadline}; give 1 to {options.deadline - 1} (how long "
             "each pod waits for the ranks its broker needs before the Job fails)"
         )
+    flux = _flux_container(spec, port, options, app_image, version)
+    if options.batch:
+        flux["batch"] = True
+    fake = fake_hostname(spec, part)
+    if fake:
+        flux["commands"]["pre"] = f"{fake}\n{flux['commands']['pre']}"
+    forwarding = forwarding_container(spec, part, options.image, version.core_security_context)
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -248,7 +266,8 @@ def render_minicluster(
         "kind": "MiniCluster",
         "metadata": {"name": name, "labels": labels(spec, "minicluster")},
         "spec": {
-            "size": spec.size,
+            "size": size,
+            "maxSize": capacity,
             "tasks": tasks,
             "deadlineSeconds": options.deadline,
             **({"backoffLimit": BACKOFF_LIMIT} if version.backoff_limit else {}),
@@ -257,18 +276,22 @@ def render_minicluster(
                 "brokerConfig": broker_config(spec, version.name, options.queue_policy),
                 "noWaitSocket": True,
                 "scheduler": {"queuePolicy": options.queue_policy},
+                **({} if part is None else {"bursting": {"hostlist": bursting_hostlist(spec)}}),
             },
             "containers": [
-                _flux_container(spec, port, options, app_image, version),
-                _vnetd_container(spec, port, options, version),
+                flux,
+                _vnetd_container(spec, port, options, version, part),
+                *([] if forwarding is None else [forwarding]),
             ],
         },
     }
     budget = disruption_budget(spec, name, pod_selector(spec))
+    budget["spec"]["minAvailable"] = size
     budget["metadata"]["labels"] = labels(spec, "minicluster")
     objects = [config_map, minicluster, budget]
+    objects += site_objects(spec, part, labels(spec, "minicluster"), pod_selector(spec))
     if options.mesh_policy:
-        objects.append(_mesh_policy(spec, port, options.monitoring_namespace))
+        objects.append(mesh_policy(spec, port, options.monitoring_namespace))
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
     return header + yaml_stream(objects)
 
@@ -310,18 +333,25 @@ def _flux_container(
 
 
 def _vnetd_container(
-    spec: MeshSpec, port: int, options: MiniClusterOptions, version: OperatorVersion
+    spec: MeshSpec,
+    port: int,
+    options: MiniClusterOptions,
+    version: OperatorVersion,
+    part: SitePart | None,
 ) -> Obj:
     listen = f"{'[::]' if listens_on_ipv6(spec) else '0.0.0.0'}:{port}"
     argv = ["vnetd", "up", "--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--state-dir", STATE_DIR,
             "--http-listen", listen, "--exit-on-file", version.marker]  # fmt: skip
     if options.kernel_wireguard:
         argv += ["--dataplane", "kernel"]
+    argv += site_vnetd_args(part, options.etcd)
+    public = public_volume(spec, part)
     # The operator's own mounts are taken too, for the TLS directory as for the files.
     taken = (*VNETD_MOUNTS, OPERATOR_VIEW, STAGING_DIR, "/flux_operator")
+    taken += tuple(volume["path"] for volume in public.values())
     tls_dir = etcd_tls_dir(spec, taken)
     files = secret_files(spec, (*taken, tls_dir) if tls_dir else taken)
-    steps = [*copy_commands(files), f"exec {shlex.join(argv)}"]
+    steps = [*copy_commands(files), f"exec {shell_join(argv)}"]
     volume = config_name(spec)
     return {
         "name": VNETD_CONTAINER,
@@ -340,6 +370,7 @@ def _vnetd_container(
             **({} if options.kernel_wireguard else {"dev-net": DEV_NET}),
             **_etcd_tls_volume(tls_dir),
             **staged_volumes(files),
+            **public,
         },
     }
 
@@ -362,26 +393,3 @@ def _etcd_tls_volume(directory: str | None) -> Obj:
         return {}
     volume = {"secretName": ETCD_CLIENT_SECRET, "path": directory, "readOnly": True}
     return {ETCD_CLIENT_SECRET: volume}
-
-
-def _mesh_policy(spec: MeshSpec, port: int, monitoring: str) -> Obj:
-    """WireGuard's UDP port from the mesh's own pods, and vnetd's HTTP port (``/metrics``)
-    from Prometheus' namespace, in a namespace whose policies deny ingress by default."""
-    mesh = {"matchLabels": pod_selector(spec)}
-    prometheus = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: monitoring}}}
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": f"{spec.name}-vnetd-mesh", "labels": labels(spec, "minicluster")},
-        "spec": {
-            "podSelector": mesh,
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": mesh}],
-                    "ports": [{"port": spec.port, "protocol": "UDP"}],
-                },
-                {"from": [prometheus], "ports": [{"port": port, "protocol": "TCP"}]},
-            ],
-        },
-    }

@@ -22,7 +22,8 @@ from typing import Any
 
 from vnetd.errors import SpecError
 from vnetd.render.manifests import http_port, labels, manifest_objects_header, yaml_stream
-from vnetd.render.minicluster import VNETD_CONTAINER, pod_selector
+from vnetd.render.minicluster import VNETD_CONTAINER
+from vnetd.render.minicluster_pods import pod_selector
 from vnetd.render.pods import config_name
 from vnetd.spec import MeshSpec
 

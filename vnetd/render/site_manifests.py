@@ -131,15 +131,18 @@ def etcd_args(etcd: tuple[str, ...]) -> list[str]:
     return [arg for url in etcd for arg in ("--etcd", check_etcd_url(url))]
 
 
-def vnetd_site_args(part: SitePart | None, etcd: tuple[str, ...] = ()) -> list[str]:
+def vnetd_site_args(
+    part: SitePart | None, etcd: tuple[str, ...] = (), rank: str = f"$({POD_INDEX_ENV})"
+) -> list[str]:
     """The sidecar's extra flags: ``--etcd`` and ``--site`` when given, and the public
-    endpoint file when the part runs gateways."""
+    endpoint file when the part runs gateways, named by ``rank``: the Kubernetes expansion
+    of the pod's index, or a shell expression of its rank (``minicluster_site``)."""
     args = etcd_args(etcd)
     if part is None:
         return args
     args += ["--site", part.site] if part.site_flag else []
     if part.gateways:
-        args += ["--public-endpoint-file", f"{PUBLIC_DIR}/$({POD_INDEX_ENV})"]
+        args += ["--public-endpoint-file", f"{PUBLIC_DIR}/{rank}"]
     return args
 
 
@@ -168,16 +171,33 @@ def site_objects(spec: MeshSpec, part: SitePart, objects: list[Obj], image: str)
         vnetd = [c["name"] for c in pod["initContainers"]].index("vnetd")
         pod["initContainers"].insert(vnetd, _signing_key_container(image, index_path))
         pod["volumes"].append(_gateway_keys_volume(pinned))
-    public = f"{config_name(spec)}-public"
-    pod["volumes"].append({"name": "vnetd-public", "configMap": {"name": public}})
-    endpoints = {
+    endpoints = public_endpoints(spec, part, config["metadata"]["labels"])
+    pod["volumes"].append({"name": "vnetd-public", "configMap": {"name": public_name(spec)}})
+    gateways = []
+    for rank in part.gateways:
+        selected = (
+            {STATEFULSET_POD_LABEL: spec.host(rank)}
+            if part.first > 0
+            else {JOB_INDEX_KEY: str(rank - part.first)}
+        )
+        selector = {**service["spec"]["selector"], **selected}
+        gateways.append(gateway_service(spec, name, service["metadata"]["labels"], selector, rank))
+    return [config, endpoints, service, workload, *gateways]
+
+
+def public_name(spec: MeshSpec) -> str:
+    """The ConfigMap of the part's public endpoints, one key per rank."""
+    return f"{config_name(spec)}-public"
+
+
+def public_endpoints(spec: MeshSpec, part: SitePart, labels: Obj) -> Obj:
+    """That ConfigMap, every rank of the part without one (``kubectl patch`` fills them)."""
+    return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": public, "labels": config["metadata"]["labels"]},
+        "metadata": {"name": public_name(spec), "labels": labels},
         "data": {str(rank): "" for rank in range(part.first, part.last + 1)},
     }
-    gateways = [_gateway_service(spec, part, name, service, rank) for rank in part.gateways]
-    return [config, endpoints, service, workload, *gateways]
 
 
 def _job_of(job: Obj, part: SitePart) -> Obj:
@@ -208,13 +228,19 @@ def _stateful_set(job: Obj, part: SitePart) -> Obj:
     }
 
 
+def forwarding_command(spec: MeshSpec, hosts: list[str]) -> list[str]:
+    """``FORWARDING_SCRIPT``'s command: IP forwarding on in a pod whose host name is in
+    ``hosts`` (the gateways' pods), for each IP version of the overlay."""
+    versions = " ".join(str(version) for version in spec.versions)
+    return ["/bin/sh", "-c", FORWARDING_SCRIPT, "forwarding", versions, *hosts]
+
+
 def _forwarding_container(spec: MeshSpec, part: SitePart, image: str) -> Obj:
     hosts = [spec.host(rank) for rank in part.gateways]
-    versions = " ".join(str(version) for version in spec.versions)
     return {
         "name": "vnetd-forwarding",
         "image": image,
-        "command": ["/bin/sh", "-c", FORWARDING_SCRIPT, "forwarding", versions, *hosts],
+        "command": forwarding_command(spec, hosts),
         "resources": resources("10m", "16Mi", "32Mi"),
         # /proc/sys is read-only in any other container; this one only writes the
         # pod's own network namespace's sysctls, and only in a gateway's pod.
@@ -260,28 +286,27 @@ def _gateway_keys_volume(ranks: list[int]) -> Obj:
     }
 
 
-def _gateway_service(spec: MeshSpec, part: SitePart, job: str, headless: Obj, rank: int) -> Obj:
+def gateway_service(spec: MeshSpec, job: str, labels: Obj, selector: Obj, rank: int) -> Obj:
+    """Gateway ``rank``'s UDP load balancer, selecting its one pod by ``selector``.
+
+    Raises:
+        SpecError: its name would be too long for a Service (naming ``mesh.name``).
+    """
     name = f"{job}-gateway-{rank}"
     if len(name) > _MAX_NAME:
         raise SpecError(
             f"mesh.name: the gateway Service {name!r} is longer than {_MAX_NAME} characters; "
             "use a shorter mesh.name"
         )
-    pod = (
-        {STATEFULSET_POD_LABEL: spec.host(rank)}
-        if part.first > 0
-        else {JOB_INDEX_KEY: str(rank - part.first)}
-    )
-    labels = {**headless["metadata"]["labels"], "app.kubernetes.io/component": "gateway"}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "labels": {**labels, "app.kubernetes.io/component": "gateway"}},
         "spec": {
             "type": "LoadBalancer",
             # The gateway sees its peers' own addresses, and only its node takes traffic.
             "externalTrafficPolicy": "Local",
-            "selector": {**headless["spec"]["selector"], **pod},
+            "selector": selector,
             "ports": [
                 {"name": "wireguard", "port": spec.port, "targetPort": spec.port, "protocol": "UDP"}
             ],

@@ -32,6 +32,7 @@ from vnetd.render.operator_versions import (
 from vnetd.render.output import warn_on_stderr, write_file
 from vnetd.render.podscripts import GATE_TIMEOUT
 from vnetd.render.provision_job import render_provision
+from vnetd.render.site_manifests import site_part, site_warnings
 from vnetd.spec import load_spec
 
 
@@ -89,7 +90,41 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         "--tasks",
         type=int,
         metavar="N",
-        help="how many tasks the command runs as (default: one per rank)",
+        help="how many tasks the command runs as (default: one per pod it starts with)",
+    )
+    minicluster.add_argument(
+        "--size",
+        type=int,
+        metavar="N",
+        help="how many pods the MiniCluster starts with (spec.size; default every rank, "
+        "its maxSize): Flux starts once N ranks are up and `kubectl scale` grows it",
+    )
+    minicluster.add_argument(
+        "--site",
+        metavar="NAME",
+        help="render site NAME's part of a burst: vnetd gets --site NAME, and each gateway "
+        "of the site among --ranks a UDP LoadBalancer Service and IP forwarding "
+        "(docs/bursting.md)",
+    )
+    minicluster.add_argument(
+        "--ranks",
+        default="all",
+        metavar="A-B",
+        help="the ranks this MiniCluster runs (default all): its Job index i is rank A+i",
+    )
+    minicluster.add_argument(
+        "--etcd",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="etcd client URL vnetd uses instead of registry.endpoints, such as the other "
+        "site's etcd; repeat for several",
+    )
+    minicluster.add_argument(
+        "--batch",
+        action="store_true",
+        help="the operator's batch mode: each line of --command is submitted in one nested "
+        "`flux batch` instance, whose brokers use the overlay interface like the others",
     )
     minicluster.add_argument(
         "--mesh-policy",
@@ -164,6 +199,11 @@ def run_minicluster(args: argparse.Namespace) -> int:
         command=args.job_command,
         operator_version=args.operator_version,
         tasks=args.tasks,
+        size=args.size,
+        batch=args.batch,
+        site=args.site,
+        ranks=args.ranks,
+        etcd=tuple(args.etcd),
         mesh_policy=args.mesh_policy,
         deadline=args.deadline,
         queue_policy=args.queue_policy,
@@ -172,7 +212,8 @@ def run_minicluster(args: argparse.Namespace) -> int:
         gate_timeout=args.gate_timeout,
     )
     rendered = render_minicluster(spec, text, options)
-    for warning in manifest_warnings(spec, args.image):
+    part = site_part(spec, "sidecar", args.site, args.ranks)
+    for warning in [*manifest_warnings(spec, args.image, options.etcd), *site_warnings(spec, part)]:
         warn_on_stderr(warning)
     _write(rendered, args.output)
     return 0
