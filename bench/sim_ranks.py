@@ -263,7 +263,7 @@ async def _one(
     endpoint = resolve_endpoint(opts.spec, None, env, None)
     assert isinstance(opts.spec.mtu, int)  # auto reads the host's underlay
     settings = resolve_daemon_settings(
-        opts, env, hostname=f"sim-{rank}", endpoint=endpoint, mtu=opts.spec.mtu
+        opts, env, hostname=f"sim-{rank}", rank=rank, endpoint=endpoint, mtu=opts.spec.mtu
     )
 
     @asynccontextmanager

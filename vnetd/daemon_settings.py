@@ -4,7 +4,9 @@ resolved once into one frozen record before the daemon starts.
 ``vnetd up`` (the commands layer) reads the host's facts, each only when it is
 needed: the hostname, the default route's address when neither ``--endpoint``
 nor ``POD_IP`` gives the endpoint, the underlay's MTU when ``mesh.mtu`` is
-``auto``. It hands them here as plain values, and ``resolve_daemon_settings``
+``auto``. It resolves the rank first (``identity.resolve_rank_or_auto``, so a bad
+rank is named before the host is read) and hands it here with the host's facts,
+as plain values, and ``resolve_daemon_settings``
 makes ``DaemonSettings``, the record the runtime takes: nothing below this
 layer reads the environment. Every value has one source order (flag, then
 environment, then spec), kept in ``vnetd.identity`` for what says who the
@@ -30,7 +32,6 @@ from vnetd.identity import (
     resolve_instance,
     resolve_public_endpoint,
     resolve_rank_cert,
-    resolve_rank_or_auto,
     resolve_signing_key_file,
     resolve_site,
 )
@@ -108,14 +109,22 @@ class DaemonSettings:
 
 
 def resolve_daemon_settings(
-    flags: Settings, env: Mapping[str, str], *, hostname: str, endpoint: str, mtu: int
+    flags: Settings,
+    env: Mapping[str, str],
+    *,
+    hostname: str,
+    rank: int | Literal["auto"],
+    endpoint: str,
+    mtu: int,
 ) -> DaemonSettings:
     """``vnetd up``'s flags resolved with the environment, the spec and the host's facts.
 
     Args:
         flags: the flags as given, with the spec they resolved.
         env: the environment ``vnetd up`` started with.
-        hostname: this host's name (the rank's last source, the instance's).
+        hostname: this host's name (the instance's last source).
+        rank: ``identity.resolve_rank_or_auto``'s, resolved by the caller before it
+            reads the host (a bad rank is named first), and not again here.
         endpoint: ``identity.resolve_endpoint``'s (the default route read by the
             caller only when ``identity.needs_default_route``).
         mtu: the spec's, or for ``mesh.mtu = "auto"`` the underlay's less
@@ -126,7 +135,6 @@ def resolve_daemon_settings(
     """
     spec = flags.spec
     exit_file = resolve_exit_file(flags.exit_on_file, env)
-    rank = resolve_rank_or_auto(spec, flags.rank, env, hostname)
     site = resolve_site(spec, flags.site, env)
     public_endpoint = resolve_public_endpoint(
         spec, flags.public_endpoint, env, flags.public_endpoint_file
