@@ -30,6 +30,7 @@ from vnetd.errors import IdentityError
 from vnetd.identity import (
     RankCertFile,
     resolve_instance,
+    named_file,
     resolve_public_endpoint,
     resolve_rank_cert,
     resolve_signing_key_file,
@@ -163,15 +164,9 @@ def resolve_preshared_key(flag: str | None, env: Mapping[str, str], spec: MeshSp
     then ``[wireguard] preshared_key_file``; None when none is given."""
     from vnetd.keys import load_preshared_key  # cryptography: not for building the parsers
 
-    sources = [
-        ("--preshared-key-file", flag),
-        (ENV_PRESHARED_KEY_FILE, env.get(ENV_PRESHARED_KEY_FILE)),
-        ("wireguard.preshared_key_file", spec.local.preshared_key_file),
-    ]
-    for source, value in sources:
-        if value:
-            return load_preshared_key(Path(value), source)
-    return None
+    named = named_file(("--preshared-key-file", flag), ENV_PRESHARED_KEY_FILE, env,
+                       ("wireguard.preshared_key_file", spec.local.preshared_key_file))  # fmt: skip
+    return None if named is None else load_preshared_key(named[1], named[0])
 
 
 def resolve_exit_file(flag: Path | None, env: Mapping[str, str]) -> Path | None:
