@@ -26,11 +26,12 @@ from typing import Literal
 
 from vnetd import __version__
 from vnetd.config import Settings
+from vnetd.dataplane.base import DEFAULT_WIREGUARD_LOG
 from vnetd.errors import IdentityError
 from vnetd.identity import (
     RankCertFile,
-    resolve_instance,
     named_file,
+    resolve_instance,
     resolve_public_endpoint,
     resolve_rank_cert,
     resolve_signing_key_file,
@@ -42,7 +43,6 @@ from vnetd.spec import MeshSpec, SiteSpec
 ENV_EXIT_ON_FILE = "VNETD_EXIT_ON_FILE"
 ENV_PRESHARED_KEY_FILE = "VNETD_PRESHARED_KEY_FILE"
 ENV_WIREGUARD_LOG = "VNETD_WIREGUARD_LOG"
-DEFAULT_WIREGUARD_LOG = "error"
 
 
 @dataclass(frozen=True, kw_only=True)
