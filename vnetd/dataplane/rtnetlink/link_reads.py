@@ -71,8 +71,9 @@ async def run_netlink(fn: Callable[[], T], timeout: float = NETLINK_TIMEOUT) -> 
 
 def read_before_start(fn: Callable[[], T], what: str, fix: str, timeout: float | None = None) -> T:
     """``fn()``, a sync netlink read made before the event loop starts, bounded by
-    ``timeout`` seconds (None: ``NETLINK_TIMEOUT``; pyroute2's import included: no
-    loop waits behind it).
+    ``timeout`` seconds (None: ``NETLINK_TIMEOUT``). pyroute2's ``IPRoute`` is
+    imported first, outside the bound, as ``run_netlink`` does: the bound is for the
+    kernel's answer.
 
     Args:
         what: the input being read, for the message (``mesh.mtu: auto: the
@@ -92,6 +93,8 @@ def read_before_start(fn: Callable[[], T], what: str, fix: str, timeout: float |
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)
 
+    if "pyroute2.iproute.linux" not in sys.modules:
+        _import_iproute()
     worker = threading.Thread(target=read, name=f"netlink read: {what}", daemon=True)
     timeout = NETLINK_TIMEOUT if timeout is None else timeout
     worker.start()
