@@ -19,8 +19,9 @@ rank, port from the spec); ``move`` rewrites one record
 with a new endpoint. ``storm`` writes signed records for many ranks as their
 claims would (each with its own Ed25519 signing key, under one lease), ``--per-txn``
 per transaction at ``--rate`` records per second (``--unsigned``: as older versions
-wrote them): the joins a daemon takes in a storm (``bench/join_storm.py``). Each
-prints one JSON line.
+wrote them; ``--rank-ca-key FILE``: each with a rank certificate for its signing
+key from that CA, as in a mesh that pins ``[mesh] rank_ca``): the joins a daemon
+takes in a storm (``bench/join_storm.py``). Each prints one JSON line.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -40,6 +41,9 @@ from vnetd.control.membership import encode_member, member_key
 from vnetd.model import Member
 from vnetd.ranks import parse_ranks
 from vnetd.spec import load_spec
+
+if TYPE_CHECKING:
+    from vnetd.control.proof import Signer
 
 TIMEOUT = 10.0
 BATCH = 100
@@ -136,18 +140,31 @@ def move(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any]:
     return {"event": "move", "rank": args.rank, "t_send": t_send, "t_ack": time.time()}
 
 
+def rank_cert_of(ca: Signer | None, mesh: str, rank: int, signer: Signer | None) -> str:
+    """A rank certificate (base64 DER) from ``ca`` for ``signer``'s key at ``rank``; ""
+    without a CA or a signer."""
+    from vnetd.control.rank_cert import issue, rank_uri
+
+    if ca is None or signer is None:
+        return ""
+    der = issue(ca, signer.public_key, rank_uri(mesh, rank), days=1)
+    return base64.b64encode(der).decode()
+
+
 def storm(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any]:
-    from vnetd.control.proof import Signer
+    from vnetd.control.proof import Signer, load_signer
 
     spec = load_spec(args.spec)
     ranks = parse_ranks(args.ranks, spec.size)
+    ca = load_signer(args.rank_ca_key) if args.rank_ca_key else None
     lease = int(post(client, args.etcd, "/v3/lease/grant", {"TTL": str(args.ttl)})["ID"])
     puts = []
     for rank in ranks:
         signer, key = None if args.unsigned else Signer.generate(), member_key(spec, rank)
         member = Member(rank, random_public_key(), endpoint_of(args.endpoint_base, rank, spec.port),
                         f"bench-storm-{rank}", time.time(), __version__,
-                        signing_key=signer.public_key if signer else "")  # fmt: skip
+                        signing_key=signer.public_key if signer else "",
+                        cert=rank_cert_of(ca, spec.name, rank, signer))  # fmt: skip
         value = encode_member(member, signer, key=key, lease=lease)
         puts.append({"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}})
     t_send = time.time()
@@ -188,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     storm_cmd.add_argument("--ttl", type=int, default=600, help="the records' lease TTL")
     storm_cmd.add_argument("--endpoint-base", default="198.18.200.0")
     storm_cmd.add_argument("--unsigned", action="store_true", help="as older versions wrote")
+    storm_cmd.add_argument("--rank-ca-key", type=Path,
+                           help="give each record a rank certificate from this CA key")  # fmt: skip
     return parser.parse_args(argv)
 
 

@@ -26,6 +26,7 @@ from report_proof import record_proof_section
 from report_scale import control_plane_section, scale_model_section
 from report_targets import SPEED_BEFORE, cost_rows, slower_than_before, target_rows
 from report_transport import etcd_transport_section
+from report_trust import trust_rows
 
 DOC = ROOT / "docs" / "benchmarks.md"
 
@@ -95,7 +96,8 @@ def render(results_dir: Path, doc: Path) -> None:
     names = (
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
         "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting", "etcd_transport",
-        "startup", "doctor", "record_proof", "kernel_guest", "join_storm", "watch_fanout",
+        "startup", "doctor", "record_proof", "kernel_guest", "join_storm",
+        "join_storm_rank_ca", "watch_fanout",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -156,6 +158,7 @@ def render(results_dir: Path, doc: Path) -> None:
             ["figure", "before", "target", "now", "result", "why missed, how measured"],
             [[*row[:4], verdict(met), row[4]] for row, met in cost_rows(results)],
         ),
+        *trust_rows(results),
         "Earlier targets:",
         "",
         *targets_table(verdicts),

@@ -43,6 +43,13 @@ CPU the fake devices' ``apply`` took (``device_cpu``: a real daemon makes the
 UAPI or netlink write there instead), the member watch streams opened
 (``watch_opens``: a storm's batches are one resume each) and the reconciler
 passes (``passes``) so far.
+
+With ``--rank-ca-key FILE`` (a mesh whose spec pins that CA in ``[mesh] rank_ca``)
+each daemon gets a signing key and a rank certificate from that CA in its state
+dir, as ``vnetd rank-cert`` issues one, and every certificate check the process
+makes is timed too: ``certs_cpu`` (parsing and verifying a certificate not seen
+before, ``control.rank_cert.read_cert``; a cached one is a lookup) and
+``certs_verified`` ride with ``proofs_cpu``.
 """
 
 from __future__ import annotations
@@ -67,7 +74,8 @@ from typing import ClassVar
 import trio
 
 from vnetd.config import DEFAULT_RESYNC_INTERVAL, Settings
-from vnetd.control import membership
+from vnetd.control import membership, rank_cert
+from vnetd.control.proof import create_signer_file, load_signer
 from vnetd.daemon.root import run_daemon
 from vnetd.daemon.running import Running
 from vnetd.daemon_settings import resolve_daemon_settings
@@ -167,10 +175,14 @@ class Counters:
         self.watch_opens = 0
         """Member watch streams opened (each resume of a storm's batches is one)."""
         self.running: list[Running] = []
+        self.certs_cpu = 0.0
+        """CPU seconds the rank certificates' first checks took, every daemon of the process."""
+        self.certs_verified = 0
 
     def costs(self) -> dict[str, float | int]:
         """What the progress, claimed and full lines carry of the process's work so far."""
         return {"proofs_cpu": round(self.proofs.cpu, 4), "device_cpu": round(self.device_cpu, 4),
+                "certs_cpu": round(self.certs_cpu, 4), "certs_verified": self.certs_verified,
                 "watch_opens": self.watch_opens,
                 "passes": sum(r.reconciler.stats.runs for r in self.running)}  # fmt: skip
 
@@ -223,6 +235,34 @@ def count_watch_opens(state: Counters) -> None:
     EtcdRegistry.open_watch_stream = counted  # type: ignore[method-assign]
 
 
+def time_cert_checks(state: Counters) -> None:
+    """Time every certificate the process parses and verifies (bench only: the wrap
+    replaces ``rank_cert.read_cert``, which ``CertCache.lookup`` calls on a miss)."""
+    read = rank_cert.read_cert
+
+    def timed(der: bytes, rank_ca: tuple[str, ...]) -> rank_cert.RankCert | str:
+        t0 = time.process_time()
+        try:
+            return read(der, rank_ca)
+        finally:
+            state.certs_cpu += time.process_time() - t0
+            state.certs_verified += 1
+
+    rank_cert.read_cert = timed  # type: ignore[assignment]
+
+
+def rank_cert_file(ca_key: Path, config: Path, rank: int, state_dir: Path) -> Path:
+    """A signing key (``signing.key``, the daemon's default) and a rank certificate for
+    ``rank`` from the CA in ``ca_key``, in ``state_dir``; the certificate's path."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key, cert = state_dir / "signing.key", state_dir / "rank.crt"
+    if not cert.exists():
+        signer = create_signer_file(key, "bench")
+        uri = rank_cert.rank_uri(load_spec(config).name, rank)
+        cert.write_bytes(rank_cert.issue(load_signer(ca_key), signer.public_key, uri, days=1))
+    return cert
+
+
 def endpoint_ip(rank: int) -> str:
     """A distinct underlay address per rank, inside 198.18.0.0/15 (only registered, never
     sent to: the data plane is fake)."""
@@ -236,6 +276,7 @@ async def main_async(args: argparse.Namespace) -> None:
     membership.verify = proofs  # type: ignore[assignment]  # bench only: module docstring
     state = Counters(proofs)
     count_watch_opens(state)
+    time_cert_checks(state)
     opener = sharing_tls()  # one TLS context for every daemon's etcd client
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -251,19 +292,23 @@ async def main_async(args: argparse.Namespace) -> None:
 async def _one(
     rank: int, args: argparse.Namespace, size: int, state: Counters, opener: RegistryOpener
 ) -> None:
+    state_dir = args.state_root / f"rank{rank}"
+    ca_key = args.rank_ca_key
+    cert = rank_cert_file(ca_key, args.config, rank, state_dir) if ca_key else None
     opts = Settings(
         spec=load_spec(args.config),
         rank=str(rank),
-        state_dir=args.state_root / f"rank{rank}",
+        state_dir=state_dir,
         instance=f"sim-{rank}",
         dataplane="fake",
         resync_interval=args.resync,
+        rank_cert_file=str(cert) if cert else None,
     )
     env = {"POD_IP": endpoint_ip(rank), "POD_NAME": f"sim-{rank}"}
     endpoint = resolve_endpoint(opts.spec, None, env, None)
     assert isinstance(opts.spec.mtu, int)  # auto reads the host's underlay
     settings = resolve_daemon_settings(
-        opts, env, hostname=f"sim-{rank}", endpoint=endpoint, mtu=opts.spec.mtu
+        opts, env, hostname=f"sim-{rank}", rank=rank, endpoint=endpoint, mtu=opts.spec.mtu
     )
 
     @asynccontextmanager
@@ -313,6 +358,9 @@ def main() -> int:
                         help="--resync-interval")  # fmt: skip
     parser.add_argument("--own-proofs", action="store_true",
                         help="each daemon checks every record itself (docstring)")  # fmt: skip
+    parser.add_argument("--rank-ca-key", type=Path,
+                        help="the CA key the spec's [mesh] rank_ca pins: each daemon gets a "
+                        "rank certificate from it (docstring)")  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip

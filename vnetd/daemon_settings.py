@@ -4,7 +4,9 @@ resolved once into one frozen record before the daemon starts.
 ``vnetd up`` (the commands layer) reads the host's facts, each only when it is
 needed: the hostname, the default route's address when neither ``--endpoint``
 nor ``POD_IP`` gives the endpoint, the underlay's MTU when ``mesh.mtu`` is
-``auto``. It hands them here as plain values, and ``resolve_daemon_settings``
+``auto``. It resolves the rank first (``identity.resolve_rank_or_auto``, so a bad
+rank is named before the host is read) and hands it here with the host's facts,
+as plain values, and ``resolve_daemon_settings``
 makes ``DaemonSettings``, the record the runtime takes: nothing below this
 layer reads the environment. Every value has one source order (flag, then
 environment, then spec), kept in ``vnetd.identity`` for what says who the
@@ -24,13 +26,14 @@ from typing import Literal
 
 from vnetd import __version__
 from vnetd.config import Settings
+from vnetd.dataplane.base import DEFAULT_WIREGUARD_LOG
 from vnetd.errors import IdentityError
 from vnetd.identity import (
     RankCertFile,
+    named_file,
     resolve_instance,
     resolve_public_endpoint,
     resolve_rank_cert,
-    resolve_rank_or_auto,
     resolve_signing_key_file,
     resolve_site,
 )
@@ -40,7 +43,6 @@ from vnetd.spec import MeshSpec, SiteSpec
 ENV_EXIT_ON_FILE = "VNETD_EXIT_ON_FILE"
 ENV_PRESHARED_KEY_FILE = "VNETD_PRESHARED_KEY_FILE"
 ENV_WIREGUARD_LOG = "VNETD_WIREGUARD_LOG"
-DEFAULT_WIREGUARD_LOG = "error"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,14 +110,22 @@ class DaemonSettings:
 
 
 def resolve_daemon_settings(
-    flags: Settings, env: Mapping[str, str], *, hostname: str, endpoint: str, mtu: int
+    flags: Settings,
+    env: Mapping[str, str],
+    *,
+    hostname: str,
+    rank: int | Literal["auto"],
+    endpoint: str,
+    mtu: int,
 ) -> DaemonSettings:
     """``vnetd up``'s flags resolved with the environment, the spec and the host's facts.
 
     Args:
         flags: the flags as given, with the spec they resolved.
         env: the environment ``vnetd up`` started with.
-        hostname: this host's name (the rank's last source, the instance's).
+        hostname: this host's name (the instance's last source).
+        rank: ``identity.resolve_rank_or_auto``'s, resolved by the caller before it
+            reads the host (a bad rank is named first), and not again here.
         endpoint: ``identity.resolve_endpoint``'s (the default route read by the
             caller only when ``identity.needs_default_route``).
         mtu: the spec's, or for ``mesh.mtu = "auto"`` the underlay's less
@@ -126,7 +136,6 @@ def resolve_daemon_settings(
     """
     spec = flags.spec
     exit_file = resolve_exit_file(flags.exit_on_file, env)
-    rank = resolve_rank_or_auto(spec, flags.rank, env, hostname)
     site = resolve_site(spec, flags.site, env)
     public_endpoint = resolve_public_endpoint(
         spec, flags.public_endpoint, env, flags.public_endpoint_file
@@ -155,15 +164,9 @@ def resolve_preshared_key(flag: str | None, env: Mapping[str, str], spec: MeshSp
     then ``[wireguard] preshared_key_file``; None when none is given."""
     from vnetd.keys import load_preshared_key  # cryptography: not for building the parsers
 
-    sources = [
-        ("--preshared-key-file", flag),
-        (ENV_PRESHARED_KEY_FILE, env.get(ENV_PRESHARED_KEY_FILE)),
-        ("wireguard.preshared_key_file", spec.local.preshared_key_file),
-    ]
-    for source, value in sources:
-        if value:
-            return load_preshared_key(Path(value), source)
-    return None
+    named = named_file(("--preshared-key-file", flag), ENV_PRESHARED_KEY_FILE, env,
+                       ("wireguard.preshared_key_file", spec.local.preshared_key_file))  # fmt: skip
+    return None if named is None else load_preshared_key(named[1], named[0])
 
 
 def resolve_exit_file(flag: Path | None, env: Mapping[str, str]) -> Path | None:

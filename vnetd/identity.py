@@ -182,18 +182,27 @@ def resolve_public_endpoint(
     return None
 
 
+def named_file(
+    flag: tuple[str, str | None],
+    variable: str,
+    env: Mapping[str, str],
+    spec_key: tuple[str, str | None],
+) -> tuple[str, Path] | None:
+    """The file the first source names, flag, then environment ``variable``, then spec
+    key (each a ``(name, value)``; an empty value names none), and that source's name
+    for messages; None: none names one."""
+    sources = (flag, (variable, env.get(variable)), spec_key)
+    return next(((source, Path(value)) for source, value in sources if value), None)
+
+
 def resolve_signing_key_file(
     flag: str | None, env: Mapping[str, str], spec: MeshSpec
 ) -> tuple[str, Path] | None:
     """The record signing key's file and what named it: ``--signing-key-file``,
     ``VNETD_SIGNING_KEY_FILE``, then ``[wireguard] signing_key_file``; None: the
     state dir's ``signing.key``. The file is read by ``control.proof.open_signer``."""
-    sources = [
-        ("--signing-key-file", flag),
-        (ENV_SIGNING_KEY_FILE, env.get(ENV_SIGNING_KEY_FILE)),
-        ("wireguard.signing_key_file", spec.local.signing_key_file),
-    ]
-    return next(((source, Path(value)) for source, value in sources if value), None)
+    return named_file(("--signing-key-file", flag), ENV_SIGNING_KEY_FILE, env,
+                      ("wireguard.signing_key_file", spec.local.signing_key_file))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -217,12 +226,8 @@ def resolve_rank_cert(
     Raises:
         IdentityError: the file cannot be read or holds no certificate.
     """
-    sources = [
-        ("--rank-cert-file", flag),
-        (ENV_RANK_CERT_FILE, env.get(ENV_RANK_CERT_FILE)),
-        ("wireguard.rank_cert_file", spec.local.rank_cert_file),
-    ]
-    named = next(((source, Path(value)) for source, value in sources if value), None)
+    named = named_file(("--rank-cert-file", flag), ENV_RANK_CERT_FILE, env,
+                       ("wireguard.rank_cert_file", spec.local.rank_cert_file))  # fmt: skip
     if named is None:
         return None
     source, path = named

@@ -3,7 +3,8 @@ would: ``python etcd_as.py URL CA CERT KEY USER PASSWORD_FILE OPS_JSON``.
 
 OPS_JSON is a list of operations, each ``[verb, *args]``: ``["get", key]``,
 ``["put", key, value]``, ``["put_lease", key, value, lease]``, ``["delete", key]``,
-``["keepalive", lease]``, ``["revoke", lease]``. Prints one JSON list with, per
+``["keepalive", lease]``, ``["revoke", lease]``, and the auth API's ``["user_add",
+name, password]``, ``["role_add", name]``, ``["auth_disable"]``. Prints one JSON list with, per
 operation, ``{"status": HTTP status, "code": gRPC code or null, "text": start of the
 body}``. USER ``-`` sends no token (only the certificate). Run inside a lab pod.
 """
@@ -36,6 +37,12 @@ def request(verb: str, args: list[Any]) -> tuple[str, dict[str, Any]]:
         return "/v3/lease/keepalive", {"ID": str(args[0])}
     if verb == "revoke":
         return "/v3/lease/revoke", {"ID": str(args[0])}
+    if verb == "user_add":
+        return "/v3/auth/user/add", {"name": args[0], "password": args[1]}
+    if verb == "role_add":
+        return "/v3/auth/role/add", {"name": args[0]}
+    if verb == "auth_disable":
+        return "/v3/auth/disable", {}
     raise SystemExit(f"unknown operation {verb}")
 
 

@@ -10,7 +10,8 @@ order not kept) retries through "unreachable" and "authentication is not enabled
 "failed", and registers once its user exists. Afterwards a request without a user is refused, the mesh user reads and a
 daemon holding that user's credential registers; a second run changes nothing, nor
 does the Job etcd-auth's form (no spec), and auth stays on. The client certificate
-alone (what every pod holds) may not put, delete or revoke; whether it may renew a
+alone (what every pod holds) may not put, delete, revoke, add a user or turn auth
+off; whether it may renew a
 lease depends on the version (asserted as found for the one running). No wait here guards a failure of its own: each is a command's bound.
 """
 
@@ -133,10 +134,12 @@ async def test_provision_enable_auth_waits_for_etcd_makes_users_then_turns_auth_
             lease0 = await lease_of(lab, key0)
             status = json.loads((await lab.etcdctl("endpoint", "status", "-w", "json")).stdout)
             version = str(status[0]["Status"]["version"])
-            put, delete, revoke, alive = await as_user(
+            put, delete, revoke, user_add, disable, alive = await as_user(
                 lab, mesh.pod(1), tls, "-", None, ["put", key0, "{}"], ["delete", key0],
-                ["revoke", lease0], ["keepalive", lease0])  # fmt: skip
-            for what, answer in (("put", put), ("delete", delete), ("revoke", revoke)):
+                ["revoke", lease0], ["user_add", "thief", "x"], ["auth_disable"],
+                ["keepalive", lease0])  # fmt: skip
+            for what, answer in (("put", put), ("delete", delete), ("revoke", revoke),
+                                 ("user add", user_add), ("auth disable", disable)):  # fmt: skip
                 assert answer["code"] == INVALID_ARGUMENT, (what, answer)
             renewed = alive["status"] == 200 and '"TTL"' in str(alive["text"])
             assert renewed != lease_renew_checked(version), (version, alive)

@@ -6,7 +6,7 @@ rank user runs its rank's daemon; with that credential an attacker (``etcd_as.py
 in the rank's pod) cannot write, delete or lease-bind another rank's entry, nor
 revoke its lease; a daemon started at another rank with it never registers; a site
 user cannot claim the other site's ranks; a mesh user cannot read or write another
-mesh. Each refusal is checked as etcd answers it (HTTP 403, gRPC code 7), and what
+mesh, make users or roles, or turn auth off. Each refusal is checked as etcd answers it (HTTP 403, gRPC code 7), and what
 etcd 3.4 does *not* refuse (keeping another's lease alive) is asserted as found.
 """
 
@@ -181,6 +181,13 @@ async def test_scoped_credentials_refuse_what_their_scope_does_not_cover(tmp_pat
             await lab.run(mesh.pod(0), [*grpc, "del", key2])
             assert own_put.returncode == 0, own_put.stderr
             assert b"permission denied" in other_put.stderr, other_put.stderr
+
+            # The mesh user, every pod's credential where there is one, is no admin: it
+            # may not make users or roles, nor turn auth off.
+            admin = await as_user(lab, mesh.pod(0), tls, "vnetd-lab", secrets / "vnetd-lab",
+                                  ["user_add", "thief", "x"], ["role_add", "thief"],
+                                  ["auth_disable"])  # fmt: skip
+            assert all(denied(answer) for answer in admin), admin
 
             # Nothing of this touched the mesh: both ranks still hold and reach each other.
             assert await mesh.registered_ranks() == {0, 1}

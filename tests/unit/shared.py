@@ -14,7 +14,7 @@ from vnetd.config import Settings
 from vnetd.daemon_settings import DaemonSettings, resolve_daemon_settings
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.errors import DataplaneError
-from vnetd.identity import resolve_endpoint
+from vnetd.identity import resolve_endpoint, resolve_rank_or_auto
 from vnetd.model import Plan
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.spec import parse_spec
@@ -31,7 +31,10 @@ def daemon_settings(
     mtu = flags.spec.mtu
     assert isinstance(mtu, int), "mesh.mtu auto reads the host"
     endpoint = resolve_endpoint(flags.spec, flags.endpoint, env, None)
-    return resolve_daemon_settings(flags, env, hostname=hostname, endpoint=endpoint, mtu=mtu)
+    rank = resolve_rank_or_auto(flags.spec, flags.rank, env, hostname)
+    return resolve_daemon_settings(
+        flags, env, hostname=hostname, rank=rank, endpoint=endpoint, mtu=mtu
+    )
 
 
 def byte_key(n: int) -> str:

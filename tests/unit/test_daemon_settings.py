@@ -13,6 +13,7 @@ import pytest
 import trio
 from shared import daemon_settings
 
+from vnetd import identity
 from vnetd.cli import build_parser
 from vnetd.commands import up
 from vnetd.config import Settings
@@ -222,3 +223,32 @@ def test_the_data_plane_kinds_are_ups_choices_the_ports_and_the_specs_but_fake()
     mesh = {"name": "m", "size": 2, "network": "10.250.0.0/16"}
     with pytest.raises(SpecError, match="wireguard.dataplane: 'fake' is not one of auto, k"):
         parse_spec({"mesh": mesh, "wireguard": {"dataplane": "fake"}})
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "rank"),
+    [
+        pytest.param(["--rank", "1"], {}, 1, id="flag"),
+        pytest.param([], {"VNETD_RANK": "2"}, 2, id="variable"),
+        pytest.param([], {"JOB_COMPLETION_INDEX": "3"}, 3, id="job-index"),
+    ],
+)
+def test_the_rank_is_resolved_once(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    env: dict[str, str],
+    rank: int,
+) -> None:
+    """``vnetd up`` resolves the rank before it reads the host, and the record takes
+    that rank instead of resolving it again."""
+    calls: list[str | None] = []
+    resolve = identity.resolve_rank
+
+    def counted(spec: Any, flag: str | None, env: Any, hostname: str) -> int:  # noqa: ANN401
+        calls.append(flag)
+        return resolve(spec, flag, env, hostname)
+
+    monkeypatch.setattr(identity, "resolve_rank", counted)
+    settings = up.daemon_settings(parsed(tmp_path, *flags), {"POD_IP": "198.18.0.8", **env})
+    assert (settings.rank, len(calls)) == (rank, 1)

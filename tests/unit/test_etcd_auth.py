@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import ssl
 
 import httpx
 import pytest
 
 from vnetd.registry.etcd.client import EtcdRegistry, EtcdSecurity, RegistryAccessError
+from vnetd.registry.etcd.security import tls_problem
 
 URL = "http://etcd.test:2379"
 
@@ -79,3 +81,31 @@ async def test_a_key_outside_the_role_is_permission_denied_naming_the_key() -> N
 
 async def test_the_password_is_not_in_the_repr() -> None:
     assert "pw" not in repr(EtcdSecurity(username="vnetd", password="pw"))
+
+
+def verify_error(message: str) -> ssl.SSLCertVerificationError:
+    """What Python's ssl raises when etcd's certificate does not verify."""
+    error = ssl.SSLCertVerificationError(1, f"[SSL: CERTIFICATE_VERIFY_FAILED] ({message})")
+    error.verify_message = message
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        pytest.param(verify_error("certificate has expired"),
+                     "certificate verify failed (certificate has expired); renew etcd's server "
+                     "certificate", id="server-certificate-expired"),
+        pytest.param(verify_error("unable to get local issuer certificate"),
+                     "certificate verify failed (unable to get local issuer certificate); check "
+                     "--etcd-ca (registry.ca_file)", id="wrong-ca"),
+    ],
+)  # fmt: skip
+def test_a_certificate_etcd_presents_that_does_not_verify_names_the_fix(
+    error: ssl.SSLCertVerificationError, line: str
+) -> None:
+    wrapped = httpx.ConnectError("failed")
+    wrapped.__cause__ = error
+    problem = tls_problem(wrapped, "https://etcd:2379")
+    assert problem is not None
+    assert str(problem).startswith(f"etcd https://etcd:2379: {line}"), str(problem)

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import base64
 import stat
+from pathlib import Path
 
 import pytest
 
 from vnetd.errors import IdentityError
-from vnetd.identity import resolve_endpoint, resolve_rank
+from vnetd.identity import named_file, resolve_endpoint, resolve_rank, resolve_signing_key_file
 from vnetd.keys import load_or_create_key, public_key_of
 from vnetd.spec import parse_spec
 
@@ -130,3 +131,25 @@ def test_the_key_is_not_written_through_a_planted_temporary_file(tmp_path):
     assert not key.is_symlink() and key.stat().st_mode & 0o777 == 0o600
     assert key.read_text().strip() == pair.private_key
     assert not (state / "private.tmp").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "spec_file", "named"),
+    [
+        pytest.param("/f", {"VNETD_SIGNING_KEY_FILE": "/e"}, "/s", ("--signing-key-file", "/f"),
+                     id="flag-first"),
+        pytest.param("", {"VNETD_SIGNING_KEY_FILE": "/e"}, "/s", ("VNETD_SIGNING_KEY_FILE", "/e"),
+                     id="variable-second"),
+        pytest.param(None, {"VNETD_SIGNING_KEY_FILE": ""}, "/s",
+                     ("wireguard.signing_key_file", "/s"), id="spec-last"),
+        pytest.param(None, {}, None, None, id="none"),
+    ],
+)  # fmt: skip
+def test_a_file_is_named_by_flag_then_variable_then_spec(flag, env, spec_file, named) -> None:
+    """The one lookup the signing key, rank certificate and pre-shared key files share."""
+    spec = parse_spec({"mesh": {"name": "m", "size": 2, "network": "10.250.0.0/16"},
+                       "wireguard": {"signing_key_file": spec_file} if spec_file else {}})  # fmt: skip
+    found = resolve_signing_key_file(flag, env, spec)
+    assert found == (None if named is None else (named[0], Path(named[1])))
+    assert named_file(("--signing-key-file", flag), "VNETD_SIGNING_KEY_FILE", env,
+                      ("wireguard.signing_key_file", spec_file)) == found  # fmt: skip

@@ -148,4 +148,6 @@ def resolved_settings(flags: Settings, env: Mapping[str, str]) -> DaemonSettings
     route = default_route_address() if needs_default_route(flags.endpoint, env) else None
     endpoint = resolve_endpoint(spec, flags.endpoint, env, route)
     mtu = resolve_mtu(spec, endpoint)
-    return resolve_daemon_settings(flags, env, hostname=hostname, endpoint=endpoint, mtu=mtu)
+    return resolve_daemon_settings(
+        flags, env, hostname=hostname, rank=rank, endpoint=endpoint, mtu=mtu
+    )

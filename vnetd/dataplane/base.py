@@ -31,6 +31,10 @@ from typing import Protocol, runtime_checkable
 from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Peer, Plan
 
+DEFAULT_WIREGUARD_LOG = "error"
+"""wireguard-go's ``LOG_LEVEL`` unless ``VNETD_WIREGUARD_LOG`` says otherwise: its
+errors only, so the output it keeps stays small."""
+
 
 @dataclass(frozen=True)
 class DeviceConfig:
@@ -49,7 +53,7 @@ class DeviceConfig:
     max_peers: int = 0
     """The most peers the device may hold (the mesh's size less one): scales the bound of
     a kernel data plane's first read of a link it adopts, whose peers it cannot know."""
-    wireguard_log: str = "error"
+    wireguard_log: str = DEFAULT_WIREGUARD_LOG
     """wireguard-go's ``LOG_LEVEL`` (``VNETD_WIREGUARD_LOG``); the kernel's device has none."""
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     """The variables wireguard-go starts with besides its own two: the daemon's, resolved

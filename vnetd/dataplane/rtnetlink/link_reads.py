@@ -11,14 +11,21 @@ and routing").
 
 pyroute2's calls are sync; ``run_netlink`` runs a batch of them in a worker thread
 with a timeout, never on the event loop, and ``IPRoute`` is imported at its first
-use (docs/architecture.md, "Start-up").
+use (docs/architecture.md, "Start-up"). The two reads ``vnetd up`` makes before the
+event loop exists (``default_route_address``, ``resolve_mtu``) are bounded the same
+way by ``read_before_start``: a daemon thread joined with a timeout, by hand
+because ``concurrent.futures``' workers are joined at interpreter exit, so a read
+the kernel never answers would hold the process after its error; and a
+``NetlinkError`` (not an ``OSError``) becomes one line naming the read and the fix.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from ipaddress import ip_address, ip_network
 from typing import TYPE_CHECKING, TypeVar
@@ -60,6 +67,56 @@ async def run_netlink(fn: Callable[[], T], timeout: float = NETLINK_TIMEOUT) -> 
         raise DataplaneError(f"netlink: no answer within {timeout:g} s") from None
     except NetlinkError as exc:
         raise DataplaneError(f"netlink: {exc}") from exc
+
+
+def read_before_start(fn: Callable[[], T], what: str, fix: str, timeout: float | None = None) -> T:
+    """``fn()``, a sync netlink read made before the event loop starts, bounded by
+    ``timeout`` seconds (None: ``NETLINK_TIMEOUT``). pyroute2's ``IPRoute`` is
+    imported first, outside the bound, as ``run_netlink`` does: the bound is for the
+    kernel's answer.
+
+    Args:
+        what: the input being read, for the message (``mesh.mtu: auto: the
+            underlay's MTU``).
+        fix: what the user can do instead (``set mesh.mtu to a number``).
+
+    Raises:
+        VnetdError: netlink refused the read, failed, or gave no answer in time;
+            ``fn``'s own ``VnetdError`` as it is.
+    """
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            done.append(fn())
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+
+    if "pyroute2.iproute.linux" not in sys.modules:
+        _import_iproute()
+    worker = threading.Thread(target=read, name=f"netlink read: {what}", daemon=True)
+    timeout = NETLINK_TIMEOUT if timeout is None else timeout
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise VnetdError(f"{what}: no answer from netlink within {timeout:g} s; {fix}")
+    if failed:
+        exc = failed[0]
+        if isinstance(exc, VnetdError):
+            raise exc
+        if isinstance(exc, NetlinkError | OSError):
+            raise VnetdError(f"{what}: cannot read it: {_netlink_text(exc)}; {fix}") from None
+        raise exc
+    return done[0]
+
+
+def _netlink_text(exc: BaseException) -> str:
+    """A netlink failure in words: pyroute2's ``NetlinkError`` prints as a tuple."""
+    code = getattr(exc, "code", None) if isinstance(exc, NetlinkError) else None
+    if isinstance(code, int) and code > 0:
+        return f"netlink error {code} ({os.strerror(code)})"
+    return str(getattr(exc, "strerror", None) or exc)
 
 
 def _import_iproute() -> None:
@@ -189,10 +246,10 @@ def resolve_mtu(spec: MeshSpec, endpoint: str, netns: str | None = None) -> int:
     if isinstance(spec.mtu, int):
         return spec.mtu
     host = endpoint.rpartition(":")[0].strip("[]")
-    try:
-        ifname, underlay = underlay_mtu(netns, host)
-    except OSError as exc:
-        raise VnetdError(f"mesh.mtu: auto: cannot read the underlay's MTU: {exc}") from None
+    ifname, underlay = read_before_start(
+        lambda: underlay_mtu(netns, host), "mesh.mtu: auto: the underlay's MTU",
+        "set mesh.mtu to a number",
+    )  # fmt: skip
     mtu = auto_mtu(underlay, host)
     low = spec.min_mtu
     if mtu < low:
@@ -212,7 +269,19 @@ def resolve_mtu(spec: MeshSpec, endpoint: str, netns: str | None = None) -> int:
 
 
 def default_route_address() -> str | None:
-    """The first address of the interface that holds the IPv4 (else IPv6) default route."""
+    """The first address of the interface that holds the IPv4 (else IPv6) default route,
+    read before the event loop starts (``read_before_start``).
+
+    Raises:
+        VnetdError: netlink failed or gave no answer in time.
+    """
+    return read_before_start(
+        _default_route_address, "the endpoint: the default route's address",
+        "give --endpoint HOST:PORT or set POD_IP",
+    )  # fmt: skip
+
+
+def _default_route_address() -> str | None:
     with _iproute(None) as ipr:
         for family in (socket.AF_INET, socket.AF_INET6):
             for route in ipr.get_default_routes(family=family):

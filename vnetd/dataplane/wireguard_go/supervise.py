@@ -41,6 +41,7 @@ from types import MappingProxyType
 
 import trio
 
+from vnetd.dataplane.base import DEFAULT_WIREGUARD_LOG
 from vnetd.dataplane.codec.uapi_protocol import SOCKET_DIR, socket_path
 from vnetd.errors import DataplaneError
 
@@ -299,7 +300,7 @@ async def start_wireguard_go(
     interface: str,
     netns: str | None,
     executable: str,
-    log_level: str = "error",
+    log_level: str = DEFAULT_WIREGUARD_LOG,
     child_env: Mapping[str, str] = MappingProxyType({}),
 ) -> WireguardGo:
     """Start ``wireguard-go -f <interface>`` and wait until its socket answers.
