@@ -4,7 +4,7 @@ a foreign sidecar told from the pod's listening ports (``doctor.sidecars``), and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -129,6 +129,27 @@ async def test_the_gate_opens_once_every_needed_rank_has_a_handshake() -> None:
     leaf = MeshGate(SPEC, member(2), lambda: [VNETD_ONLY])
     assert not (await leaf.check(running([0, 1, 2], []), 256, verdict=False)).ok
     assert (await leaf.check(None, 256, verdict=False)).detail == "rank 2: vnetd is starting"
+
+
+async def test_a_rank_behind_a_gateway_is_reached_by_the_gateways_handshake() -> None:
+    """Rank 3 is of another site: rank 0's device holds its address on rank 2's peer (the
+    gateway's), so the gateway's handshake is what reaches it; it has no peer of its own."""
+    spec = parse_spec({"mesh": {"name": "unit", "size": 4, "network": "10.250.0.0/16"}})
+    gateway = DevicePeer(key(2), ("10.250.0.3/32", "10.250.0.4/32"), "198.18.0.3:51820", 1.0)
+    direct = DevicePeer(key(1), ("10.250.0.2/32",), "198.18.0.2:51820", 1.0)
+    view = MemberView()
+    view.members = {rank: member(rank) for rank in range(4)}
+    view.synced = True
+    gate = MeshGate(spec, member(0), lambda: [VNETD_ONLY])
+    opened = await gate.check(
+        Running(view, FakeDevice({key(1): direct, key(2): gateway})), 256, verdict=False
+    )
+    assert opened.ok, opened.detail
+    silent = replace(gateway, last_handshake=0.0)
+    shut = await gate.check(
+        Running(view, FakeDevice({key(1): direct, key(2): silent})), 256, verdict=False
+    )
+    assert shut.detail == "rank 0: 4/4 ranks registered; 1/3 peers reachable, no handshake: 2, 3"
 
 
 async def test_the_verdict_names_the_silent_ranks_and_blocked_udp() -> None:

@@ -17,7 +17,7 @@ no session with cannot be reached over the overlay either.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -31,7 +31,7 @@ from vnetd.doctor.evidence import Row
 from vnetd.doctor.report import failing_lines
 from vnetd.doctor.sidecars import PROC_TABLES, proxy_lines
 from vnetd.errors import DataplaneError
-from vnetd.model import Member
+from vnetd.model import DevicePeer, Member
 from vnetd.observe.http import Check
 from vnetd.spec import MeshSpec
 from vnetd.wait.gate import Gate, evaluate, tbon_neighbours
@@ -107,7 +107,9 @@ class MeshGate:
             for rank, member in running.view.members.items()
             if rank not in running.view.held
         }
-        handshakes = await _handshakes(running.dataplane)
+        peers = await _device_peers(running.dataplane)
+        handshakes = frozenset(key for key, peer in peers.items() if peer.last_handshake > 0)
+        registered = carriers(self.spec, registered, peers)
         status = evaluate(gate, registered, handshakes, listed=running.view.synced)
         summary = f"rank {self.me.rank}: {status.summary}"
         if status.ready or not verdict:
@@ -139,11 +141,20 @@ class MeshGate:
         return failing_lines(verdicts) + [f"note: {note}" for note in notes]
 
 
-async def _handshakes(dataplane: Dataplane) -> Collection[str]:
+def carriers(
+    spec: MeshSpec, registered: dict[int, str], peers: Mapping[str, DevicePeer]
+) -> dict[int, str]:
+    """Each registered rank with the key of the device peer that holds its address: its own
+    key, or the site gateway's whose peer carries it (``mesh.gateways``), whose handshake
+    is then what reaches it. A rank no peer holds keeps its own key."""
+    holder = {ip: key for key, peer in peers.items() for ip in peer.allowed_ips}
+    return {rank: holder.get(spec.allowed_ips(rank)[0], key) for rank, key in registered.items()}
+
+
+async def _device_peers(dataplane: Dataplane) -> Mapping[str, DevicePeer]:
     with trio.move_on_after(DEVICE_READ_TIMEOUT):
         try:
-            peers = await dataplane.peers()
+            return await dataplane.peers()
         except DataplaneError:
-            return frozenset()
-        return frozenset(key for key, peer in peers.items() if peer.last_handshake > 0)
-    return frozenset()
+            return {}
+    return {}
