@@ -46,6 +46,7 @@ DEFAULT_STATE_DIR = Path("/var/lib/vnetd")
 DEFAULT_RESYNC_INTERVAL = 30.0
 DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 ENV_PASSWORD = "VNETD_ETCD_PASSWORD"
+ENV_RELAYS = "VNETD_RELAYS"
 
 # RegistrySpec field -> (flag, environment variable)
 _ACCESS: dict[str, tuple[str, str]] = {
@@ -127,6 +128,7 @@ def spec_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> MeshSpec
         args.config,
         env,
         etcd=args.etcd,
+        relays=relays_given(args, env),
         access=etcd_access(args),
         http_listen=getattr(args, "http_listen", None),
     )
@@ -137,12 +139,13 @@ def resolve_spec(
     env: Mapping[str, str],
     *,
     etcd: Sequence[str] = (),
+    relays: Sequence[str] = (),
     access: AccessFlags = NO_ACCESS_FLAGS,
     http_listen: str | None = None,
 ) -> MeshSpec:
-    """The spec file with the etcd URLs, the etcd access settings and the HTTP
-    listen address applied, in that order."""
-    spec = with_etcd_endpoints(load_spec(config), etcd)
+    """The spec file with the etcd URLs, the relay URLs, the etcd access settings and the
+    HTTP listen address applied, in that order."""
+    spec = with_relays(with_etcd_endpoints(load_spec(config), etcd), relays)
     spec = with_etcd_access(spec, access, env)
     return with_http_listen(spec, http_listen)
 
@@ -155,6 +158,14 @@ def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="URL",
         help="etcd client URL; repeat for several (overrides registry.endpoints)",
+    )
+    parser.add_argument(
+        "--relay",
+        action="append",
+        default=[],
+        metavar="URL",
+        help=f"read the members through this vnetd relay, then etcd; repeat for several "
+        f"(else {ENV_RELAYS}, comma-separated, else registry.relays)",
     )
     group = parser.add_argument_group("etcd TLS and auth (else env, else [registry])")
     group.add_argument(
@@ -240,6 +251,22 @@ def with_etcd_endpoints(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
         return spec
     checked = tuple(check_etcd_url(url) for url in urls)
     return replace(spec, registry=replace(spec.registry, endpoints=checked))
+
+
+def relays_given(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
+    """``--relay`` URLs, else ``VNETD_RELAYS`` (comma-separated), else none."""
+    given = list(getattr(args, "relay", None) or [])
+    if given:
+        return given
+    return [url.strip() for url in env.get(ENV_RELAYS, "").split(",") if url.strip()]
+
+
+def with_relays(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
+    """``spec`` with its relays replaced by ``urls`` (if any were given)."""
+    if not urls:
+        return spec
+    checked = tuple(check_etcd_url(url, key=f"--relay ({ENV_RELAYS})") for url in urls)
+    return replace(spec, registry=replace(spec.registry, relays=checked))
 
 
 def with_http_listen(spec: MeshSpec, listen: str | None) -> MeshSpec:

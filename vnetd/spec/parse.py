@@ -53,6 +53,7 @@ _MESH_KEYS: dict[str, type] = {
 }
 _REGISTRY_KEYS: dict[str, type] = {
     "endpoints": list,
+    "relays": list,
     "prefix": str,
     "lease_ttl": int,
     "ca_file": str,
@@ -389,6 +390,11 @@ def _registry(table: Mapping[str, Any]) -> RegistrySpec:
     prefix = table.get("prefix", RegistrySpec.prefix)
     if not prefix.startswith("/") or prefix.endswith("/") and prefix != "/":
         raise SpecError(f"registry.prefix: {prefix!r} must start with '/' and not end with '/'")
+    relays = table.get("relays", [])
+    for url in relays:
+        if not isinstance(url, str):
+            raise SpecError(f"registry.relays: expected strings, got {_kind(url)}")
+        check_etcd_url(url, key="registry.relays")
     ttl = _int_in("registry.lease_ttl", table.get("lease_ttl", RegistrySpec.lease_ttl), 2, 3600)
     for key in (*_REGISTRY_FILES, "username"):
         if key in table and not table[key]:
@@ -402,6 +408,7 @@ def _registry(table: Mapping[str, Any]) -> RegistrySpec:
         key_file=table.get("key_file"),
         username=table.get("username"),
         password_file=table.get("password_file"),
+        relays=tuple(relays),
     )
 
 
