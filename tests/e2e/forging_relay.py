@@ -43,9 +43,7 @@ class TamperingCache(MemberCache):
 
     def apply(self, batch: Iterable[WatchEvent]) -> int:
         changed = [
-            replace(e, value=self.tampered(e.value))
-            if e.key == self.key and e.kind == "put"
-            else e
+            replace(e, value=self.tampered(e.value)) if e.key == self.key and e.kind == "put" else e
             for e in batch
         ]
         return super().apply(changed)
