@@ -150,8 +150,9 @@ def resolve_spec(
     return with_http_listen(spec, http_listen)
 
 
-def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--etcd URL`` (repeatable) and the TLS and auth flags to ``parser``."""
+def add_etcd_arguments(parser: argparse.ArgumentParser, *, relays: bool = True) -> None:
+    """Add ``--etcd URL`` (repeatable), ``--relay URL`` (unless ``relays`` is False: a
+    command that reads no members, or a relay itself) and the TLS and auth flags."""
     parser.add_argument(
         "--etcd",
         action="append",
@@ -159,14 +160,15 @@ def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="etcd client URL; repeat for several (overrides registry.endpoints)",
     )
-    parser.add_argument(
-        "--relay",
-        action="append",
-        default=[],
-        metavar="URL",
-        help=f"read the members through this vnetd relay, then etcd; repeat for several "
-        f"(else {ENV_RELAYS}, comma-separated, else registry.relays)",
-    )
+    if relays:
+        parser.add_argument(
+            "--relay",
+            action="append",
+            default=[],
+            metavar="URL",
+            help=f"read the members through this vnetd relay, then etcd; repeat for several "
+            f"(else {ENV_RELAYS}, comma-separated, else registry.relays)",
+        )
     group = parser.add_argument_group("etcd TLS and auth (else env, else [registry])")
     group.add_argument(
         "--etcd-ca", metavar="FILE", help="PEM CA of etcd's certificate (env VNETD_ETCD_CA)"
@@ -254,8 +256,11 @@ def with_etcd_endpoints(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
 
 
 def relays_given(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
-    """``--relay`` URLs, else ``VNETD_RELAYS`` (comma-separated), else none."""
-    given = list(getattr(args, "relay", None) or [])
+    """``--relay`` URLs, else ``VNETD_RELAYS`` (comma-separated), else none (and none
+    for a command without ``--relay``)."""
+    if not hasattr(args, "relay"):
+        return []
+    given = list(args.relay)
     if given:
         return given
     return [url.strip() for url in env.get(ENV_RELAYS, "").split(",") if url.strip()]

@@ -105,6 +105,8 @@ async def test_daemons_form_a_mesh_through_a_relay_and_etcd_holds_one_watch() ->
         watchers = await etcd_watchers(lab) - watchers_before
         print(f"etcd watchers with 4 daemons through one relay: {watchers}")
         assert watchers == 1, f"etcd holds {watchers} watches for 4 daemons and one relay"
+        status, metrics = await http_get(lab, relay_pod(lab), f"{url}/metrics")
+        assert status == 200 and "vnetd_relay_watchers 4\n" in metrics, metrics
         assert not mesh.dead_daemons()
         logs = "".join(d.log_text() for d in mesh.daemons.values())
         assert "reading etcd directly" not in logs, "a daemon fell back while the relay ran"

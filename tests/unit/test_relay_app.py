@@ -120,3 +120,13 @@ async def test_a_watch_from_after_the_relay_s_revision_is_confirmed_by_etcd_s() 
                 await upstream.create(f"{P}1", b"r")
                 [event] = await batches.__anext__()
         assert (event.key, event.mod_revision) == (f"{P}1", store + 1)
+
+
+async def test_the_metrics_say_what_the_relay_holds_and_serves() -> None:
+    upstream = MemoryRegistry()
+    await upstream.create(f"{P}0", b"r")
+    async with relayed(upstream) as (app, _client):
+        text = app.metrics().decode()
+    assert "vnetd_relay_synced 1\n" in text
+    assert "vnetd_relay_members 1\n" in text
+    assert "vnetd_relay_watchers 0\n" in text

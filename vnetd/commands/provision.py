@@ -118,7 +118,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
     parser.add_argument(
         "--dry-run", action="store_true", help="print the roles and users; change nothing"
     )
-    add_etcd_arguments(parser)
+    add_etcd_arguments(parser, relays=False)
     parser.set_defaults(run=run)
 
 

@@ -48,7 +48,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         help="recent events kept for daemons that resume a watch (default 20000); a daemon "
         "behind it lists again from the relay",
     )
-    add_etcd_arguments(parser)
+    add_etcd_arguments(parser, relays=False)
     parser.set_defaults(run=run)
 
 

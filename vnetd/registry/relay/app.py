@@ -16,7 +16,7 @@ Served (everything else answers 501, so a client moves on to its next endpoint):
   with etcd's "unavailable" error (code 14), which moves the daemon's watch to its
   next endpoint from the revision after its last event, and answers 503 until it
   has listed again.
-* ``GET /healthz``: 200 while in step with etcd, else 503.
+* ``GET /healthz``: 200 while in step with etcd, else 503; ``GET /metrics``: its figures.
 
 Records go out as the registry read them: keys and values in base64 of the same bytes,
 so etcd's own base64 text for every value under the read bound (``registry.bounds``).
@@ -59,6 +59,7 @@ daemon's quiet check then needs no read (``registry.etcd.watch``)."""
 STORE_WAIT = 2.0
 """The most a watch from after the relay's revision waits for the store's revision."""
 GRACEFUL_TIMEOUT = 1.0
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OUT_OF_RANGE = 11
 UNAVAILABLE = 14
 UNIMPLEMENTED = 12
@@ -190,6 +191,9 @@ class RelayApp:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        if path == "/metrics" and method == "GET":
+            await _respond(send, 200, self.metrics(), METRICS_CONTENT_TYPE)
+            return
         if path == "/healthz" and method == "GET":
             ok = self.cache.synced
             text = b"in step with etcd\n" if ok else b"not in step with etcd\n"
@@ -211,6 +215,23 @@ class RelayApp:
             await self._range(body, send)
         else:
             await self._watch(body, receive, send)
+
+    def metrics(self) -> bytes:
+        """Prometheus text: what the relay holds and serves (five figures, written here:
+        prometheus-client's registry is the daemon's, in ``observe``)."""
+        cache = self.cache
+        rows = [
+            ("vnetd_relay_synced", "gauge", "1 while in step with etcd", int(cache.synced)),
+            ("vnetd_relay_members", "gauge", "entries under the prefix", len(cache.members)),
+            ("vnetd_relay_revision", "gauge", "revision the relay is current at", cache.revision),
+            ("vnetd_relay_watchers", "gauge", "watches served now", self.watchers),
+            ("vnetd_relay_events_sent_total", "counter", "events sent", self.sent_events),
+        ]
+        text = "".join(
+            f"# HELP {name} {about}\n# TYPE {name} {kind}\n{name} {value}\n"
+            for name, kind, about, value in rows
+        )
+        return text.encode()
 
     def _covered(self, start: str, end: str) -> bool:
         prefix = self.cache.prefix
