@@ -36,6 +36,7 @@ from vnetd.spec import (
     RegistrySpec,
     check_etcd_url,
     check_listen,
+    check_relay_url,
     load_spec,
 )
 
@@ -270,7 +271,7 @@ def with_relays(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
     """``spec`` with its relays replaced by ``urls`` (if any were given)."""
     if not urls:
         return spec
-    checked = tuple(check_etcd_url(url, key=f"--relay ({ENV_RELAYS})") for url in urls)
+    checked = tuple(check_relay_url(url, key=f"--relay ({ENV_RELAYS})") for url in urls)
     return replace(spec, registry=replace(spec.registry, relays=checked))
 
 

@@ -59,6 +59,7 @@ def test_a_relay_itself_reads_etcd_and_takes_no_relays(config: Path) -> None:
         pytest.param(["--relay", "10.0.0.9:2381"], {}, r"--relay \(VNETD_RELAYS\): .*not an etcd URL",
                      id="flag"),
         pytest.param([], {"VNETD_RELAYS": "nope"}, r"--relay \(VNETD_RELAYS\): 'nope'", id="env"),
+        pytest.param(["--relay", "https://r:2381"], {}, r"serves plain HTTP; give http://", id="https"),
     ],
 )  # fmt: skip
 def test_a_bad_relay_url_names_where_it_came_from(
