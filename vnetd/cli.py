@@ -37,7 +37,15 @@ EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 def commands() -> tuple[ModuleType, ...]:
     """Every command's module, in the order ``vnetd --help`` lists them (render adds
     ``render`` and ``hosts``)."""
-    from vnetd.commands import address_plan, demo, provision, rank_cert, register, signing_key
+    from vnetd.commands import (
+        address_plan,
+        demo,
+        provision,
+        rank_cert,
+        register,
+        relay,
+        signing_key,
+    )
     from vnetd.commands.doctor import command as doctor_command
     from vnetd.commands.render import command as render_command
     from vnetd.commands.status import command as status_command
@@ -51,6 +59,7 @@ def commands() -> tuple[ModuleType, ...]:
         status_command,
         wait_command,
         provision,
+        relay,
         signing_key,
         rank_cert,
         doctor_command,

@@ -36,6 +36,7 @@ from vnetd.spec import (
     RegistrySpec,
     check_etcd_url,
     check_listen,
+    check_relay_url,
     load_spec,
 )
 
@@ -46,6 +47,7 @@ DEFAULT_STATE_DIR = Path("/var/lib/vnetd")
 DEFAULT_RESYNC_INTERVAL = 30.0
 DEFAULT_WIREGUARD_DIR = Path(UPSTREAM_SOCKET_DIR)
 ENV_PASSWORD = "VNETD_ETCD_PASSWORD"
+ENV_RELAYS = "VNETD_RELAYS"
 
 # RegistrySpec field -> (flag, environment variable)
 _ACCESS: dict[str, tuple[str, str]] = {
@@ -127,6 +129,7 @@ def spec_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> MeshSpec
         args.config,
         env,
         etcd=args.etcd,
+        relays=relays_given(args, env),
         access=etcd_access(args),
         http_listen=getattr(args, "http_listen", None),
     )
@@ -137,18 +140,20 @@ def resolve_spec(
     env: Mapping[str, str],
     *,
     etcd: Sequence[str] = (),
+    relays: Sequence[str] = (),
     access: AccessFlags = NO_ACCESS_FLAGS,
     http_listen: str | None = None,
 ) -> MeshSpec:
-    """The spec file with the etcd URLs, the etcd access settings and the HTTP
-    listen address applied, in that order."""
-    spec = with_etcd_endpoints(load_spec(config), etcd)
+    """The spec file with the etcd URLs, the relay URLs, the etcd access settings and the
+    HTTP listen address applied, in that order."""
+    spec = with_relays(with_etcd_endpoints(load_spec(config), etcd), relays)
     spec = with_etcd_access(spec, access, env)
     return with_http_listen(spec, http_listen)
 
 
-def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--etcd URL`` (repeatable) and the TLS and auth flags to ``parser``."""
+def add_etcd_arguments(parser: argparse.ArgumentParser, *, relays: bool = True) -> None:
+    """Add ``--etcd URL`` (repeatable), ``--relay URL`` (unless ``relays`` is False: a
+    command that reads no members, or a relay itself) and the TLS and auth flags."""
     parser.add_argument(
         "--etcd",
         action="append",
@@ -156,6 +161,15 @@ def add_etcd_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="etcd client URL; repeat for several (overrides registry.endpoints)",
     )
+    if relays:
+        parser.add_argument(
+            "--relay",
+            action="append",
+            default=[],
+            metavar="URL",
+            help=f"read the members through this vnetd relay, then etcd; repeat for several "
+            f"(else {ENV_RELAYS}, comma-separated, else registry.relays)",
+        )
     group = parser.add_argument_group("etcd TLS and auth (else env, else [registry])")
     group.add_argument(
         "--etcd-ca", metavar="FILE", help="PEM CA of etcd's certificate (env VNETD_ETCD_CA)"
@@ -240,6 +254,25 @@ def with_etcd_endpoints(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
         return spec
     checked = tuple(check_etcd_url(url) for url in urls)
     return replace(spec, registry=replace(spec.registry, endpoints=checked))
+
+
+def relays_given(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
+    """``--relay`` URLs, else ``VNETD_RELAYS`` (comma-separated), else none (and none
+    for a command without ``--relay``)."""
+    if not hasattr(args, "relay"):
+        return []
+    given = list(args.relay)
+    if given:
+        return given
+    return [url.strip() for url in env.get(ENV_RELAYS, "").split(",") if url.strip()]
+
+
+def with_relays(spec: MeshSpec, urls: Sequence[str]) -> MeshSpec:
+    """``spec`` with its relays replaced by ``urls`` (if any were given)."""
+    if not urls:
+        return spec
+    checked = tuple(check_relay_url(url, key=f"--relay ({ENV_RELAYS})") for url in urls)
+    return replace(spec, registry=replace(spec.registry, relays=checked))
 
 
 def with_http_listen(spec: MeshSpec, listen: str | None) -> MeshSpec:

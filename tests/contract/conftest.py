@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,7 @@ class Backend:
     unreachable: Callable[[], Registry]
 
 
-@pytest.fixture(params=["memory", "etcd"])
+@pytest.fixture(params=["memory", "etcd", "relay"])
 def backend_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -72,6 +73,10 @@ def backend_clock(backend_name: str) -> trio.testing.MockClock | None:
 async def backend(backend_name: str, tmp_path: Path) -> AsyncIterator[Backend]:
     if backend_name == "memory":
         yield _memory_backend()
+        return
+    if backend_name == "relay":
+        async with _relay_backend() as relayed:
+            yield relayed
         return
     async with run_etcd(tmp_path / "etcd") as server:
         registry = EtcdRegistry([server.url], timeout=CALL_TIMEOUT)
@@ -104,6 +109,33 @@ def _memory_backend() -> Backend:
         return down
 
     return Backend("memory", registry, compact, outage, recover, unreachable)
+
+
+RELAYED = "m/"
+"""The prefix the relay backend's relay serves; reads of others go to the registry."""
+
+
+@asynccontextmanager
+async def _relay_backend() -> AsyncIterator[Backend]:
+    """Writes to a memory registry (real time), reads of ``RELAYED`` through a relay
+    of it on 127.0.0.1 (``registry.relay``), as a daemon with ``[registry] relays``."""
+    from vnetd.registry.relay.reads import RelayedRegistry
+    from vnetd.registry.relay.service import run_relay
+
+    memory = _memory_backend()
+    upstream = memory.registry
+    async with trio.open_nursery() as nursery:
+        app = await nursery.start(run_relay, upstream, RELAYED, ["127.0.0.1:0"])
+        relays = EtcdRegistry([app.bound[0]], timeout=CALL_TIMEOUT)
+        registry = RelayedRegistry(upstream, relays, lambda prefix: prefix == RELAYED)
+        try:
+            yield Backend(
+                "relay", registry, memory.compact, memory.outage, memory.recover,
+                memory.unreachable,
+            )  # fmt: skip
+        finally:
+            await relays.aclose()
+            nursery.cancel_scope.cancel()
 
 
 def _etcd_backend(server: EtcdServer, registry: EtcdRegistry) -> Backend:

@@ -258,6 +258,8 @@ async def test_watch_events_carry_the_lease(registry: Registry) -> None:
 
 
 async def test_watch_from_compacted_revision(backend: Backend) -> None:
+    if backend.name == "relay":
+        pytest.skip("a relay's window decides what it answers 'compacted' (test_relay_cache)")
     registry = backend.registry
     with trio.fail_after(BOUND):
         for i in range(3):
@@ -400,6 +402,8 @@ async def test_a_list_asked_again_after_it_stopped_is_one_snapshot_a_watch_compl
     (every key of one revision), and a watch from that revision brings it up to date. On
     etcd the list resumes at its last page: the snapshot is the stopped list's revision,
     with none of the writes made since (``registry.etcd.pages``)."""
+    if backend.name == "relay":
+        pytest.skip("a relay lists from memory; a list it cannot serve goes to etcd")
     registry = backend.registry
     stop = stop_lists_part_way(registry)
     with trio.fail_after(60):

@@ -98,6 +98,11 @@ def test_a_rank_user_writes_only_its_member_key_and_reads_the_mesh() -> None:
     assert result.users == (User("m-3", ("vnetd-m-read", "vnetd-m-rank-3"), "rank 3"),)
 
 
+def test_the_relay_user_only_reads_the_mesh() -> None:
+    result = plan(mesh_user=None, relay_user="vnetd-m-relay")
+    assert result.users == (User("vnetd-m-relay", ("vnetd-m-read",), "relay"),)  # type: ignore[attr-defined]
+
+
 def test_a_site_role_holds_one_key_per_rank_of_the_site() -> None:
     result = access_plan(
         SPEC, mesh_user=None, sites={"burst": (5, 6)}, ranks=(), rank_user="x{rank}"

@@ -1,6 +1,6 @@
 """Proofs where they decide (docs/architecture.md, "Proofs"): a reader verifies a
 record's proof when it would change who holds an entry or a key, and takes a first
-claim that decides nothing unverified; a watch batch is reduced to the last event per
+claim that decides nothing unverified (but in a mesh read through relays); a watch batch is reduced to the last event per
 key before decoding. A forged record is still refused wherever it would decide.
 """
 
@@ -28,6 +28,7 @@ CA = Signer.generate()
 NET = {"name": "m", "size": 8, "network": "10.250.0.0/16"}
 PLAIN = parse_spec({"mesh": NET, "registry": {"lease_ttl": 6}})
 RANK_CA = parse_spec({"mesh": {**NET, "rank_ca": [CA.public_key]}})
+RELAYED = parse_spec({"mesh": NET, "registry": {"relays": ["http://198.18.0.20:2381"]}})
 PINNED = parse_spec(
     {"mesh": NET, "sites": {"b": {"gateways": [2], "gateway_keys": {"2": VICTIM.public_key}}}}
 )
@@ -46,6 +47,13 @@ def forged(spec: MeshSpec, m: Member, named: Signer, lease: int = 7) -> bytes:
     """``m`` signed by the thief but naming ``named``'s signing key: its proof fails."""
     value = json.loads(record(spec, replace(m, signing_key=THIEF.public_key), THIEF, lease))
     value["signing_key"] = named.public_key
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def moved(spec: MeshSpec, m: Member, signer: Signer) -> bytes:
+    """``m``'s genuine record with its endpoint changed after signing (a relay's forgery)."""
+    value = json.loads(record(spec, m, signer))
+    value["endpoint"] = "198.18.9.9:51820"
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -105,6 +113,8 @@ CERT3 = base64.b64encode(
                      "a first claim at a pinned gateway rank", id="pinned-gateway"),
         pytest.param(RANK_CA, [], put(RANK_CA, 3, forged(RANK_CA, member(3, 9, VICTIM, cert=CERT3), VICTIM), 20, 20),
                      "a first claim in a rank CA mesh with the holder's cert", id="rank-ca-first-claim"),
+        pytest.param(RELAYED, [], put(RELAYED, 3, moved(RELAYED, member(3, 9, VICTIM), VICTIM), 20, 20),
+                     "a first claim read through relays, its endpoint changed", id="relayed-first-claim"),
     ],
 )  # fmt: skip
 def test_a_forged_record_that_would_decide_is_verified_and_refused(

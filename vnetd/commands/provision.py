@@ -97,6 +97,11 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         "pattern, i.e. the StatefulSet pod's name)",
     )
     parser.add_argument(
+        "--relay-user",
+        metavar="NAME",
+        help="also a user for vnetd relay, which may only read the mesh (default: none)",
+    )
+    parser.add_argument(
         "--enable-auth",
         action="store_true",
         help="also make the user root (password: --etcd-password-file) and turn etcd's "
@@ -113,7 +118,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
     parser.add_argument(
         "--dry-run", action="store_true", help="print the roles and users; change nothing"
     )
-    add_etcd_arguments(parser)
+    add_etcd_arguments(parser, relays=False)
     parser.set_defaults(run=run)
 
 
@@ -135,6 +140,7 @@ def plan_of(args: argparse.Namespace, spec: MeshSpec) -> AccessPlan:
         sites=sites,
         ranks=ranks,
         rank_user=args.rank_user or spec.hostname,
+        relay_user=args.relay_user,
     )
 
 

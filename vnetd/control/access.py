@@ -1,13 +1,14 @@
 """The etcd roles and users that scope a mesh's credentials (docs/security.md, "Scoped
 credentials"): pure, so ``vnetd provision --dry-run`` and the apply step read one plan.
 
-Three scopes, each a role; a user gets the read role plus exactly one writer role:
+Three scopes, each a role; a writer gets the read role plus exactly one writer role:
 
 * the mesh: ``readwrite`` on ``<prefix>/<mesh>/`` (the single credential of today);
 * a site: ``readwrite`` on the member key of each of the site's ranks;
 * a rank: ``readwrite`` on its own member key only.
 
-Site and rank users also get ``read`` on the mesh prefix (they list and watch every
+A fourth user, the relays' (``vnetd relay``), gets ``read`` alone. Site and rank users
+also get ``read`` on the mesh prefix (they list and watch every
 member and compare the spec, which ``vnetd provision`` stores). A member key is one
 etcd key per rank, so a site role holds one permission per rank: rank keys are not
 zero-padded (docs/architecture.md, "Registry layout"), so a rank range is not a key
@@ -33,6 +34,7 @@ def access_plan(
     sites: dict[str, tuple[int, ...]],
     ranks: tuple[int, ...],
     rank_user: str,
+    relay_user: str | None = None,
 ) -> AccessPlan:
     """The roles and users for ``spec``'s mesh.
 
@@ -42,6 +44,8 @@ def access_plan(
         ranks: the ranks that get a user of their own.
         rank_user: the pattern of a rank user's name, with ``{name}`` and ``{rank}``
             (the spec's hostname pattern by default: the StatefulSet pod's name).
+        relay_user: the name of the relays' user (``vnetd relay``: the read role
+            alone); None: no such user.
 
     Raises:
         SpecError: a site is named twice, a rank is on two sites, or a name pattern
@@ -71,6 +75,8 @@ def access_plan(
         roles.append(role)
         users.append(User(rank_user_name(spec, rank_user, rank), (read.name, role.name),
                           f"rank {rank}"))  # fmt: skip
+    if relay_user is not None:
+        users.append(User(relay_user, (read.name,), "relay"))
     _check_unique(users)
     return AccessPlan(
         f"{base}-",

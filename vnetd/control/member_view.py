@@ -355,7 +355,7 @@ class MemberView:
             self._prove(waiting.rank, drop=True, bad=None)  # compared with a new record
             waiting = None
         proven = self._proven.get(key) == seen or waiting is not None
-        defer = defer and not spec.rank_ca  # under a rank CA every first claim decides
+        defer = defer and not (spec.rank_ca or spec.registry.relays)  # "Proofs where ..." (e), (f)
         try:
             member = decode_member(spec, key, value, lease, proven=proven or defer, leased=True)
             if member.signing_key and not proven and defer:

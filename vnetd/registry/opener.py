@@ -1,15 +1,17 @@
 """The registry port's one way in: ``open_registry(settings)`` opens the registry that
 resolved ``[registry]`` settings name (docs/architecture.md, "Module map").
 
-Only etcd exists today; another backend (a gRPC etcd client, say) is chosen
+With ``[registry] relays``, the members are read through relays and all else from etcd
+(``relay.reads``). Only etcd exists today; another backend (a gRPC etcd client, say) is chosen
 here and nowhere else. The backend is imported when a registry is opened, so
 the CLI builds its parsers without importing httpx.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from vnetd.registry.base import Registry
@@ -38,12 +40,31 @@ def open_registry(
     from vnetd.registry.etcd.client import open_etcd_registry
     from vnetd.registry.etcd.security import security_of
 
-    return open_etcd_registry(
+    direct = open_etcd_registry(
         settings.endpoints,
         security_of(settings),
         lease_ttl=settings.lease_ttl,
         shared_tls=shared_tls,
     )
+    if not settings.relays:
+        return direct
+    return _with_relays(direct, settings)
+
+
+@asynccontextmanager
+async def _with_relays(
+    direct: AbstractAsyncContextManager[Registry], settings: RegistrySpec
+) -> AsyncIterator[Registry]:
+    """``direct`` with the members read through ``settings.relays`` (``relay.reads``).
+    The relays get the TLS files but no etcd user: they serve reads to anyone who can
+    reach them, and the records they serve are signed."""
+    from vnetd.registry.etcd.client import open_etcd_registry
+    from vnetd.registry.etcd.security import security_of
+    from vnetd.registry.relay.reads import RelayedRegistry, members_prefixes
+
+    tls_only = replace(security_of(settings), username=None, password=None)
+    async with direct as etcd, open_etcd_registry(settings.relays, tls_only) as relays:
+        yield RelayedRegistry(etcd, relays, members_prefixes(settings.prefix))
 
 
 def sharing_tls() -> RegistryOpener:

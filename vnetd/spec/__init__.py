@@ -10,6 +10,7 @@ before any pod exists. ``docs/spec.md`` documents every key.
 from vnetd.spec.parse import (
     check_etcd_url,
     check_listen,
+    check_relay_url,
     check_site_name,
     load_spec,
     parse_spec,
@@ -40,6 +41,7 @@ __all__ = [
     "SiteSpec",
     "check_etcd_url",
     "check_listen",
+    "check_relay_url",
     "check_site_name",
     "load_spec",
     "parse_spec",

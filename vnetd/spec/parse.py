@@ -53,6 +53,7 @@ _MESH_KEYS: dict[str, type] = {
 }
 _REGISTRY_KEYS: dict[str, type] = {
     "endpoints": list,
+    "relays": list,
     "prefix": str,
     "lease_ttl": int,
     "ca_file": str,
@@ -389,6 +390,7 @@ def _registry(table: Mapping[str, Any]) -> RegistrySpec:
     prefix = table.get("prefix", RegistrySpec.prefix)
     if not prefix.startswith("/") or prefix.endswith("/") and prefix != "/":
         raise SpecError(f"registry.prefix: {prefix!r} must start with '/' and not end with '/'")
+    relays = [check_relay_url(url, key="registry.relays") for url in table.get("relays", [])]
     ttl = _int_in("registry.lease_ttl", table.get("lease_ttl", RegistrySpec.lease_ttl), 2, 3600)
     for key in (*_REGISTRY_FILES, "username"):
         if key in table and not table[key]:
@@ -402,6 +404,7 @@ def _registry(table: Mapping[str, Any]) -> RegistrySpec:
         key_file=table.get("key_file"),
         username=table.get("username"),
         password_file=table.get("password_file"),
+        relays=tuple(relays),
     )
 
 
@@ -420,6 +423,13 @@ def check_etcd_url(url: str, key: str = "--etcd") -> str:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
         raise SpecError(f"{key}: {url!r} has an invalid port") from None
+    return url
+
+
+def check_relay_url(url: object, key: str = "--relay") -> str:
+    """Validate a ``vnetd relay`` URL (``http://host:port``: plain HTTP); returns it."""
+    if not isinstance(url, str) or not check_etcd_url(url, key).startswith("http://"):
+        raise SpecError(f"{key}: {url!r}: vnetd relay serves plain HTTP; give http://HOST:PORT")
     return url
 
 

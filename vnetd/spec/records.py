@@ -42,6 +42,9 @@ class RegistrySpec:
     password_file: str | None = None
     password: str | None = field(default=None, repr=False, compare=False)
     """The password once read (``vnetd.config``); never from the TOML, never shown."""
+    relays: tuple[str, ...] = ()
+    """URLs of ``vnetd relay`` processes the members are read through, tried in order
+    before etcd itself (docs/architecture.md, "Relay"); empty: etcd only."""
 
 
 @dataclass(frozen=True)

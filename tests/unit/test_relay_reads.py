@@ -1,0 +1,90 @@
+"""A daemon's reads with relays (``registry.relay.reads``): the members through a relay,
+all else to etcd, and a relay that breaks mid-watch resumed on etcd with no gap."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from vnetd.errors import RegistryUnavailable
+from vnetd.registry.base import WatchEvent
+from vnetd.registry.memory import MemoryRegistry
+from vnetd.registry.relay.reads import RELAYS_REST, RelayedRegistry
+
+P = "/vnetd/m/members/"
+
+
+async def both(etcd: MemoryRegistry, relay: MemoryRegistry, key: str, value: bytes) -> None:
+    """The same write on both (same revisions): the relay's copy stands for a relay."""
+    await etcd.create(key, value)
+    await relay.create(key, value)
+
+
+def relayed(etcd: MemoryRegistry, relay: MemoryRegistry) -> RelayedRegistry:
+    return RelayedRegistry(etcd, relay, lambda prefix: prefix == P)
+
+
+async def test_members_are_read_through_the_relay_and_writes_go_to_etcd(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    etcd, relay = MemoryRegistry(), MemoryRegistry()
+    await relay.create(f"{P}9", b"only-the-relay-has-it")
+    registry = relayed(etcd, relay)
+    kvs, _ = await registry.list_prefix(P)
+    assert [kv.key for kv in kvs] == [f"{P}9"]
+    await registry.create(f"{P}1", b"mine")
+    assert await etcd.get(f"{P}1") is not None
+    assert await relay.get(f"{P}1") is None
+    others, _ = await registry.list_prefix("/vnetd/m/assign-rank/")
+    assert others == []
+
+
+async def test_a_relay_that_breaks_mid_watch_is_resumed_on_etcd_without_a_gap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    etcd, relay = MemoryRegistry(), MemoryRegistry()
+    registry = relayed(etcd, relay)
+    _, revision = await registry.list_prefix(P)
+    seen: list[WatchEvent] = []
+    with trio.fail_after(30):
+        async with registry.watch(P, revision + 1) as batches:
+            await both(etcd, relay, f"{P}1", b"a")
+            seen += await batches.__anext__()
+            relay.fail(True)  # the relay dies; etcd goes on
+            await etcd.create(f"{P}2", b"b")
+            await etcd.create(f"{P}3", b"c")
+            while len(seen) < 3:
+                seen += await batches.__anext__()
+    assert [(e.key, e.value) for e in seen] == [(f"{P}1", b"a"), (f"{P}2", b"b"), (f"{P}3", b"c")]
+    revisions = [e.mod_revision for e in seen]
+    assert revisions == sorted(set(revisions))
+
+
+async def test_without_a_relay_the_reads_go_to_etcd_and_the_relays_rest(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    etcd, relay = MemoryRegistry(), MemoryRegistry()
+    relay.fail(True)
+    await etcd.create(f"{P}1", b"a")
+    registry = relayed(etcd, relay)
+    kvs, _ = await registry.list_prefix(P)
+    assert [kv.key for kv in kvs] == [f"{P}1"]
+    relay.fail(False)
+    await relay.create(f"{P}7", b"relay")
+    kvs, _ = await registry.list_prefix(P)  # resting: etcd still
+    assert [kv.key for kv in kvs] == [f"{P}1"]
+    await trio.sleep(RELAYS_REST)
+    kvs, _ = await registry.list_prefix(P)
+    assert [kv.key for kv in kvs] == [f"{P}7"]
+
+
+async def test_with_neither_the_read_fails_as_etcd_s_does(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    etcd, relay = MemoryRegistry(), MemoryRegistry()
+    etcd.fail(True)
+    relay.fail(True)
+    registry = relayed(etcd, relay)
+    with pytest.raises(RegistryUnavailable):
+        await registry.list_prefix(P)

@@ -1,0 +1,156 @@
+"""A daemon's registry with relays: the members read through a relay, all else from etcd.
+
+``RelayedRegistry`` sends ``list_prefix`` and ``watch`` of the prefixes ``relayed``
+names (a mesh's members) to the relays, as an ``EtcdRegistry`` of the relays' URLs
+(each relay serves that part of etcd's JSON gateway: ``relay.app``; the registry moves
+a watch between relays from the revision after its last event, as between etcd
+members), and every other call, writes included, to etcd. Records read through a relay
+are checked as any others (``control.member_view``): a relay can delay one, never forge
+one.
+
+When no relay answers, the read goes to etcd itself, and a watch that breaks on its last
+relay is resumed on etcd from the revision after its last event, so the daemon's view
+has no gap (a start older than etcd's history is etcd's "compacted": the watcher lists
+again). Relays that failed are skipped for ``RELAYS_REST`` s; the member watch's
+periodic restart then tries them again. While neither answers, the calls fail as etcd's
+do and the data plane stays as it is (invariant 5).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import trio
+
+from vnetd.errors import RegistryUnavailable
+from vnetd.registry.base import KeyValue, Registry, WatchEvent
+
+log = logging.getLogger("vnetd.registry")
+
+RELAYS_REST = 30.0
+"""Seconds the relays are skipped after none of them answered."""
+
+
+class RelayedRegistry:
+    """A ``Registry`` whose reads of ``relayed`` prefixes go to ``relays`` first."""
+
+    def __init__(self, direct: Registry, relays: Registry, relayed: Callable[[str], bool]) -> None:
+        self.direct = direct
+        self.relays = relays
+        self._relayed = relayed
+        self._rest_until = -1.0
+
+    def _use_relays(self, prefix: str) -> bool:
+        return self._relayed(prefix) and trio.current_time() >= self._rest_until
+
+    def relays_failed(self, what: str, exc: Exception) -> None:
+        self._rest_until = trio.current_time() + RELAYS_REST
+        log.warning(
+            "relays: %s failed (%s); reading etcd directly for %.0f s", what, exc, RELAYS_REST
+        )
+
+    async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        if self._use_relays(prefix):
+            try:
+                return await self.relays.list_prefix(prefix)
+            except RegistryUnavailable as exc:
+                self.relays_failed(f"list {prefix}", exc)
+        return await self.direct.list_prefix(prefix)
+
+    @asynccontextmanager
+    async def watch(
+        self, prefix: str, start_revision: int
+    ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
+        if not self._use_relays(prefix):
+            async with self.direct.watch(prefix, start_revision) as batches:
+                yield batches
+            return
+        async with AsyncExitStack() as stack:
+            try:
+                relayed = await stack.enter_async_context(self.relays.watch(prefix, start_revision))
+            except RegistryUnavailable as exc:
+                self.relays_failed(f"watch {prefix}", exc)
+                direct = await stack.enter_async_context(self.direct.watch(prefix, start_revision))
+                yield direct
+                return
+            yield _FallingBack(self, stack, prefix, start_revision, relayed)
+
+    async def get(self, key: str) -> KeyValue | None:
+        return await self.direct.get(key)
+
+    async def create(self, key: str, value: bytes, lease: int = 0) -> KeyValue | None:
+        return await self.direct.create(key, value, lease)
+
+    async def replace(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
+        return await self.direct.replace(key, value, mod_revision, lease)
+
+    async def create_all(self, items: Mapping[str, bytes]) -> bool:
+        return await self.direct.create_all(items)
+
+    async def delete(self, key: str) -> bool:
+        return await self.direct.delete(key)
+
+    async def grant(self, ttl: int) -> int:
+        return await self.direct.grant(ttl)
+
+    async def keepalive(self, lease: int) -> int:
+        return await self.direct.keepalive(lease)
+
+    async def revoke(self, lease: int) -> None:
+        await self.direct.revoke(lease)
+
+    async def aclose(self) -> None:
+        """The caller closes the two registries it gave (``opener``)."""
+
+
+def members_prefixes(registry_prefix: str) -> Callable[[str], bool]:
+    """Which prefixes a relay serves: ``<prefix>/<mesh>/members/`` of any mesh
+    (``control.membership``'s layout)."""
+    head = registry_prefix.rstrip("/") + "/"
+
+    def relayed(prefix: str) -> bool:
+        if not prefix.startswith(head) or not prefix.endswith("/members/"):
+            return False
+        mesh = prefix[len(head) : -len("/members/")]
+        return bool(mesh) and "/" not in mesh
+
+    return relayed
+
+
+class _FallingBack:
+    """The relays' batches; when they break, etcd's from the revision after the last (its
+    watch entered on the caller's ``stack``, so it closes with the relays' watch)."""
+
+    def __init__(
+        self,
+        registry: RelayedRegistry,
+        stack: AsyncExitStack,
+        prefix: str,
+        start_revision: int,
+        relayed: AsyncIterator[list[WatchEvent]],
+    ) -> None:
+        self._registry = registry
+        self._stack = stack
+        self._prefix = prefix
+        self._after = start_revision
+        self._relayed = relayed
+        self._direct: AsyncIterator[list[WatchEvent]] | None = None
+
+    def __aiter__(self) -> _FallingBack:
+        return self
+
+    async def __anext__(self) -> list[WatchEvent]:
+        if self._direct is None:
+            try:
+                batch = await self._relayed.__anext__()
+            except RegistryUnavailable as exc:
+                what = f"watch {self._prefix} from revision {self._after}"
+                self._registry.relays_failed(what, exc)
+                watch = self._registry.direct.watch(self._prefix, self._after)
+                self._direct = await self._stack.enter_async_context(watch)
+            else:
+                self._after = batch[-1].mod_revision + 1
+                return batch
+        return await self._direct.__anext__()
