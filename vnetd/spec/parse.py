@@ -21,6 +21,7 @@ from vnetd.errors import SpecError
 from vnetd.spec.records import (
     DATAPLANES,
     DEFAULT_DOCTOR_PORT,
+    DEFAULT_DOORBELL_PORT,
     DEFAULT_SITE,
     DEFAULT_SITE_KEEPALIVE,
     DataplaneSpec,
@@ -49,6 +50,8 @@ _MESH_KEYS: dict[str, type] = {
     "persistent_keepalive": int,
     "site_keepalive": int,
     "doctor_port": int,
+    "tree_fanout": int,
+    "doorbell_port": int,
     "rank_ca": list,
 }
 _REGISTRY_KEYS: dict[str, type] = {
@@ -134,7 +137,7 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
     doctor_port = _int_in(
         "mesh.doctor_port", mesh.get("doctor_port", DEFAULT_DOCTOR_PORT), 0, 65535
     )
-
+    bell = _int_in("mesh.doorbell_port", mesh.get("doorbell_port", DEFAULT_DOORBELL_PORT), 1, 65535)
     return MeshSpec(
         name=name,
         size=size,
@@ -148,6 +151,8 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         persistent_keepalive=keepalive,
         site_keepalive=site_keepalive,
         doctor_port=doctor_port,
+        tree_fanout=_int_in("mesh.tree_fanout", mesh.get("tree_fanout", 0), 0, 1 << 20),
+        doorbell_port=bell,
         site=_site_spec(_table(data, "site")),
         gateways=_gateways(_table(data, "sites"), size),
         gateway_keys=_gateway_keys(_table(data, "sites")),
