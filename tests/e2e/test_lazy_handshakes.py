@@ -23,7 +23,7 @@ import trio
 from bounds import WG_RETRY
 
 from vnetd.lab.cluster import MeshLab, http_get
-from vnetd.lab.open_lab import open_lab
+from vnetd.lab.open_lab import LabError, open_lab
 from vnetd.spec import load_spec
 
 SIZE = 5
@@ -51,11 +51,19 @@ async def wait_settled(mesh: MeshLab) -> None:
     """Every rank holds every other as a peer, and the tree pairs have handshaken."""
     with trio.fail_after(SETTLED):
         for rank in range(SIZE):
-            while await mesh.device_ranks(rank) != set(range(SIZE)) - {rank}:
+            while await ranks_held(mesh, rank) != set(range(SIZE)) - {rank}:
                 await trio.sleep(0.1)
         for a, b in TREE:
             while not await handshaken(mesh, a, b):
                 await trio.sleep(0.1)
+
+
+async def ranks_held(mesh: MeshLab, rank: int) -> set[int]:
+    """The peers on ``rank``'s device; none while its wireguard-go is starting."""
+    try:
+        return await mesh.device_ranks(rank)
+    except LabError:
+        return set()
 
 
 async def handshaken(mesh: MeshLab, a: int, b: int) -> bool:
