@@ -40,9 +40,9 @@ RACE_WINDOW = 2.0
 FALLBACK_AFTER = 2.0
 """Seconds a responder waits for the initiator (once registered) before writing its endpoint."""
 RING_SETTLE = 0.25
-"""Seconds a ring waits when our device has sent the rung peer something: a handshake of
-our own may be under way (both sides' first packets at once), and a re-add would drop it
-with our first packet. A lost one is re-added after this, far below WireGuard's 5 s."""
+"""Seconds after a ring's handshake before the peer is re-added with another: the ring
+starts one on the peer as it is, which wireguard-go skips when it sent one within 5 s (our
+own first packet's, under way or lost); a lost one is replaced after this, not in 5 s."""
 SESSION_FRESH = 170.0
 """A ring for a peer we handshook with within this many seconds (wall clock) is answered
 only once that session is older: below WireGuard's 180 s key expiry, after which the
@@ -175,8 +175,8 @@ class Checked:
     given_up: list[Peer] = field(default_factory=list)
     """Peers still without a handshake after every retry."""
     answered: list[Peer] = field(default_factory=list)
-    """Peers that rang our doorbell (a lazy pair's responder sending first), re-added
-    with a handshake."""
+    """Peers that rang our doorbell (a lazy pair's responder sending first): a handshake
+    started on each, as it is on the device (``Plan.handshake`` without a re-add)."""
 
 
 class HandshakeWatch:
@@ -266,27 +266,23 @@ class HandshakeWatch:
     def check(self, device: Mapping[str, DevicePeer], now: float, wall: float = 0.0) -> Checked:
         """Settle the watched peers against ``device``: those with a handshake are done;
         of those due without one, an initiator's are re-added with a handshake (or
-        given up), a responder's get their endpoint, a ringer's are re-added with a
+        given up), a responder's get their endpoint, a ringer without a session gets a
         handshake (``wall``: the wall clock, which the device's handshake times use)."""
         found = Checked()
         remove: list[Peer] = []
         add: list[Peer] = []
         update: list[PeerUpdate] = []
+        kick: list[str] = []
         for key, due in list(self.rung.items()):
             have = device.get(key)
-            if have is None or wall - have.last_handshake < SESSION_FRESH:
-                del self.rung[key]  # gone, or a live session: a stray ring (or one sent
-                continue  # before it; the responder's own retry rings again if not)
-            if due.deadline > now:
-                continue
-            if have.tx_bytes and not due.tries:
-                due.tries, due.deadline = 1, now + RING_SETTLE  # ours may be under way
-                continue
             del self.rung[key]
-            self.initiating[key] = _Due(due.peer, now + RETRY_AFTER)
+            if have is None or wall - have.last_handshake < SESSION_FRESH:
+                continue  # gone, or a live session: a stray ring (or one sent before it)
+            # Started on the peer as it is: a no-op in wireguard-go when ours is under way
+            # (both sides' first packets at once), which a re-add would drop.
+            self.initiating[key] = _Due(due.peer, now + RING_SETTLE, wait=RING_SETTLE)
             found.answered.append(due.peer)
-            remove.append(_as_removed(have, due.peer))
-            add.append(due.peer)
+            kick.append(key)
         for key, due in list(self.initiating.items()):
             have = device.get(key)
             if have is None or have.last_handshake:
@@ -313,7 +309,7 @@ class HandshakeWatch:
             remove=tuple(sorted(remove)),
             update=tuple(update),
             add=tuple(add),
-            handshake=tuple(peer.public_key for peer in add),
+            handshake=(*(peer.public_key for peer in add), *kick),
         )
         return found
 
