@@ -72,8 +72,8 @@ class ReconcileStats:
     """Members left out of the peers (a public key already registered earlier, our
     own key under another rank), each counted once, when it is first logged."""
     handshakes_started: int = 0
-    """Handshakes this side started itself (``Plan.handshake``: eager pairs, retries, re-adds,
-    answered rings); a lazy pair's handshake that its first packet starts is not one."""
+    """Handshakes this side started itself (``Plan.handshake``: eager pairs, retries,
+    re-adds); a lazy pair's, which its first packet starts (through a ring or not), is not."""
     rings: int = 0
     """Datagrams our doorbell took from a lazy pair's responder (``daemon.doorbell``)."""
     device_restarts: int = 0
@@ -375,7 +375,8 @@ class Reconciler:
         if found.plan:
             try:
                 await self.dataplane.apply(found.plan)
-                self.stats.handshakes_started += len(found.plan.handshake)
+                # A ring's handshake is the traffic's, not the formation's: counted in rings.
+                self.stats.handshakes_started += len(found.plan.handshake) - len(found.answered)
             except DataplaneError:
                 # Part of the plan may be on the device (a refused set): the next pass
                 # reads the device, and a fallback not written is due again.

@@ -83,8 +83,8 @@ class _SnapshotCollector(Collector):
         )
         yield _counter(
             "vnetd_handshakes_initiated",
-            "Handshakes this daemon started itself: eager pairs, retries, re-adds and "
-            "answered doorbell rings (a lazy pair's first packet starts its own).",
+            "Handshakes this daemon started itself: eager pairs, retries and re-adds (a lazy "
+            "pair's first packet starts its own, through a doorbell ring or not).",
             s.handshakes_initiated,
         )
         yield _counter(
