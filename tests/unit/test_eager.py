@@ -15,7 +15,14 @@ from vnetd.mesh.eager import (
     endpoint_of,
     tree_neighbours,
 )
-from vnetd.mesh.initiator import RETRY_AFTER, RING_SETTLE, SESSION_FRESH, HandshakeWatch, PairRule
+from vnetd.mesh.initiator import (
+    RETRY_AFTER,
+    RING_SETTLE,
+    SESSION_DEAD,
+    SESSION_FRESH,
+    HandshakeWatch,
+    PairRule,
+)
 from vnetd.mesh.peers import desired_peers, diff
 from vnetd.model import DevicePeer, Member, Peer
 from vnetd.spec import MeshSpec, parse_spec
@@ -232,3 +239,29 @@ def test_a_ring_for_a_peer_already_being_started_adds_nothing():
     watch.check(device(), 100.0, wall=5000.0)
     watch.ring(ringer(), 100.1)
     assert not watch.rung
+
+
+@pytest.mark.parametrize(
+    ("rank", "age", "wall", "written"),
+    [
+        pytest.param(2, SESSION_DEAD + 1, 10_000.0, "198.18.1.0:51822", id="responder-dead"),
+        pytest.param(2, SESSION_DEAD - 30, 10_000.0, None, id="responder-live-session"),
+        pytest.param(2, SESSION_DEAD + 1, 0.0, None, id="incremental-pass-no-device"),
+        pytest.param(0, SESSION_DEAD + 1, 10_000.0, None, id="initiator-keeps-the-real-one"),
+    ],
+)
+def test_a_lazy_responder_holds_the_doorbell_again_once_its_session_is_dead(
+    rank, age, wall, written
+):
+    mesh = spec(1, size=4)
+    entries = members(4)
+    other = 2 - rank  # the pair 0-2
+    desired, _ = desired_peers(entries, rank, mesh, key(rank))
+    have = {k: DevicePeer(k, p.allowed_ips, p.endpoint) for k, p in desired.items()}
+    # The session roamed the device to the other side's real endpoint.
+    real = f"198.18.1.{other}:51820"
+    have[key(other)] = DevicePeer(key(other), desired[key(other)].allowed_ips, real, 10_000 - age)
+    endpoints = {k: p.endpoint for k, p in desired.items()}
+    plan = diff(desired, have, endpoints, pairs=pair_rule(rank, mesh, entries), wall=wall)
+    updates = {u.public_key: u.endpoint for u in plan.update}
+    assert updates == ({} if written is None else {key(other): written})

@@ -275,7 +275,13 @@ class Reconciler:
         else:
             watch.unregistered()
         plan = diff(
-            desired, actual, self._written, self._devices, pairs=pairs, awaiting=watch.awaiting
+            desired,
+            actual,
+            self._written,
+            self._devices,
+            pairs=pairs,
+            awaiting=watch.awaiting,
+            wall=time.time() if changed is None else 0.0,  # the device was read
         )
         ranks = {key: peer.rank for key, peer in desired.items() if peer.rank is not None}
         if plan:

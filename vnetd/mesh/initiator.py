@@ -47,6 +47,11 @@ SESSION_FRESH = 170.0
 """A ring for a peer we handshook with within this many seconds (wall clock) is answered
 only once that session is older: below WireGuard's 180 s key expiry, after which the
 responder, finding no keys, rings again."""
+SESSION_DEAD = 190.0
+"""Seconds after its last handshake a lazy pair's session is surely dead on both sides:
+WireGuard's keys expire at 180 s (a session in use is renewed before: at 120 s by its
+initiator, at 165 s when only the responder sends). The responder then holds the
+doorbell again (``peers.diff``), so traffic resuming on both sides cannot cross."""
 IDLE_KEEPALIVE = 25
 """The initiator's persistent keepalive (s): below the 60 s between WireGuard's rekey
 (120 s) and its key expiry (180 s), so an idle session is always renewed from the

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from vnetd.mesh.eager import doorbell_endpoint
 from vnetd.mesh.gateways import route_through_gateways
-from vnetd.mesh.initiator import PairRule
+from vnetd.mesh.initiator import SESSION_DEAD, PairRule
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
 from vnetd.spec import MeshSpec
 
@@ -156,6 +156,7 @@ def diff(
     *,
     pairs: PairRule | None = None,
     awaiting: Collection[str] = (),
+    wall: float = 0.0,
 ) -> Plan:
     """The changes that turn ``actual`` into ``desired``.
 
@@ -191,6 +192,10 @@ def diff(
             registry's changed (``written_after`` records it as written). One
             that ``pairs`` now says we initiate with (we were not registered
             when we added it) is re-added with its endpoint and a handshake.
+        wall: the wall clock, with ``actual`` read from the device: a lazy
+            pair's responder whose session is dead (``SESSION_DEAD``) and whose
+            device roamed to the initiator's endpoint writes the doorbell back,
+            so resumed traffic cannot cross (0: not looked at).
 
     Returns:
         A plan that removes, updates and adds only what changed.
@@ -236,7 +241,7 @@ def diff(
                 continue
         endpoint = None if waiting else _endpoint_change(want, have, written)
         if pairs is not None and not eager:
-            endpoint = _lazy_endpoint(want, have, pairs, changed=endpoint is not None)
+            endpoint = _lazy_endpoint(want, have, pairs, wall, changed=endpoint is not None)
         allowed = want.allowed_ips if tuple(sorted(have.allowed_ips)) != want.allowed_ips else None
         if endpoint is not None or allowed is not None:
             update.append(
@@ -266,15 +271,18 @@ def added_peer(want: Peer, pairs: PairRule | None) -> Peer:
 
 
 def _lazy_endpoint(
-    want: Peer, have: DevicePeer | Peer, pairs: PairRule, *, changed: bool
+    want: Peer, have: DevicePeer | Peer, pairs: PairRule, wall: float, *, changed: bool
 ) -> str | None:
     """The endpoint to write for a lazy pair's peer: its side's (``PairRule.device_endpoint``)
-    when the registry's changed, or when the device, never handshaken with it, holds the
-    other side's (our registration decided the pair after we added it)."""
+    when the registry's changed, or when the device holds the other side's and has no
+    session with it: never handshaken (our registration decided the pair after we added
+    it), or (``wall`` given) the last handshake older than ``SESSION_DEAD``."""
     target = pairs.device_endpoint(want)
     if changed:
         return target
-    if not isinstance(have, DevicePeer) or have.last_handshake or have.endpoint == target:
+    if not isinstance(have, DevicePeer) or have.endpoint == target:
+        return None
+    if have.last_handshake and not (wall and wall - have.last_handshake > SESSION_DEAD):
         return None
     if want.endpoint is None or pairs.spec is None:
         return None
