@@ -125,7 +125,10 @@ def test_only_a_handshake_initiation_rings():
 
 
 def members(size: int) -> dict[int, Member]:
-    return {r: Member(r, key(r), f"198.18.1.{r}:51820", f"pod{r}") for r in range(size)}
+    return {
+        r: Member(r, key(r), f"198.18.1.{r}:51820", f"pod{r}", device_id=f"dev{r}")
+        for r in range(size)
+    }
 
 
 def pair_rule(rank: int, mesh: MeshSpec, entries: dict[int, Member]) -> PairRule:
@@ -265,3 +268,12 @@ def test_a_lazy_responder_holds_the_doorbell_again_once_its_session_is_dead(
     plan = diff(desired, have, endpoints, pairs=pair_rule(rank, mesh, entries), wall=wall)
     updates = {u.public_key: u.endpoint for u in plan.update}
     assert updates == ({} if written is None else {key(other): written})
+
+
+def test_a_plain_wireguard_host_is_eager_it_has_no_doorbell():
+    mesh = spec(1, size=4)
+    entries = {**members(4), 2: Member(2, key(2), "198.18.1.2:51820", "register-host-2")}
+    rule0, rule3 = pair_rule(0, mesh, entries), pair_rule(3, mesh, entries)
+    host = Peer(key(2), ("10.250.0.3/32",), "198.18.1.2:51820", 2)
+    assert not rule0.lazy(host) and not rule3.lazy(host)
+    assert rule0.lazy(Peer(key(3), ("10.250.0.4/32",), "198.18.1.3:51820", 3))

@@ -5,7 +5,8 @@ handshake when it adds the peer, as every pair did before) when the two are
 neighbours in the jobs' K-ary tree (Flux's ``tbon.fanout`` numbering: rank
 r > 0 has parent (r - 1) // K), when either is a site gateway, or when the
 pair needs keepalives (the spec's ``persistent_keepalive``, or two sites:
-NAT mappings). Every other pair is *lazy*: both sides hold the peer (key,
+NAT mappings); ``PairRule.lazy`` also keeps a plain WireGuard host (no
+``device_id``, no doorbell) eager. Every other pair is *lazy*: both sides hold the peer (key,
 route, an endpoint) from the moment they know it, and the first packet
 starts the handshake. The rule is symmetric, so both sides agree. How a
 lazy pair's first packet avoids WireGuard's 5 s retry (the doorbell), and the

@@ -100,7 +100,9 @@ class PairRule:
         if spec is None or not spec.tree_fanout or peer.rank is None or self.self_rank is None:
             return False
         theirs = self.members.get(peer.rank)
-        same_site = theirs is not None and theirs.site == spec.site.name
+        if theirs is None or not theirs.device_id:
+            return False  # a plain WireGuard host (``vnetd register``): no doorbell to ring
+        same_site = theirs.site == spec.site.name
         return not eager_pair(spec, self.self_rank, peer.rank, same_site=same_site)
 
     def device_endpoint(self, peer: Peer) -> str | None:
