@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from ipaddress import ip_interface, ip_network
 
 import pytest
 from shared import key
 
+from vnetd.control.watcher import MemberView
 from vnetd.daemon.doorbell import is_initiation
+from vnetd.daemon.reconciler import Reconciler
+from vnetd.dataplane.base import DeviceConfig
+from vnetd.dataplane.fake import FakeDataplane
 from vnetd.mesh.eager import (
     doorbell_endpoint,
     eager_pair,
@@ -277,3 +282,42 @@ def test_a_plain_wireguard_host_is_eager_it_has_no_doorbell():
     host = Peer(key(2), ("10.250.0.3/32",), "198.18.1.2:51820", 2)
     assert not rule0.lazy(host) and not rule3.lazy(host)
     assert rule0.lazy(Peer(key(3), ("10.250.0.4/32",), "198.18.1.3:51820", 3))
+
+
+# --- the reconciler takes the rings ----------------------------------------------------------
+
+
+def lazy_reconciler(ranks: range) -> tuple[Reconciler, FakeDataplane, MemberView]:
+    mesh = spec(1, size=4)
+    config = DeviceConfig(
+        "vnet0", key(9), 51820, ip_interface("10.250.0.1/16"), ip_network("10.250.0.0/16"), 1420
+    )
+    device = FakeDataplane(config)
+    view = MemberView()
+    view.members = {r: m for r, m in members(4).items() if r in ranks}
+    view.created = {r: 100 + r for r in ranks}
+    view.version, view.synced = 1, True
+    return Reconciler(mesh, 0, key(0), view, device), device, view
+
+
+async def test_a_ring_from_a_peer_not_known_yet_is_answered_once_it_is_added():
+    reconciler, device, view = lazy_reconciler(range(2))  # rank 0; rank 2 not seen yet
+    await reconciler.reconcile_once()
+    reconciler.ring("198.18.1.2:51820")  # rank 2 (lazy with 0, and 0 initiates) knows us
+    assert reconciler.stats.rings == 1 and not reconciler.handshakes.rung
+    view.members[2], view.created[2] = members(4)[2], 102
+    view.version += 1
+    plan = await reconciler.reconcile_once(resync="rank 2 came")  # a full pass
+    assert [p.rank for p in plan.add] == [2] and not plan.handshake  # lazy: added quietly
+    assert set(reconciler.handshakes.rung) == {key(2)}  # the kept ring, now answered
+    await reconciler.check_handshakes()
+    assert device.handshakes[-1:] == [key(2)]
+    assert reconciler.stats.handshakes_started == 1  # the eager pair 0-1 only
+
+
+async def test_a_ring_from_an_eager_peer_or_one_that_initiates_is_a_stray():
+    reconciler, _, _ = lazy_reconciler(range(4))
+    await reconciler.reconcile_once()
+    reconciler.ring("198.18.1.1:51820")  # eager (tree neighbours): never rings
+    reconciler.ring("198.18.1.9:51820")  # nobody
+    assert not reconciler.handshakes.rung
