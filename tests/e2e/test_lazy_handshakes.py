@@ -23,7 +23,7 @@ import trio
 from bounds import WG_RETRY
 
 from vnetd.lab.cluster import MeshLab, http_get
-from vnetd.lab.open_lab import LabError, open_lab
+from vnetd.lab.open_lab import Lab, LabError, open_lab
 from vnetd.spec import load_spec
 
 SIZE = 5
@@ -39,8 +39,9 @@ SETTLED = 20.0
 METRICS = "127.0.0.1:9109"
 
 
-async def lazy_mesh(lab: object) -> MeshLab:
-    mesh = MeshLab.create(lab)  # type: ignore[arg-type]
+def lazy_mesh(lab: Lab) -> MeshLab:
+    """The lab's mesh with ``tree_fanout = FANOUT``."""
+    mesh = MeshLab.create(lab)
     text = mesh.spec_path.read_text()
     mesh.spec_path.write_text(text.replace("[mesh]\n", f"[mesh]\ntree_fanout = {FANOUT}\n", 1))
     mesh.spec = load_spec(mesh.spec_path)
@@ -72,15 +73,20 @@ async def handshaken(mesh: MeshLab, a: int, b: int) -> bool:
     return any(address in row[3].split(",") and row[4] != "0" for row in await mesh.device_dump(a))
 
 
-async def first_packets(mesh: MeshLab, senders: dict[tuple[int, int], set[int]]) -> dict:
+Pair = tuple[int, int]
+
+
+async def first_packets(
+    mesh: MeshLab, senders: dict[Pair, set[int]]
+) -> dict[tuple[Pair, int], float | None]:
     """Run the prober on each pair's two ranks from one shared instant; ``senders`` names
     who sends in each pair. Returns (pair, sender) -> seconds to the first reply."""
     go = time.monotonic() + 1.5
-    out: dict[tuple[tuple[int, int], int], float | None] = {}
+    out: dict[tuple[Pair, int], float | None] = {}
 
     ports = {pair: 7780 + i for i, pair in enumerate(sorted(senders))}
 
-    async def run(pair: tuple[int, int], rank: int, other: int) -> None:
+    async def run(pair: Pair, rank: int, other: int) -> None:
         argv = [sys.executable, str(PROBER), "--self-addr", mesh.address(rank),
                 "--peer-addr", mesh.address(other), "--go", repr(go), "--limit", "7",
                 "--port", str(ports[pair])]  # fmt: skip
@@ -112,7 +118,7 @@ async def handshakes_initiated(mesh: MeshLab, rank: int) -> float:
 
 async def test_a_lazy_pairs_first_packet_is_answered_without_the_5s_retry():
     async with open_lab(SIZE) as lab:
-        mesh = await lazy_mesh(lab)
+        mesh = lazy_mesh(lab)
         for rank in range(SIZE):  # in order: the lower rank registers first and initiates
             await mesh.start_rank(rank, "--http-listen", METRICS)
             await trio.sleep(0.3)
