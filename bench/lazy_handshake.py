@@ -33,41 +33,41 @@ import time
 from pathlib import Path
 
 import trio
+from dataplane import HAND_IF, HAND_PORT, hand_address, hand_devices, run_ok
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vnetd.lab.open_lab import Lab, LabProcess, open_lab
 
 PROBER = Path(__file__).resolve().parent / "first_packet.py"
 STALL = 4.0
 """A reply later than this waited for WireGuard's 5 s retry."""
+SENDERS = {"one": {0}, "both": {0, 1}, "held": {1}, "staggered": {0, 1}}
+Replies = dict[int, float | None]
+"""Each sending pod's seconds from the go instant to its first reply (None: none)."""
 
 
-async def reset_pair(lab: object, devices: dict[int, object], keys: list[str],
-                     endpoints: dict[int, str | None]) -> None:  # fmt: skip
+async def reset_pair(
+    lab: Lab, devices: dict[int, LabProcess], keys: list[str], endpoints: dict[int, str | None]
+) -> None:
     """Remove each side's peer and add it back fresh (no keepalive)."""
-    from dataplane import HAND_IF, hand_address, run_ok
-
     for i in (0, 1):
-        pod = lab.pods[i]  # type: ignore[attr-defined]
-        peer = keys[1 - i]
-        await run_ok(lab, pod, ["wg", "set", HAND_IF, "peer", peer, "remove"],  # type: ignore[arg-type]
-                     beside=devices[i])  # type: ignore[arg-type]  # fmt: skip
+        pod, peer = lab.pods[i], keys[1 - i]
+        await run_ok(lab, pod, ["wg", "set", HAND_IF, "peer", peer, "remove"], beside=devices[i])
         argv = ["wg", "set", HAND_IF, "peer", peer, "allowed-ips", f"{hand_address(1 - i)}/32"]
-        if endpoints[i] is not None:
-            argv += ["endpoint", str(endpoints[i])]
-        await run_ok(lab, pod, argv, beside=devices[i])  # type: ignore[arg-type]
+        endpoint = endpoints[i]
+        if endpoint is not None:
+            argv += ["endpoint", endpoint]
+        await run_ok(lab, pod, argv, beside=devices[i])
 
 
-async def trial(lab: object, devices: dict[int, object], keys: list[str], case: str,
-                args: argparse.Namespace) -> dict[str, object]:  # fmt: skip
-    from dataplane import HAND_PORT, hand_address
-
-    pods = lab.pods  # type: ignore[attr-defined]
-    endpoint = {i: f"{pods[1 - i].underlay_ip}:{HAND_PORT}" for i in (0, 1)}
-    held: dict[int, str | None] = dict(endpoint)
+async def trial(
+    lab: Lab, devices: dict[int, LabProcess], keys: list[str], case: str, args: argparse.Namespace
+) -> Replies:
+    """One first packet of ``case`` on a fresh pair."""
+    held: dict[int, str | None] = {i: f"{lab.pods[1 - i].underlay_ip}:{HAND_PORT}" for i in (0, 1)}
     if case == "held":
         held[1] = None
     await reset_pair(lab, devices, keys, held)
-    senders = {"one": {0}, "both": {0, 1}, "held": {1}, "staggered": {0, 1}}[case]
+    senders = SENDERS[case]
     go = time.monotonic() + 1.0
     out: dict[int, str] = {}
 
@@ -80,45 +80,44 @@ async def trial(lab: object, devices: dict[int, object], keys: list[str], case: 
             argv.append("--send")
         if 1 - i in senders:
             argv.append("--expect")
-        result = await lab.run(pods[i], argv, args.limit + 10, beside=devices[i])  # type: ignore[attr-defined]
+        result = await lab.run(lab.pods[i], argv, args.limit + 10, beside=devices[i])
         out[i] = result.stdout.decode()
 
     async with trio.open_nursery() as nursery:
         for i in (0, 1):
             nursery.start_soon(run, i)
-    replies = {i: json.loads(out[i].strip().splitlines()[-1])["reply"] for i in sorted(senders)}
-    return {"case": case, "replies": replies}
+    return {i: json.loads(out[i].strip().splitlines()[-1])["reply"] for i in sorted(senders)}
+
+
+def summary(case: str, results: list[Replies]) -> dict[str, object]:
+    """A case's line: the later side's reply per trial, counted against the 5 s retry."""
+    worst = [None if None in r.values() else max(v for v in r.values() if v is not None)
+             for r in results]  # fmt: skip
+    done = sorted(w for w in worst if w is not None)
+    return {
+        "case": case,
+        "trials": len(results),
+        "no_reply": sum(1 for w in worst if w is None),
+        "stalled_over_4s": sum(1 for w in done if w > STALL),
+        "p50_s": done[len(done) // 2] if done else None,
+        "max_s": done[-1] if done else None,
+        "under_1s_max": max((w for w in done if w < 1), default=None),
+        "each": results,
+    }
 
 
 async def outer(args: argparse.Namespace) -> None:
-    from dataplane import hand_devices, wg_keypair  # noqa: F401
-
-    from vnetd.lab.open_lab import open_lab
-
     async with open_lab(2, with_etcd=False) as lab:
         devices, _ = await hand_devices(lab)
         keys = []
         for i in (0, 1):
-            text = await lab.run(lab.pods[i], ["wg", "show", "wgb0", "public-key"],
+            shown = await run_ok(lab, lab.pods[i], ["wg", "show", HAND_IF, "public-key"],
                                  beside=devices[i])  # fmt: skip
-            keys.append(text.stdout.decode().strip())
+            keys.append(shown.strip())
         for case in args.cases.split(","):
             count = args.held_trials if case == "held" else args.trials
             results = [await trial(lab, devices, keys, case, args) for _ in range(count)]
-            worst = [
-                None if None in r["replies"].values() else max(r["replies"].values())  # type: ignore[union-attr, type-var]
-                for r in results
-            ]
-            done = sorted(w for w in worst if w is not None)
-            print(json.dumps({
-                "case": case, "trials": count,
-                "no_reply": sum(1 for w in worst if w is None),
-                "stalled_over_4s": sum(1 for w in done if w > STALL),
-                "p50_s": done[len(done) // 2] if done else None,
-                "max_s": done[-1] if done else None,
-                "under_1s_max": max((w for w in done if w < 1), default=None),
-                "each": [r["replies"] for r in results],
-            }), flush=True)  # fmt: skip
+            print(json.dumps(summary(case, results)), flush=True)
 
 
 def main() -> None:
