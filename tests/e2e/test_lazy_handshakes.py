@@ -7,20 +7,24 @@ first packet. A first packet between two such ranks that never spoke must be
 answered without WireGuard's 5 s retry: from the pair's initiator alone,
 from its responder alone (whose first handshake rings the initiator's
 doorbell), and from both sides at the same instant (the crossing that
-bench/lazy_handshake.py measured losing 23 first packets of 50 to the retry).
+bench/lazy_handshake.py measured losing 23 first packets of 50 to the retry);
+and again once a rank's wireguard-go was killed and started afresh.
 The prober is bench/first_packet.py; everything runs in the lab's namespaces.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
 
 import trio
 from bounds import WG_RETRY
+from test_faults_process import registry_entry, wireguard_go_of
 
 from vnetd.lab.cluster import MeshLab, http_get
 from vnetd.lab.open_lab import Lab, LabError, open_lab
@@ -140,3 +144,18 @@ async def test_a_lazy_pairs_first_packet_is_answered_without_the_5s_retry():
         assert not slow, f"first packets stalled (WireGuard retries after {WG_RETRY} s): {slow}"
         for a, b in lazy:
             assert await handshaken(mesh, a, b)
+
+        # Rank 4's wireguard-go dies and comes back empty (a new device id): its lazy
+        # peers drop their stale sessions, and the next first packets start new ones.
+        before = (await registry_entry(mesh, 4))["device_id"]
+        os.kill(await wireguard_go_of(mesh.daemons[4]), signal.SIGKILL)
+        with trio.fail_after(SETTLED):
+            while (await registry_entry(mesh, 4))["device_id"] == before:
+                await trio.sleep(0.1)
+            for rank in (0, 1, 2):
+                while await handshaken(mesh, rank, 4):  # the stale session, until re-added
+                    await trio.sleep(0.1)
+        again = await first_packets(mesh, {(0, 4): {4}, (1, 4): {1}, (2, 4): {2, 4}})
+        print(f"first replies after rank 4's device restarted (s): {sorted(again.items())}")
+        slow = {k: v for k, v in again.items() if v is None or v >= ANSWERED_WITHIN}
+        assert not slow, f"first packets stalled after a device restart: {slow}"
