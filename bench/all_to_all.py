@@ -26,6 +26,8 @@ Writes ``all_to_all.json``. Run alone:
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,10 +56,14 @@ from common import (
 )
 from traces import add_trace_option, keep_traces, start_tracing
 
+from vnetd.lab.cluster import http_get
 from vnetd.lab.open_lab import open_lab
 from vnetd.lab.probe import parse_events
+from vnetd.spec import load_spec
 
 PROBE_DURATION = 600.0
+METRICS = "127.0.0.1:9109"
+"""Each daemon's metrics, on its pod's loopback (handshakes it started)."""
 OVER = (1.0, 2.0)
 """Pair times counted: how many ordered pairs needed more than each (s)."""
 
@@ -78,6 +84,13 @@ async def start_probers(mesh: JsonMesh, size: int, go_file: Path, args: Any) -> 
     )
 
 
+async def handshakes_started(mesh: JsonMesh, rank: int) -> float:
+    """``vnetd_handshakes_initiated_total`` of ``rank``'s daemon (None: not served)."""
+    status, body = await http_get(mesh.lab, mesh.pod(rank), f"http://{METRICS}/metrics")
+    found = re.search(r"^vnetd_handshakes_initiated_total (\S+)$", body, re.M)
+    return float(found.group(1)) if status == 200 and found else math.nan
+
+
 def go_time(mesh: JsonMesh, rank: int) -> float:
     """When ``rank``'s prober saw the go file (monotonic)."""
     events = parse_events(mesh.probes[rank].log_text())
@@ -91,13 +104,19 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sampler.run)
             mesh = JsonMesh.create(lab)
+            if args.tree_fanout:
+                text = mesh.spec_path.read_text()
+                mesh.spec_path.write_text(
+                    text.replace("[mesh]\n", f"[mesh]\ntree_fanout = {args.tree_fanout}\n", 1)
+                )
+                mesh.spec = load_spec(mesh.spec_path)
             go_file = lab.workdir / "go"
             await start_probers(mesh, size, go_file, args)
             order = list(range(1, size))
             rng.shuffle(order)
             order.append(0)
             for i, rank in enumerate(order):
-                await mesh.start_rank(rank)
+                await mesh.start_rank(rank, "--http-listen", METRICS)
                 if i < size - 1:
                     await trio.sleep(rng.uniform(0, args.max_gap))
             go_file.touch()
@@ -109,6 +128,7 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
             ready = {r: clock.to_monotonic(claim_time(mesh.log(r), r) or 0.0) for r in range(size)}
             reached = mesh.first_reached()
             go = {r: go_time(mesh, r) for r in range(size)}
+            started = [await handshakes_started(mesh, r) for r in range(size)]
             label = f"all_to_all-{size}-{run + 1}"
             await keep_traces(mesh, args.trace_dir, label, reached, clock, go)
             nursery.cancel_scope.cancel()
@@ -135,6 +155,9 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
             }
             for (a, b), w in slowest
         ],  # fmt: skip
+        "tree_fanout": args.tree_fanout,
+        "handshakes_started": sum(started),
+        "handshake_bound": size * (args.tree_fanout + 2) if args.tree_fanout else None,
         "load": sampler.summary(),
     }
     print(
@@ -142,7 +165,8 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
         f"start ({result['from_last_ready']:.2f} s after the last readiness; starts over "
         f"{result['start_span']:.1f} s); slowest pair {slowest[0][0]} {slowest[0][1]:.2f} s; "
         f"pairs over 1 s: {result['over_s']['1']}, over 2 s: {result['over_s']['2']} of "
-        f"{len(waits)}; CPU busy {result['load']['cpu_busy_mean'] or 0:.0%}, "
+        f"{len(waits)}; handshakes started by the daemons {result['handshakes_started']:g} "
+        f"(tree_fanout {args.tree_fanout}); CPU busy {result['load']['cpu_busy_mean'] or 0:.0%}, "
         f"load {result['load']['loadavg_max'] or 0:.1f}",
         flush=True,
     )
@@ -175,6 +199,7 @@ async def main_async(args: Any) -> int:  # noqa: ANN401
     params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
               "seed": seed, "max_gap_s": args.max_gap, "probe_interval_s": args.interval,
               "unrouted_interval_s": args.unrouted_interval, "lease_ttl_s": 5,
+              "tree_fanout": args.tree_fanout,
               "wireguard_log": "verbose" if args.trace_dir else "error"}  # fmt: skip
     write_result("all_to_all", "First all-to-all after the last start", params, runs,
                  summarize(runs, args.sizes), merge_load([r["load"] for r in runs]), args.out,
@@ -189,6 +214,8 @@ def main() -> None:
     parser.add_argument("--unrouted-interval", type=float, default=0.05,
                         help="retry of a target not routed yet (0.05 s)")  # fmt: skip
     parser.add_argument("--window", type=float, default=120, help="give up after S s (120)")
+    parser.add_argument("--tree-fanout", type=int, default=0,
+                        help="[mesh] tree_fanout K: pairs off the tree lazy (0: off)")  # fmt: skip
     add_trace_option(parser)
     args = parser.parse_args()
     check_host()

@@ -124,14 +124,16 @@ class Plan:
     """What to change on a device. Applied in the order remove, update, add.
 
     ``remove`` carries the removed peers' last known allowed IPs so the data
-    plane can drop their routes. ``handshake`` names peers (public keys, all
-    in ``add``) to start a handshake with as soon as the plan is applied
-    instead of at our next packet for them: the peers whose handshakes this
-    side starts (invariant 10), when they are added, re-added because their
-    device was restarted, or re-added because a first handshake did not
-    complete. ``left_restarted`` changes nothing: it names peers whose device
-    was restarted and which this side leaves as they are, since the other
-    side starts their handshake (for the log).
+    plane can drop their routes. ``handshake`` names peers (public keys) to
+    start a handshake with as soon as the plan is applied instead of at our
+    next packet for them: the peers whose handshakes this side starts
+    (invariant 10), when they are added, re-added because their device was
+    restarted, or re-added because a first handshake did not complete (all
+    in ``add``); and lazy peers already on the device whose responder rang
+    our doorbell (a plan of only those is not empty). ``left_restarted``
+    changes nothing: it names peers whose device was restarted and which
+    this side leaves as they are, since the other side starts their
+    handshake (for the log).
     """
 
     remove: tuple[Peer, ...] = ()
@@ -141,7 +143,7 @@ class Plan:
     left_restarted: tuple[Peer, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.remove or self.update or self.add)
+        return bool(self.remove or self.update or self.add or self.handshake)
 
     def __len__(self) -> int:
         return len(self.remove) + len(self.update) + len(self.add)

@@ -585,6 +585,36 @@ async def test_only_the_peers_a_plan_starts_a_handshake_with_send_one(uapi_devic
     assert peers[held.public_key].endpoint is None
 
 
+@needs_lab
+async def test_a_plan_of_handshakes_alone_starts_them_on_peers_already_there(
+    uapi_device: Device,
+) -> None:
+    """A lazy pair's ring (docs/architecture.md, "Handshakes follow the traffic"): a plan
+    that only names peers already on the device starts their handshakes, keeps their
+    keepalive off, and changes nothing else. Endpoints on the namespace's loopback."""
+    ns = uapi_device.netns
+    assert ns is not None
+    await trio.run_process(["ip", "-n", ns, "link", "set", "lo", "up"])
+    lazy = Peer(public_key(), (A_IP,), "127.0.0.1:40011", rank=1, keepalive=0)
+    idle = Peer(public_key(), (B_IP,), "127.0.0.1:40012", rank=2, keepalive=0)
+    with trio.fail_after(hang_guard(15)):
+        await uapi_device.dp.apply(Plan(add=(lazy, idle)))
+        await trio.sleep(0.2)
+        before = await uapi_device.dp.peers()
+        await uapi_device.dp.apply(Plan(handshake=(lazy.public_key,)))
+        await trio.sleep(0.3)
+        after = await uapi_device.dp.peers()
+    assert before[lazy.public_key].tx_bytes == 0
+    assert after[lazy.public_key].tx_bytes >= 148, "no handshake initiation went out"
+    assert after[idle.public_key].tx_bytes == 0
+    assert set(after) == set(before) and after[lazy.public_key].allowed_ips == (A_IP,)
+    dump = await trio.run_process(["ip", "netns", "exec", ns, "wg", "show", "all", "dump"],
+                                  capture_stdout=True)  # fmt: skip
+    rows = [row.split("\t") for row in dump.stdout.decode().splitlines()]
+    keepalives = {row[1]: row[-1] for row in rows if len(row) == 9}  # peer rows
+    assert keepalives == {lazy.public_key: "off", idle.public_key: "off"}
+
+
 async def test_a_handshake_starts_only_once_the_peers_route_is_in(
     real_kind: str, netns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

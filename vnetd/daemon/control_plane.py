@@ -22,6 +22,7 @@ from vnetd.control.proof import Signer
 from vnetd.control.rank_cert import follow_rank_cert
 from vnetd.control.retry import RegistryHealth, retry_registry
 from vnetd.control.watcher import MemberView, sync_members
+from vnetd.daemon.doorbell import serve_doorbell
 from vnetd.daemon.reconciler import Reconciler
 from vnetd.daemon.running import Running
 from vnetd.daemon_settings import DaemonSettings
@@ -105,6 +106,8 @@ async def run_control_plane(
         async with trio.open_nursery() as nursery:
             await nursery.start(sync_members, registry, spec, view, health)
             await nursery.start(reconciler.run)
+            if spec.tree_fanout:  # lazy pairs ring us before they know a session
+                await nursery.start(serve_doorbell, spec.doorbell_port, reconciler.ring)
             # Peers first, then the claim: whoever learns of us from the
             # registry then finds itself already a peer on our device, and
             # its first handshake is answered instead of dropped.

@@ -215,6 +215,13 @@ def log_checked(found: Checked) -> None:
                 peer.rank,
                 FALLBACK_AFTER,
             )
+    if found.answered:
+        log.info(
+            "peer rank%s %s: rang our doorbell (its first packet, no session); started "
+            "the handshake",
+            "s" if len(found.answered) > 1 else "",
+            _ranks_of(found.answered),
+        )
     if found.given_up:
         log.warning(
             "peer rank%s %s: still no handshake after %d tries; leaving %s to "

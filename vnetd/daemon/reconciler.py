@@ -29,6 +29,7 @@ from vnetd.mesh.initiator import HandshakeWatch, PairRule
 from vnetd.mesh.peers import (
     AppliedPeers,
     Skipped,
+    added_peer,
     desired_peers,
     device_restarted,
     devices_after,
@@ -40,6 +41,10 @@ from vnetd.pacing import spaced
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.reconcile")
+
+RING_MEMORY = 5.0
+"""Seconds a ring from an endpoint no peer of ours has yet is kept: the ringer may know us
+before we know it (our watch lags), and its own retry comes only after 5 s."""
 
 FULL_PASS_PEERS = 8.0
 """Members a second the safety-net full pass may compute while nothing changes. A pass
@@ -66,6 +71,11 @@ class ReconcileStats:
     skipped: int = 0
     """Members left out of the peers (a public key already registered earlier, our
     own key under another rank), each counted once, when it is first logged."""
+    handshakes_started: int = 0
+    """Handshakes this side started itself (``Plan.handshake``: eager pairs, retries,
+    re-adds); a lazy pair's, which its first packet starts (through a ring or not), is not."""
+    rings: int = 0
+    """Datagrams our doorbell took from a lazy pair's responder (``daemon.doorbell``)."""
     device_restarts: int = 0
     """Peers re-added because their device id changed under the same key."""
     peer_ranks: dict[str, int] = field(default_factory=dict)
@@ -110,6 +120,7 @@ class Reconciler:
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
         self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
+        self._bells: dict[str, float] = {}  # a ringer's endpoint -> when it rang
 
     def request_resync(self, reason: str, then: Callable[[], None] | None = None) -> None:
         """Run a full pass now (the device was rebuilt); ``reason`` goes in its log line.
@@ -125,6 +136,29 @@ class Reconciler:
             self._after_resync.append(then)
         if self._waiting is not None:
             self._waiting.cancel()
+
+    def ring(self, endpoint: str) -> None:
+        """A lazy pair's responder, at its WireGuard ``endpoint``, sent its first packet to
+        our doorbell (``daemon.doorbell``): start the pair's handshake (``initiator``)."""
+        self.stats.rings += 1
+        self._bells[endpoint] = trio.current_time()
+        if self._answer_rings() and self._waiting is not None:
+            self._waiting.cancel()
+
+    def _answer_rings(self) -> bool:
+        """Hand each ring whose peer we hold, lazy and ours to start, to the handshake
+        watch; keep the others ``RING_MEMORY`` s. One walk of the peers, only with rings."""
+        if not self._bells:
+            return False
+        now, pairs, answered = trio.current_time(), self.pair_rule(), False
+        for peer in self._applied.peers.values():
+            if peer.endpoint in self._bells:
+                del self._bells[peer.endpoint]
+                if pairs.lazy(peer) and pairs.initiates(peer):
+                    self.handshakes.ring(added_peer(peer, pairs), now)
+                    answered = True
+        self._bells = {e: t for e, t in self._bells.items() if now - t < RING_MEMORY}
+        return answered
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reconcile forever.
@@ -241,11 +275,18 @@ class Reconciler:
         else:
             watch.unregistered()
         plan = diff(
-            desired, actual, self._written, self._devices, pairs=pairs, awaiting=watch.awaiting
+            desired,
+            actual,
+            self._written,
+            self._devices,
+            pairs=pairs,
+            awaiting=watch.awaiting,
+            wall=time.time() if changed is None else 0.0,  # the device was read
         )
         ranks = {key: peer.rank for key, peer in desired.items() if peer.rank is not None}
         if plan:
             await self.dataplane.apply(plan)
+            self.stats.handshakes_started += len(plan.handshake)
             self.stats.applied += 1
             self.stats.changes += len(plan)
             again = readded(plan)
@@ -262,6 +303,7 @@ class Reconciler:
         self._record(desired, keys, ranks)
         self._full_due = False
         watch.note(plan, desired, trio.current_time())
+        self._answer_rings()
         self.stats.last_duration = time.perf_counter() - started
         if self.on_pass is not None:
             self.on_pass(self.stats.last_duration, len(plan))
@@ -325,6 +367,8 @@ class Reconciler:
             joining=created is None or created > self._listed_at,
             self_member=mine if registered else None,
             members=self.view.members,
+            spec=self.spec,
+            self_rank=self.self_rank,
         )
 
     async def check_handshakes(self) -> None:
@@ -333,10 +377,12 @@ class Reconciler:
         now = trio.current_time()
         if self.handshakes.next_check() > now:
             return
-        found = self.handshakes.check(await self.dataplane.peers(), now)
+        found = self.handshakes.check(await self.dataplane.peers(), now, time.time())
         if found.plan:
             try:
                 await self.dataplane.apply(found.plan)
+                # A ring's handshake is the traffic's, not the formation's: counted in rings.
+                self.stats.handshakes_started += len(found.plan.handshake) - len(found.answered)
             except DataplaneError:
                 # Part of the plan may be on the device (a refused set): the next pass
                 # reads the device, and a fallback not written is due again.

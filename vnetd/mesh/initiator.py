@@ -20,7 +20,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from vnetd.mesh.eager import doorbell_endpoint, eager_pair
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
+from vnetd.spec import MeshSpec
 
 RETRY_AFTER = 1.0
 """Seconds the initiator gives a handshake before re-adding the peer and starting another."""
@@ -37,6 +39,19 @@ RACE_WINDOW = 2.0
 """How long after we joined a peer we initiate with gets ``EARLY_CHECK``."""
 FALLBACK_AFTER = 2.0
 """Seconds a responder waits for the initiator (once registered) before writing its endpoint."""
+RING_SETTLE = 0.25
+"""Seconds after a ring's handshake before the peer is re-added with another: the ring
+starts one on the peer as it is, which wireguard-go skips when it sent one within 5 s (our
+own first packet's, under way or lost); a lost one is replaced after this, not in 5 s."""
+SESSION_FRESH = 170.0
+"""A ring for a peer we handshook with within this many seconds (wall clock) is answered
+only once that session is older: below WireGuard's 180 s key expiry, after which the
+responder, finding no keys, rings again."""
+SESSION_DEAD = 190.0
+"""Seconds after its last handshake a lazy pair's session is surely dead on both sides:
+WireGuard's keys expire at 180 s (a session in use is renewed before: at 120 s by its
+initiator, at 165 s when only the responder sends). The responder then holds the
+doorbell again (``peers.diff``), so traffic resuming on both sides cannot cross."""
 IDLE_KEEPALIVE = 25
 """The initiator's persistent keepalive (s): below the 60 s between WireGuard's rekey
 (120 s) and its key expiry (180 s), so an idle session is always renewed from the
@@ -63,6 +78,9 @@ class PairRule:
         members: rank -> each member's entry (``MemberView.members``): which
             side of a pair has an endpoint for the other, in the scope it
             would use (``Member.endpoint_from``).
+        spec: the mesh's spec, whose ``tree_fanout`` makes pairs lazy
+            (``mesh.eager``); None: every pair is eager.
+        self_rank: our rank (with ``spec``).
     """
 
     self_key: str
@@ -73,6 +91,29 @@ class PairRule:
     joining: bool = True
     self_member: Member | None = None
     members: Mapping[int, Member] = field(default_factory=dict)
+    spec: MeshSpec | None = None
+    self_rank: int | None = None
+
+    def lazy(self, peer: Peer) -> bool:
+        """The pair handshakes on its first packet, not when it is added (``mesh.eager``)."""
+        spec = self.spec
+        if spec is None or not spec.tree_fanout or peer.rank is None or self.self_rank is None:
+            return False
+        theirs = self.members.get(peer.rank)
+        if theirs is None or not theirs.device_id:
+            return False  # a plain WireGuard host (``vnetd register``): no doorbell to ring
+        same_site = theirs.site == spec.site.name
+        return not eager_pair(spec, self.self_rank, peer.rank, same_site=same_site)
+
+    def device_endpoint(self, peer: Peer) -> str | None:
+        """The endpoint ``peer`` is written with: a lazy pair's responder writes the
+        initiator's doorbell, so its first packet rings the initiator's daemon, which
+        starts the handshake (a lazy pair keeps one initiator too: invariant 10)."""
+        if peer.endpoint is None or self.spec is None or not self.lazy(peer):
+            return peer.endpoint
+        if self.initiates(peer):
+            return peer.endpoint
+        return doorbell_endpoint(peer.endpoint, self.spec.doorbell_port)
 
     def initiates(self, peer: Peer) -> bool:
         """We start the handshakes with ``peer``: we alone can reach it, or both or
@@ -103,7 +144,7 @@ class PairRule:
         keeps NAT mappings open), else the spec's, on both sides (a NAT needs both);
         at most ``IDLE_KEEPALIVE`` on the initiator's."""
         own = self.spec_keepalive if peer.keepalive is None else peer.keepalive
-        if not self.initiates(peer):
+        if not self.initiates(peer) or self.lazy(peer):
             return own
         return min(own or IDLE_KEEPALIVE, IDLE_KEEPALIVE)
 
@@ -140,6 +181,9 @@ class Checked:
     for them start a handshake (and none is sent when we have nothing to send)."""
     given_up: list[Peer] = field(default_factory=list)
     """Peers still without a handshake after every retry."""
+    answered: list[Peer] = field(default_factory=list)
+    """Peers that rang our doorbell (a lazy pair's responder sending first): a handshake
+    started on each, as it is on the device (``Plan.handshake`` without a re-add)."""
 
 
 class HandshakeWatch:
@@ -153,6 +197,8 @@ class HandshakeWatch:
     def __init__(self) -> None:
         self.initiating: dict[str, _Due] = {}
         self.awaiting: dict[str, _Due] = {}
+        self.rung: dict[str, _Due] = {}
+        """Lazy peers whose responder rang our doorbell: ours to start, at ``deadline``."""
         self.registered_at: float | None = None
         self.joined_at: float | None = None
         """When we registered after a pass had found us unregistered (a join in this
@@ -166,7 +212,7 @@ class HandshakeWatch:
         for peer in plan.remove:
             self.initiating.pop(peer.public_key, None)
             self.awaiting.pop(peer.public_key, None)
-        for table in (self.initiating, self.awaiting):
+        for table in (self.initiating, self.awaiting, self.rung):
             # O(the smaller side): a pass over one change must not walk a join's
             # thousand watched peers, nor a full pass's thousand peers a few watched.
             keys = table.keys() & wanted.keys() if len(table) < len(wanted) else wanted
@@ -190,6 +236,11 @@ class HandshakeWatch:
             elif peer.endpoint_held and peer.endpoint is not None:
                 self.awaiting[key] = _Due(replace(peer, endpoint_held=False), now + FALLBACK_AFTER)
 
+    def ring(self, peer: Peer, now: float) -> None:
+        """``peer`` (as it is on the device) rang our doorbell: start its handshake."""
+        if peer.public_key not in self.initiating:
+            self.rung.setdefault(peer.public_key, _Due(peer, now))
+
     def failed(self, found: Checked, now: float) -> None:
         """The plan of ``found`` was not applied: its fallbacks are due again at once
         (a retried initiation is watched still, and the next full pass repairs the device)."""
@@ -210,7 +261,7 @@ class HandshakeWatch:
 
     def next_check(self) -> float:
         """When a watched peer is next due (``inf``: none is)."""
-        due = [d.deadline for d in self.initiating.values()]
+        due = [d.deadline for d in (*self.initiating.values(), *self.rung.values())]
         if self.registered_at is not None:
             due += [self._fallback_at(d) for d in self.awaiting.values()]
         return min(due, default=math.inf)
@@ -219,14 +270,26 @@ class HandshakeWatch:
         assert self.registered_at is not None
         return max(due.deadline, self.registered_at + FALLBACK_AFTER)
 
-    def check(self, device: Mapping[str, DevicePeer], now: float) -> Checked:
+    def check(self, device: Mapping[str, DevicePeer], now: float, wall: float = 0.0) -> Checked:
         """Settle the watched peers against ``device``: those with a handshake are done;
         of those due without one, an initiator's are re-added with a handshake (or
-        given up), a responder's get their endpoint."""
+        given up), a responder's get their endpoint, a ringer without a session gets a
+        handshake (``wall``: the wall clock, which the device's handshake times use)."""
         found = Checked()
         remove: list[Peer] = []
         add: list[Peer] = []
         update: list[PeerUpdate] = []
+        kick: list[str] = []
+        for key, due in list(self.rung.items()):
+            have = device.get(key)
+            del self.rung[key]
+            if have is None or wall - have.last_handshake < SESSION_FRESH:
+                continue  # gone, or a live session: a stray ring (or one sent before it)
+            # Started on the peer as it is: a no-op in wireguard-go when ours is under way
+            # (both sides' first packets at once), which a re-add would drop.
+            self.initiating[key] = _Due(due.peer, now + RING_SETTLE, wait=RING_SETTLE)
+            found.answered.append(due.peer)
+            kick.append(key)
         for key, due in list(self.initiating.items()):
             have = device.get(key)
             if have is None or have.last_handshake:
@@ -253,7 +316,7 @@ class HandshakeWatch:
             remove=tuple(sorted(remove)),
             update=tuple(update),
             add=tuple(add),
-            handshake=tuple(peer.public_key for peer in add),
+            handshake=(*(peer.public_key for peer in add), *kick),
         )
         return found
 

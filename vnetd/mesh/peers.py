@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from vnetd.mesh.eager import doorbell_endpoint
 from vnetd.mesh.gateways import route_through_gateways
-from vnetd.mesh.initiator import PairRule
+from vnetd.mesh.initiator import SESSION_DEAD, PairRule
 from vnetd.model import DevicePeer, Member, Peer, PeerUpdate, Plan
 from vnetd.spec import MeshSpec
 
@@ -155,6 +156,7 @@ def diff(
     *,
     pairs: PairRule | None = None,
     awaiting: Collection[str] = (),
+    wall: float = 0.0,
 ) -> Plan:
     """The changes that turn ``actual`` into ``desired``.
 
@@ -190,6 +192,10 @@ def diff(
             registry's changed (``written_after`` records it as written). One
             that ``pairs`` now says we initiate with (we were not registered
             when we added it) is re-added with its endpoint and a handshake.
+        wall: the wall clock, with ``actual`` read from the device: a lazy
+            pair's responder whose session is dead (``SESSION_DEAD``) and whose
+            device roamed to the initiator's endpoint writes the doorbell back,
+            so resumed traffic cannot cross (0: not looked at).
 
     Returns:
         A plan that removes, updates and adds only what changed.
@@ -205,9 +211,10 @@ def diff(
     left: list[Peer] = []
     for key, want in sorted(desired.items()):
         have = actual.get(key)
+        eager = pairs is not None and not pairs.lazy(want)
         if have is None:
-            add.append(_as_added(want, pairs))
-            if pairs is not None and pairs.initiates(want):
+            add.append(added_peer(want, pairs))
+            if eager and pairs is not None and pairs.initiates(want):
                 handshake.append(key)
             continue
         waiting = key in awaiting and have.endpoint is None  # no handshake from it yet
@@ -215,18 +222,26 @@ def diff(
             # Held while we were not registered, ours to start now: our entry, taken
             # over with a new key, came after we added it.
             remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
-            add.append(_as_added(want, pairs))
+            add.append(added_peer(want, pairs))
             handshake.append(key)
             continue
         if device_restarted(want, devices or {}):
+            if pairs is not None and not eager:
+                # A lazy pair: both sides drop the stale session; the first packet
+                # starts the next one (the responder's rings the initiator).
+                remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
+                add.append(added_peer(want, pairs))
+                continue
             if pairs is not None and not pairs.initiates(want):
                 left.append(want)
             else:
                 remove.append(Peer(key, tuple(have.allowed_ips), have.endpoint, want.rank))
-                add.append(_as_added(want, pairs))
+                add.append(added_peer(want, pairs))
                 handshake.append(key)
                 continue
         endpoint = None if waiting else _endpoint_change(want, have, written)
+        if pairs is not None and not eager:
+            endpoint = _lazy_endpoint(want, have, pairs, wall, changed=endpoint is not None)
         allowed = want.allowed_ips if tuple(sorted(have.allowed_ips)) != want.allowed_ips else None
         if endpoint is not None or allowed is not None:
             update.append(
@@ -242,13 +257,37 @@ def diff(
     )
 
 
-def _as_added(want: Peer, pairs: PairRule | None) -> Peer:
-    """``want`` as it is added: with the keepalive of its side of the pair, and its
+def added_peer(want: Peer, pairs: PairRule | None) -> Peer:
+    """``want`` as it is added (and re-added): with the keepalive of its side of the pair, and its
     endpoint held while we wait to be known (``PairRule``)."""
     if pairs is None:
         return want
+    if pairs.lazy(want):
+        added = want.added_as(pairs.keepalive(want), False)
+        endpoint = pairs.device_endpoint(want)
+        return added if endpoint == want.endpoint else replace(added, endpoint=endpoint)
     held = pairs.holds_back and not pairs.initiates(want)
     return want.added_as(pairs.keepalive(want), held)
+
+
+def _lazy_endpoint(
+    want: Peer, have: DevicePeer | Peer, pairs: PairRule, wall: float, *, changed: bool
+) -> str | None:
+    """The endpoint to write for a lazy pair's peer: its side's (``PairRule.device_endpoint``)
+    when the registry's changed, or when the device holds the other side's and has no
+    session with it: never handshaken (our registration decided the pair after we added
+    it), or (``wall`` given) the last handshake older than ``SESSION_DEAD``."""
+    target = pairs.device_endpoint(want)
+    if changed:
+        return target
+    if not isinstance(have, DevicePeer) or have.endpoint == target:
+        return None
+    if have.last_handshake and not (wall and wall - have.last_handshake > SESSION_DEAD):
+        return None
+    if want.endpoint is None or pairs.spec is None:
+        return None
+    doorbell = doorbell_endpoint(want.endpoint, pairs.spec.doorbell_port)
+    return target if have.endpoint in (want.endpoint, doorbell) else None
 
 
 def device_restarted(want: Peer, devices: Mapping[str, str]) -> bool:

@@ -42,6 +42,10 @@ class PassCounts(Protocol):
     @property
     def skipped(self) -> int: ...
     @property
+    def handshakes_started(self) -> int: ...
+    @property
+    def rings(self) -> int: ...
+    @property
     def peer_ranks(self) -> Mapping[str, int]: ...
 
 
@@ -188,6 +192,8 @@ class DaemonEndpoints:
             peer_ranks=dict(r.reconciler.stats.peer_ranks),
             reconcile_runs=r.reconciler.stats.runs,
             reconcile_failures=r.reconciler.stats.failures,
+            handshakes_initiated=r.reconciler.stats.handshakes_started,
+            doorbell_rings=r.reconciler.stats.rings,
             # Invalid entries, and valid ones left out (a key registered earlier by another
             # rank, or by the signing key it is bound to).
             bad_entries=r.view.bad_total + r.reconciler.stats.skipped,

@@ -32,6 +32,8 @@ class Snapshot:
     peer_ranks: Mapping[str, int] = field(default_factory=dict)
     reconcile_runs: int = 0
     reconcile_failures: int = 0
+    handshakes_initiated: int = 0
+    doorbell_rings: int = 0
     bad_entries: int = 0
     watch_restarts: int = 0
     claims: int = 0
@@ -78,6 +80,17 @@ class _SnapshotCollector(Collector):
             "vnetd_reconcile_failures",
             "Passes whose plan the device refused.",
             s.reconcile_failures,
+        )
+        yield _counter(
+            "vnetd_handshakes_initiated",
+            "Handshakes this daemon started itself: eager pairs, retries and re-adds (a lazy "
+            "pair's first packet starts its own, through a doorbell ring or not).",
+            s.handshakes_initiated,
+        )
+        yield _counter(
+            "vnetd_doorbell_rings",
+            "First handshakes of lazy pairs' responders taken on the doorbell port.",
+            s.doorbell_rings,
         )
         errors = CounterMetricFamily(
             "vnetd_registry_errors",

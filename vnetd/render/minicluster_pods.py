@@ -55,9 +55,16 @@ def pod_annotations(spec: MeshSpec) -> Obj:
     }
 
 
+def mesh_udp_ports(spec: MeshSpec) -> list[int]:
+    """The UDP ports the mesh's pods take from each other: WireGuard's, and the doorbell
+    lazy pairs' first handshakes ring (``mesh.tree_fanout``)."""
+    return [spec.port, *([spec.doorbell_port] if spec.tree_fanout else [])]
+
+
 def mesh_policy(spec: MeshSpec, port: int, monitoring: str) -> Obj:
-    """WireGuard's UDP port from the mesh's own pods, and vnetd's HTTP port (``/metrics``)
-    from Prometheus' namespace, in a namespace whose policies deny ingress by default."""
+    """WireGuard's UDP port (and the doorbell's, with ``tree_fanout``) from the mesh's own
+    pods, and vnetd's HTTP port (``/metrics``) from Prometheus' namespace, in a namespace
+    whose policies deny ingress by default."""
     mesh = {"matchLabels": pod_selector(spec)}
     prometheus = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: monitoring}}}
     return {
@@ -70,7 +77,7 @@ def mesh_policy(spec: MeshSpec, port: int, monitoring: str) -> Obj:
             "ingress": [
                 {
                     "from": [{"podSelector": mesh}],
-                    "ports": [{"port": spec.port, "protocol": "UDP"}],
+                    "ports": [{"port": udp, "protocol": "UDP"} for udp in mesh_udp_ports(spec)],
                 },
                 {"from": [prometheus], "ports": [{"port": port, "protocol": "TCP"}]},
             ],

@@ -59,6 +59,10 @@ def config_name(spec: MeshSpec) -> str:
 def vnetd_container(spec: MeshSpec, image: str, port: int, identity: list[str]) -> Obj:
     """``vnetd up`` with the spec from the ConfigMap; ``identity`` are the rank flags."""
     listen_host = "[::]" if listens_on_ipv6(spec) else "0.0.0.0"
+    # Lazy pairs' first handshakes ring the doorbell (mesh.tree_fanout).
+    doorbell = [{"name": "doorbell", "containerPort": spec.doorbell_port, "protocol": "UDP"}]
+    if not spec.tree_fanout:
+        doorbell = []
     return {
         "name": "vnetd",
         "image": image,
@@ -76,6 +80,7 @@ def vnetd_container(spec: MeshSpec, image: str, port: int, identity: list[str]) 
         ],
         "ports": [
             {"name": "wireguard", "containerPort": spec.port, "protocol": "UDP"},
+            *doorbell,
             {"name": "vnetd-http", "containerPort": port, "protocol": "TCP"},
         ],
         "startupProbe": _probe("/readyz", period=1, failures=300),

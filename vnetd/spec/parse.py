@@ -18,9 +18,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vnetd.errors import SpecError
+from vnetd.spec.checks import check_keys, int_in, kind, spec_table
 from vnetd.spec.records import (
     DATAPLANES,
     DEFAULT_DOCTOR_PORT,
+    DEFAULT_DOORBELL_PORT,
     DEFAULT_SITE,
     DEFAULT_SITE_KEEPALIVE,
     DataplaneSpec,
@@ -49,6 +51,8 @@ _MESH_KEYS: dict[str, type] = {
     "persistent_keepalive": int,
     "site_keepalive": int,
     "doctor_port": int,
+    "tree_fanout": int,
+    "doorbell_port": int,
     "rank_ca": list,
 }
 _REGISTRY_KEYS: dict[str, type] = {
@@ -99,26 +103,26 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
             f"unknown table or key {unknown[0]!r} "
             "(known: [mesh], [registry], [http], [wireguard], [site], [sites.NAME])"
         )
-    mesh = dict(_table(data, "mesh"))
+    mesh = dict(spec_table(data, "mesh"))
     mtu_value = mesh.pop("mtu", 1420)
-    registry = _table(data, "registry")
-    _check_keys("mesh", mesh, _MESH_KEYS)
-    _check_keys("registry", registry, _REGISTRY_KEYS)
-    http = _table(data, "http")
-    _check_keys("http", http, _HTTP_KEYS)
+    registry = spec_table(data, "registry")
+    check_keys("mesh", mesh, _MESH_KEYS)
+    check_keys("registry", registry, _REGISTRY_KEYS)
+    http = spec_table(data, "http")
+    check_keys("http", http, _HTTP_KEYS)
     for key in _REQUIRED:
         if key not in mesh:
             raise SpecError(f"mesh.{key}: missing (required)")
 
     name = _name(mesh["name"])
-    size = _int_in("mesh.size", mesh["size"], 1, 1 << 20)
+    size = int_in("mesh.size", mesh["size"], 1, 1 << 20)
     network = _network(mesh["network"])
     network6 = _network6(mesh["network6"], network) if "network6" in mesh else None
-    offset = _int_in("mesh.offset", mesh.get("offset", 1), 0, 1 << 32)
+    offset = int_in("mesh.offset", mesh.get("offset", 1), 0, 1 << 32)
     _check_fits(size, offset, network)
     if network6 is not None:
         _check_fits(size, offset, network6, "mesh.network6")
-    port = _int_in("mesh.port", mesh.get("port", 51820), 1, 65535)
+    port = int_in("mesh.port", mesh.get("port", 51820), 1, 65535)
     interface = str(mesh.get("interface", "vnet0"))
     if not _IFNAME.fullmatch(interface):
         raise SpecError(
@@ -127,15 +131,13 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         )
     mtu = _mtu(mtu_value, min_mtu_of((network,) if network6 is None else (network, network6)))
     hostname = _hostname(str(mesh.get("hostname", "{name}-{rank}")))
-    keepalive = _int_in("mesh.persistent_keepalive", mesh.get("persistent_keepalive", 0), 0, 65535)
-    site_keepalive = _int_in(
+    keepalive = int_in("mesh.persistent_keepalive", mesh.get("persistent_keepalive", 0), 0, 65535)
+    site_keepalive = int_in(
         "mesh.site_keepalive", mesh.get("site_keepalive", DEFAULT_SITE_KEEPALIVE), 0, 65535
     )
 
-    doctor_port = _int_in(
-        "mesh.doctor_port", mesh.get("doctor_port", DEFAULT_DOCTOR_PORT), 0, 65535
-    )
-
+    doctor_port = int_in("mesh.doctor_port", mesh.get("doctor_port", DEFAULT_DOCTOR_PORT), 0, 65535)
+    bell = int_in("mesh.doorbell_port", mesh.get("doorbell_port", DEFAULT_DOORBELL_PORT), 1, 65535)
     return MeshSpec(
         name=name,
         size=size,
@@ -149,15 +151,17 @@ def parse_spec(data: Mapping[str, Any]) -> MeshSpec:
         persistent_keepalive=keepalive,
         site_keepalive=site_keepalive,
         doctor_port=doctor_port,
-        site=_site_spec(_table(data, "site")),
-        gateways=_gateways(_table(data, "sites"), size),
-        gateway_keys=_gateway_keys(_table(data, "sites")),
+        tree_fanout=int_in("mesh.tree_fanout", mesh.get("tree_fanout", 0), 0, 1 << 20),
+        doorbell_port=bell,
+        site=_site_spec(spec_table(data, "site")),
+        gateways=_gateways(spec_table(data, "sites"), size),
+        gateway_keys=_gateway_keys(spec_table(data, "sites")),
         rank_ca=_rank_ca(mesh["rank_ca"]) if "rank_ca" in mesh else (),
         registry=_registry(registry),
         http=HttpSpec(
             listen=check_listen(http["listen"], "http.listen") if "listen" in http else None
         ),
-        local=_dataplane_spec(_table(data, "wireguard")),
+        local=_dataplane_spec(spec_table(data, "wireguard")),
     )
 
 
@@ -165,8 +169,8 @@ def _mtu(value: object, low: int) -> int | str:
     if value == "auto":
         return "auto"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f'mesh.mtu: expected an integer or "auto", got {_kind(value)}')
-    return _int_in("mesh.mtu", value, low, 65535)
+        raise SpecError(f'mesh.mtu: expected an integer or "auto", got {kind(value)}')
+    return int_in("mesh.mtu", value, low, 65535)
 
 
 _WIREGUARD_KEYS: dict[str, type] = {
@@ -178,7 +182,7 @@ _WIREGUARD_KEYS: dict[str, type] = {
 
 
 def _dataplane_spec(table: Mapping[str, Any]) -> DataplaneSpec:
-    _check_keys("wireguard", table, _WIREGUARD_KEYS)
+    check_keys("wireguard", table, _WIREGUARD_KEYS)
     value = table.get("dataplane", "auto")
     if value not in DATAPLANES:
         raise SpecError(f"wireguard.dataplane: {value!r} is not one of {', '.join(DATAPLANES)}")
@@ -194,7 +198,7 @@ _SITE_KEYS: dict[str, type] = {"name": str, "public_endpoint": str}
 
 
 def _site_spec(table: Mapping[str, Any]) -> SiteSpec:
-    _check_keys("site", table, _SITE_KEYS)
+    check_keys("site", table, _SITE_KEYS)
     name = check_site_name(table.get("name", DEFAULT_SITE), "site.name")
     return SiteSpec(name=name, public_endpoint=table.get("public_endpoint") or None)
 
@@ -205,8 +209,8 @@ def _gateways(table: Mapping[str, Any], size: int) -> tuple[tuple[str, tuple[int
     owner: dict[int, str] = {}
     for name in sorted(table):
         site = check_site_name(name, f"sites.{name}")
-        entry = _table(table, name)
-        _check_keys(f"sites.{name}", entry, {"gateways": list, "gateway_keys": Mapping})
+        entry = spec_table(table, name)
+        check_keys(f"sites.{name}", entry, {"gateways": list, "gateway_keys": Mapping})
         ranks = entry.get("gateways", [])
         key = f"sites.{name}.gateways"
         if not ranks:
@@ -251,7 +255,7 @@ def _ed25519_key(key: str, value: object, what: str, printed_by: str) -> None:
     from vnetd.model import key_bytes  # as in _gateway_keys: model imports this package
 
     if not isinstance(value, str):
-        raise SpecError(f"{key}: expected a string, got {_kind(value)}")
+        raise SpecError(f"{key}: expected a string, got {kind(value)}")
     try:
         key_bytes(value)
     except ValueError:
@@ -285,43 +289,6 @@ def check_site_name(value: str, source: str) -> str:
             f"{source}: {value!r} is not a site name (a DNS label: lowercase letters, "
             "digits and '-', at most 63, no leading or trailing '-')"
         )
-    return value
-
-
-def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    table = data.get(name, {})
-    if not isinstance(table, Mapping):
-        raise SpecError(f"{name}: expected a table [{name}], got {_kind(table)}")
-    return table
-
-
-def _check_keys(table: str, values: Mapping[str, Any], known: Mapping[str, type]) -> None:
-    for key, value in values.items():
-        if key not in known:
-            raise SpecError(f"{table}.{key}: unknown key (known: {', '.join(sorted(known))})")
-        expected = known[key]
-        if isinstance(value, bool) or not isinstance(value, expected):
-            raise SpecError(f"{table}.{key}: expected {_TYPE_NAMES[expected]}, got {_kind(value)}")
-
-
-_TYPE_NAMES: dict[type, str] = {str: "a string", int: "an integer", list: "an array",
-                                 Mapping: "a table"}  # fmt: skip
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, Mapping):
-        return "a table"
-    for typ, name in _TYPE_NAMES.items():
-        if isinstance(value, typ):
-            return name
-    return type(value).__name__
-
-
-def _int_in(key: str, value: int, low: int, high: int) -> int:
-    if not low <= value <= high:
-        raise SpecError(f"{key}: {value} is out of range ({low}..{high})")
     return value
 
 
@@ -391,7 +358,7 @@ def _registry(table: Mapping[str, Any]) -> RegistrySpec:
     if not prefix.startswith("/") or prefix.endswith("/") and prefix != "/":
         raise SpecError(f"registry.prefix: {prefix!r} must start with '/' and not end with '/'")
     relays = [check_relay_url(url, key="registry.relays") for url in table.get("relays", [])]
-    ttl = _int_in("registry.lease_ttl", table.get("lease_ttl", RegistrySpec.lease_ttl), 2, 3600)
+    ttl = int_in("registry.lease_ttl", table.get("lease_ttl", RegistrySpec.lease_ttl), 2, 3600)
     for key in (*_REGISTRY_FILES, "username"):
         if key in table and not table[key]:
             raise SpecError(f"registry.{key}: empty; give a value or leave the key out")
@@ -410,7 +377,7 @@ def _registry(table: Mapping[str, Any]) -> RegistrySpec:
 
 def _check_url(url: object) -> None:
     if not isinstance(url, str):
-        raise SpecError(f"registry.endpoints: expected strings, got {_kind(url)}")
+        raise SpecError(f"registry.endpoints: expected strings, got {kind(url)}")
     check_etcd_url(url, key="registry.endpoints")
 
 

@@ -83,6 +83,9 @@ DEFAULT_SITE = "default"
 DEFAULT_SITE_KEEPALIVE = 25
 DEFAULT_DOCTOR_PORT = 51821
 """TCP and UDP port of each daemon's probe service on its overlay address (``vnetd doctor``)."""
+DEFAULT_DOORBELL_PORT = 51822
+"""UDP port of each daemon's doorbell on its underlay (``mesh.tree_fanout``; docs/architecture.md,
+"Reconciler": handshakes follow the traffic)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,12 @@ class MeshSpec:
     site_keepalive: int = DEFAULT_SITE_KEEPALIVE
     doctor_port: int = DEFAULT_DOCTOR_PORT
     """The probe service's port on the overlay address; 0: not served."""
+    tree_fanout: int = 0
+    """``K`` of the jobs' k-ary tree (Flux's ``tbon.fanout``): handshakes are started at
+    once only with tree neighbours, gateways and peers with keepalives, every other pair
+    on its first packet; 0: every pair at once (``mesh.eager``)."""
+    doorbell_port: int = DEFAULT_DOORBELL_PORT
+    """UDP port of the doorbell a lazy pair's responder rings (only with ``tree_fanout``)."""
     """Persistent keepalive (s) of peers in another site; 0: off."""
     gateways: tuple[tuple[str, tuple[int, ...]], ...] = ()
     """``[sites.<name>] gateways``: (site, its gateway ranks), sorted by site; () : none."""
@@ -246,6 +255,10 @@ class MeshSpec:
             del table["site_keepalive"]  # absent at its default: older meshes compare equal
         if self.doctor_port == DEFAULT_DOCTOR_PORT:
             del table["doctor_port"]  # as site_keepalive
+        if not self.tree_fanout:
+            del table["tree_fanout"]  # as site_keepalive
+        if self.doorbell_port == DEFAULT_DOORBELL_PORT:
+            del table["doorbell_port"]  # as site_keepalive
         if self.gateways:
             table["gateways"] = {site: list(ranks) for site, ranks in self.gateways}
         else:

@@ -323,6 +323,16 @@ def test_the_budget_and_the_opt_in_mesh_policy_select_the_ranks(tmp_path: Path):
     assert len(rendered(SIDECAR_SPEC, MiniClusterOptions(image=IMAGE))) == 3, "opt-in"
 
 
+def test_the_mesh_policy_admits_the_doorbell_when_pairs_are_lazy(tmp_path: Path):
+    lazy = tmp_path / "mesh.toml"
+    lazy.write_text(SIDECAR_SPEC.read_text().replace("[mesh]\n", "[mesh]\ntree_fanout = 2\n", 1))
+    policy = rendered(lazy, MiniClusterOptions(image=IMAGE, mesh_policy=True))[3]
+    assert policy["spec"]["ingress"][0]["ports"] == [
+        {"port": 51820, "protocol": "UDP"},
+        {"port": 51822, "protocol": "UDP"},
+    ]
+
+
 SECRETS_TOML = """
 [wireguard]
 preshared_key_file = "/etc/vnetd-psk/preshared.key"
