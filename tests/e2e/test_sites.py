@@ -4,7 +4,7 @@ The lab's isolation is asserted first (a test that the tests' premise holds),
 then the scenarios of docs/architecture.md, "Sites": (a) every member has its
 own forwarded port and the mesh forms across sites in any start order; (b) only
 one gateway per site is forwarded and every pair reaches the other through the
-gateways; (c) site b loses one of its two gateways and cross-site traffic
+gateways, and ``vnetd wait --reachable`` opens in a pod of each site; (c) site b loses one of its two gateways and cross-site traffic
 resumes after a bounded pause; (d) a member's NAT mapping changes under it and
 traffic resumes without a restart.
 """
@@ -12,11 +12,13 @@ traffic resumes without a restart.
 from __future__ import annotations
 
 import random
+import subprocess
 import time
 from pathlib import Path
 
 import trio
 from test_flux_overlay import HELLO_WITHIN, hellos, render_bootstrap, start_broker, wait_until
+from test_wait import text, vnetd_wait
 
 from vnetd.lab.cluster import MeshLab, write_spec
 from vnetd.lab.open_lab import ETCD_IP, Pod
@@ -27,6 +29,11 @@ FULL_MESH_BOUND = 20.0
 """(a): from the last start to every cross-site pair reached. Below the 4 x 5 s of a
 handshake retried at each WireGuard retry interval; measured 0.5-2.1 s in 20 runs here,
 with one outlier of 14.7 s (printed, with the slowest pairs)."""
+WAIT_BOUND = FULL_MESH_BOUND + 10
+"""(b): from the last start to ``vnetd wait --reachable`` exiting 0 in either site, well
+below the wait's own ``--timeout`` (``WAIT_TIMEOUT``): a wait that never counts the
+other site's ranks fails here, not by its own exit 1."""
+WAIT_TIMEOUT = 120
 RESUME_BOUND = 5.0
 """(d): from the mapping change to every pair of the moved member answering again.
 Without the new registration the pairs never resume; the file is read every
@@ -222,7 +229,10 @@ async def test_sites_behind_nat_reach_each_other_through_their_gateways():
     port: they are the gateways; every pair still reaches the other across the
     sites, and the Flux-like broker tree of ``test_flux_overlay.py`` (fan-out 2:
     rank 1 in site a is the parent of ranks 3 in a and 4 in b, rank 2 of ranks 5
-    and 6 in b), rendered before any pod exists, forms with rank 0 in site a."""
+    and 6 in b), rendered before any pod exists, forms with rank 0 in site a.
+    ``vnetd wait --ranks all --reachable`` beside rank 1 (site a) and rank 5 (site b)
+    exits 0 once the mesh forms: the other site's ranks have no peer of their own on
+    those devices, and count by their gateway's handshake."""
     with trio.fail_after(150):
         async with open_sites_lab({"a": 4, "b": 3}) as lab:
             mesh = await gatewayed_mesh(lab, {"a": [0], "b": [4]})
@@ -235,10 +245,20 @@ async def test_sites_behind_nat_reach_each_other_through_their_gateways():
                 await overlay_routed(mesh, rank)
                 brokers[rank] = await start_broker(lab, mesh, rank, bootstrap)
             last_start = time.monotonic()
-            full = await mesh.wait_full_mesh(FULL_MESH_BOUND + 15)
+            async with trio.open_nursery() as nursery:
+                gates = {}
+                for rank in (1, 5):
+                    nursery.start_soon(reachable_wait, mesh, rank, gates)
+                full = await mesh.wait_full_mesh(FULL_MESH_BOUND + 15)
             took = full - last_start
             print(f"full mesh through the gateways {took:.2f} s after the last start")
             assert took < FULL_MESH_BOUND
+            for rank, (result, done) in gates.items():
+                out, err = text(result)
+                assert result.returncode == 0, (rank, out, err)
+                assert out.startswith("vnetd wait: 7/7 ranks registered; 6/6 peers reachable")
+                print(f"vnetd wait --reachable in rank {rank} exited 0 "
+                      f"{done - last_start:.2f} s after the last start")  # fmt: skip
             workers = range(1, 7)
             in_b = [r for r in workers if lab.site(mesh.pod(r)).name == "b"]
             assert len(in_b) * 2 == len(workers), in_b  # half the workers burst into b
@@ -256,6 +276,21 @@ async def test_sites_behind_nat_reach_each_other_through_their_gateways():
                 [f"{mesh.address(r)}/32" for r in (0, 4, 5, 6)],
                 [f"{mesh.address(2)}/32"], [f"{mesh.address(3)}/32"],
             ])  # fmt: skip
+
+
+async def reachable_wait(
+    mesh: MeshLab, rank: int, gates: dict[int, tuple[subprocess.CompletedProcess[bytes], float]]
+) -> None:
+    """``vnetd wait --ranks all --reachable`` beside ``rank``'s daemon (its device), bounded
+    by ``WAIT_BOUND``; its result and when it ended go to ``gates``."""
+    argv = ["--ranks", "all", "--reachable", "--rank", str(rank),
+            "--wireguard-dir", "/run/wireguard", "--timeout", str(WAIT_TIMEOUT)]  # fmt: skip
+    try:
+        result = await vnetd_wait(mesh, rank, *argv, limit=WAIT_BOUND, beside=mesh.daemons[rank])
+    except trio.TooSlowError:
+        raise AssertionError(f"rank {rank}: vnetd wait --reachable still waits after "
+                             f"{WAIT_BOUND:g} s") from None  # fmt: skip
+    gates[rank] = (result, time.monotonic())
 
 
 GATEWAY_FAILOVER_BOUND = 12.0

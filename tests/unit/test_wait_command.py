@@ -14,15 +14,15 @@ import trio.testing
 from shared import create_leased, key
 
 from vnetd.cli import main
-from vnetd.commands.wait.command import WaitOptions, WaitPlan, plan_wait, run_wait, uapi_handshakes
+from vnetd.commands.wait.command import WaitOptions, WaitPlan, plan_wait, run_wait, uapi_peers
 from vnetd.config import resolve_spec
 from vnetd.control.membership import encode_member, member_key
 from vnetd.errors import DataplaneError, IdentityError, SpecError
-from vnetd.model import Member
+from vnetd.model import DevicePeer, Member
 from vnetd.registry.base import Registry
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import MeshSpec, load_spec
-from vnetd.wait.gate import Gate, evaluate
+from vnetd.wait.gate import Gate, carriers, evaluate, handshake_keys
 
 
 async def register(registry: MemoryRegistry, spec: MeshSpec, rank: int) -> None:
@@ -136,6 +136,44 @@ REGISTERED = {0: key(0), 1: key(1), 3: key(3)}
 def test_evaluate(gate, handshakes, ready, summary):
     status = evaluate(gate, REGISTERED, handshakes)
     assert (status.ready, status.summary) == (ready, summary)
+
+
+def gatewayed(spec: MeshSpec, handshake: float = 1.0) -> dict[str, DevicePeer]:
+    """Rank 0's device in a burst: rank 1 of its own site direct, ranks 2 and 3 of the
+    other site behind rank 2, their gateway, whose peer holds both addresses (invariant 2)."""
+    gateway = (*spec.allowed_ips(2), *spec.allowed_ips(3))
+    return {
+        key(1): DevicePeer(key(1), spec.allowed_ips(1), None, 1.0),
+        key(2): DevicePeer(key(2), gateway, None, handshake),
+    }
+
+
+@pytest.mark.parametrize(
+    ("peers", "registered", "expected"),
+    [
+        pytest.param(
+            "gatewayed",
+            {1: key(1), 2: key(2), 3: key(3)},
+            {1: key(1), 2: key(2), 3: key(2)},
+            id="behind-a-gateway-its-key",
+        ),
+        pytest.param("none", {1: key(1)}, {1: key(1)}, id="no-peer-keeps-its-own-key"),
+        pytest.param(
+            "stale",
+            {1: key(1)},
+            {1: key(1)},
+            id="a-peer-of-no-registered-key-does-not-stand-in",
+        ),
+    ],
+)
+def test_carriers(config, peers, registered, expected):
+    spec = load_spec(config)
+    device = {
+        "gatewayed": gatewayed(spec),
+        "none": {},
+        "stale": {key(9): DevicePeer(key(9), spec.allowed_ips(1), None, 1.0)},
+    }[peers]
+    assert carriers(spec, registered, device) == expected
 
 
 def test_gate_never_opens_before_the_first_list():
@@ -319,19 +357,24 @@ async def test_min_peers_without_a_rank_counts_any_ranks(config, autojump_clock,
     assert capsys.readouterr().out == "vnetd wait: 2 ranks registered (need 2) after 0.0 s\n"
 
 
+def shaken(spec: MeshSpec, *ranks: int) -> dict[str, DevicePeer]:
+    """A direct peer for each of ``ranks``, holding its address, with a handshake."""
+    return {key(r): DevicePeer(key(r), spec.allowed_ips(r), None, 1.0) for r in ranks}
+
+
 class FakeDevice:
-    """A handshake reader: the keys with a handshake, or no device at all."""
+    """A device reader: its peers, or no device at all."""
 
     def __init__(self) -> None:
-        self.handshakes: set[str] = set()
+        self.peers: dict[str, DevicePeer] = {}
         self.present = False
         self.reads = 0
 
-    async def __call__(self) -> set[str]:
+    async def __call__(self) -> dict[str, DevicePeer]:
         self.reads += 1
         if not self.present:
             raise DataplaneError("no WireGuard device at /shared/vnet0.sock")
-        return set(self.handshakes)
+        return dict(self.peers)
 
 
 async def test_reachable_waits_for_handshakes(config, autojump_clock, capsys):
@@ -343,17 +386,17 @@ async def test_reachable_waits_for_handshakes(config, autojump_clock, capsys):
     waiter = Background()
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(waiter.run, plan, registry, read_handshakes=device))
+            nursery.start_soon(partial(waiter.run, plan, registry, read_peers=device))
             for rank in (0, 1, 2):
                 await register(registry, plan.spec, rank)
             await trio.sleep(6)
             device.present = True
             await trio.sleep(5)
             assert waiter.code is None, "registered, but no handshake yet"
-            device.handshakes = {key(1), key(3)}
+            device.peers = shaken(plan.spec, 1, 3)
             await trio.sleep(5.2)  # off the 0.5 s polling grid, so the order of wake-ups is moot
             assert waiter.code is None, "rank 2 has no handshake; rank 3 is not asked for"
-            device.handshakes.add(key(2))
+            device.peers |= shaken(plan.spec, 2)
             await waiter.done.wait()
     assert waiter.code == 0
     assert 30 <= device.reads <= 36, "the device is read every 0.5 s"
@@ -378,9 +421,9 @@ async def test_reachable_timeout_names_ranks_without_handshake(config, autojump_
         await register(registry, plan.spec, rank)
     device = FakeDevice()
     device.present = True
-    device.handshakes = {key(2)}
+    device.peers = shaken(plan.spec, 2)
     with trio.fail_after(10):
-        assert await run_wait(plan, open_registry=opener(registry), read_handshakes=device) == 1
+        assert await run_wait(plan, open_registry=opener(registry), read_peers=device) == 1
     assert printed(capsys.readouterr().err)[-1] == (
         "vnetd: timed out after 3 s: 3/4 ranks registered, missing: 3; "
         "1/3 peers reachable, no handshake: 0"
@@ -396,18 +439,45 @@ async def test_min_peers_reachable(config, autojump_clock, capsys):
         await register(registry, plan.spec, rank)
     device = FakeDevice()
     device.present = True
-    device.handshakes = {key(2)}  # this rank's own key never counts
+    device.peers = shaken(plan.spec, 2)  # this rank's own key never counts
     waiter = Background()
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(waiter.run, plan, registry, read_handshakes=device))
+            nursery.start_soon(partial(waiter.run, plan, registry, read_peers=device))
             await trio.sleep(3.2)  # off the 0.5 s polling grid
             assert waiter.code is None
-            device.handshakes.add(key(0))
+            device.peers |= shaken(plan.spec, 0)
             await waiter.done.wait()
     assert waiter.code == 0
     assert capsys.readouterr().out == (
         "vnetd wait: 1 peers reachable (need 1), 1 registered after 3.5 s\n"
+    )
+
+
+async def test_a_rank_behind_a_gateway_is_reached_by_the_gateways_handshake(
+    config, autojump_clock, capsys
+):
+    """Ranks 2 and 3 have no peer of their own on rank 0's device: the gateway's peer holds
+    their addresses, so its handshake reaches them, and without one both are named."""
+    plan = plan_wait(
+        WaitOptions(load_spec(config), ranks="all", reachable=True, rank="0", timeout=3), {}, "x"
+    )
+    registry = MemoryRegistry()
+    for rank in range(4):
+        await register(registry, plan.spec, rank)
+    device = FakeDevice()
+    device.present = True
+    device.peers = gatewayed(plan.spec)
+    with trio.fail_after(10):
+        assert await run_wait(plan, open_registry=opener(registry), read_peers=device) == 0
+    assert capsys.readouterr().out == (
+        "vnetd wait: 4/4 ranks registered; 3/3 peers reachable after 0.0 s\n"
+    )
+    device.peers = gatewayed(plan.spec, handshake=0.0)
+    with trio.fail_after(10):
+        assert await run_wait(plan, open_registry=opener(registry), read_peers=device) == 1
+    assert printed(capsys.readouterr().err)[-1] == (
+        "vnetd: timed out after 3 s: 4/4 ranks registered; 1/3 peers reachable, no handshake: 2, 3"
     )
 
 
@@ -447,13 +517,15 @@ async def test_registry_outage_until_timeout(config, autojump_clock, capsys):
     )
 
 
-async def test_uapi_reader_reports_only_peers_with_a_handshake(tmp_path):
+async def test_uapi_reader_reports_the_peers_with_their_addresses_and_handshakes(tmp_path):
     path = tmp_path / "vnet0.sock"
     hex_key = {rank: base64.b64decode(key(rank)).hex() for rank in (1, 2)}
     answer = (
         f"private_key={'0' * 64}\nlisten_port=51820\n"
         f"public_key={hex_key[1]}\nlast_handshake_time_sec=0\nlast_handshake_time_nsec=0\n"
+        "allowed_ip=10.250.0.2/32\n"
         f"public_key={hex_key[2]}\nlast_handshake_time_sec=1700000000\nlast_handshake_time_nsec=5\n"
+        "allowed_ip=10.250.0.4/32\nallowed_ip=10.250.0.3/32\n"
         "errno=0\n\n"
     ).encode()
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
@@ -470,16 +542,21 @@ async def test_uapi_reader_reports_only_peers_with_a_handshake(tmp_path):
             assert request == b"get=1\n\n"
             await stream.send_all(answer)
 
-    read = uapi_handshakes(path)
+    read = uapi_peers(path)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve_once)
-            assert await read() == {key(2)}
+            peers = await read()
+    assert {k: p.allowed_ips for k, p in peers.items()} == {
+        key(1): ("10.250.0.2/32",),
+        key(2): ("10.250.0.3/32", "10.250.0.4/32"),
+    }
+    assert handshake_keys(peers) == {key(2)}
     await listener.aclose()
 
 
 async def test_uapi_reader_says_where_the_device_is_missing(tmp_path):
-    read = uapi_handshakes(tmp_path / "vnet0.sock")
+    read = uapi_peers(tmp_path / "vnet0.sock")
     with (
         trio.fail_after(10),
         pytest.raises(
@@ -577,7 +654,7 @@ async def test_a_member_held_after_a_registry_reset_does_not_count():
     member = Member(rank=1, public_key=key, endpoint="198.18.1.1:51820", instance="pod1")
     view = MemberView()
     view.replace(spec, [KeyValue(member_key(spec, 1), encode_member(member), 5, 5, 1)], 100)
-    waiter = _Waiter(Gate(size=2, ranks=(1,)), 60, view, RegistryHealth(), None)
+    waiter = _Waiter(Gate(size=2, ranks=(1,)), spec, 60, view, RegistryHealth(), None)
     assert waiter.status().ready
     view.replace(spec, [], 3, hold_until=trio.current_time() + 20)  # revision went back
     assert 1 in view.held and 1 in view.members

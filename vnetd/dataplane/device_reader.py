@@ -1,8 +1,9 @@
 """Read this host's WireGuard device, userspace or kernel, read-only: ``read_device``.
 
 Used by ``vnetd status`` (the device columns) and ``vnetd wait --reachable``
-(the handshakes). Where wireguard-go answers on ``<socket dir>/<interface>.sock``
-(shared with the container that runs ``vnetd up``), one ``get`` on it;
+(the peers: which holds each rank's address, and its handshake). Where
+wireguard-go answers on ``<socket dir>/<interface>.sock`` (shared with the
+container that runs ``vnetd up``), one ``get`` on it;
 otherwise the kernel's WireGuard device of that name, through generic netlink
 (``wg_netlink``, imported only then). Both give the same ``LocalDevice``, read by
 the data planes' own parsers (``uapi_protocol.parse_device``,

@@ -2,7 +2,8 @@
 
 The gate is open when every rank this rank's broker connects to (its parent and
 children in Flux's tree: ``wait.gate.tbon_neighbours``) is registered and this
-device has completed a WireGuard handshake with it: ``vnetd wait --reachable``'s
+device has completed a WireGuard handshake with it (or, for a rank behind a site
+gateway, with the gateway: ``wait.gate.carriers``): ``vnetd wait --reachable``'s
 condition (``wait.gate.evaluate``), read from the running daemon's own member view
 and device instead of a second watch. A foreign service-mesh sidecar in the pod
 (``doctor.sidecars``) shuts it for good (409): waiting will not remove it.
@@ -34,7 +35,7 @@ from vnetd.errors import DataplaneError
 from vnetd.model import DevicePeer, Member
 from vnetd.observe.http import Check
 from vnetd.spec import MeshSpec
-from vnetd.wait.gate import Gate, evaluate, tbon_neighbours
+from vnetd.wait.gate import Gate, carriers, evaluate, handshake_keys, tbon_neighbours
 
 DEVICE_READ_TIMEOUT = 2.0
 ROW_DEADLINE = 9.0
@@ -108,7 +109,7 @@ class MeshGate:
             if rank not in running.view.held
         }
         peers = await _device_peers(running.dataplane)
-        handshakes = frozenset(key for key, peer in peers.items() if peer.last_handshake > 0)
+        handshakes = handshake_keys(peers)
         registered = carriers(self.spec, registered, peers)
         status = evaluate(gate, registered, handshakes, listed=running.view.synced)
         summary = f"rank {self.me.rank}: {status.summary}"
@@ -139,16 +140,6 @@ class MeshGate:
         evidence = Evidence(self.spec, members, rows, running.health.full)
         verdicts = [classify(evidence, self.me.rank, rank) for rank in silent]
         return failing_lines(verdicts) + [f"note: {note}" for note in notes]
-
-
-def carriers(
-    spec: MeshSpec, registered: dict[int, str], peers: Mapping[str, DevicePeer]
-) -> dict[int, str]:
-    """Each registered rank with the key of the device peer that holds its address: its own
-    key, or the site gateway's whose peer carries it (``mesh.gateways``), whose handshake
-    is then what reaches it. A rank no peer holds keeps its own key."""
-    holder = {ip: key for key, peer in peers.items() for ip in peer.allowed_ips}
-    return {rank: holder.get(spec.allowed_ips(rank)[0], key) for rank, key in registered.items()}
 
 
 async def _device_peers(dataplane: Dataplane) -> Mapping[str, DevicePeer]:

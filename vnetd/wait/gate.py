@@ -3,6 +3,9 @@
 Pure: no trio, no I/O. ``evaluate`` takes what the caller has observed (the
 registered members' public keys, the keys the local device has completed a
 handshake with) and returns whether the gate is open and a one-line summary.
+``carriers`` and ``handshake_keys`` turn the device's peers into those inputs;
+``vnetd wait --reachable`` and the MiniCluster's ``/gatez`` both call them, so a
+rank reached through a site gateway counts the same way in both.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from vnetd.model import DevicePeer
 from vnetd.ranks import format_ranks
+from vnetd.spec import MeshSpec
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,28 @@ def _split_by_handshake(
         if key is not None:
             (reached if key in handshakes else silent).append(rank)
     return reached, silent
+
+
+def carriers(
+    spec: MeshSpec, registered: Mapping[int, str], peers: Mapping[str, DevicePeer]
+) -> dict[int, str]:
+    """Each registered rank with the key whose handshake reaches it: that of the device peer
+    holding its address (invariant 2: one peer holds it).
+
+    For a rank of another site reached through a site gateway (``mesh.gateways``) that is
+    the gateway's peer, as the rank has none of its own on this device. A holder counts
+    only when its key is a registered member's (the rank's own, or its gateway's): a peer
+    left from a key the rank no longer has does not stand in for it. A rank no such peer
+    holds keeps its own key.
+    """
+    members = set(registered.values())
+    holder = {ip: key for key, peer in peers.items() if key in members for ip in peer.allowed_ips}
+    return {rank: holder.get(spec.allowed_ips(rank)[0], key) for rank, key in registered.items()}
+
+
+def handshake_keys(peers: Mapping[str, DevicePeer]) -> frozenset[str]:
+    """The keys of the device peers that have completed a handshake."""
+    return frozenset(key for key, peer in peers.items() if peer.last_handshake > 0)
 
 
 def _absent(gate: Gate, registered: Mapping[int, str]) -> list[int]:

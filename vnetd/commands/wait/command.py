@@ -16,7 +16,7 @@ import math
 import os
 import socket
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,13 +29,14 @@ from vnetd.config import (
 )
 from vnetd.dataplane.codec.uapi_protocol import socket_path
 from vnetd.errors import IdentityError, SpecError, plain_errors
+from vnetd.model import DevicePeer
 from vnetd.ranks import parse_ranks
 from vnetd.registry import RegistryOpener
 from vnetd.spec import MeshSpec
 from vnetd.wait.gate import Gate, ready_line, timeout_line
 
 if TYPE_CHECKING:  # the waiting itself imports trio: only when the command runs
-    from vnetd.commands.wait.run import HandshakeReader
+    from vnetd.commands.wait.run import PeerReader
 
 DEFAULT_TIMEOUT = 300.0
 UAPI_TIMEOUT = 2.0
@@ -98,7 +99,10 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
     parser.add_argument(
         "--reachable",
         action="store_true",
-        help="also require a WireGuard handshake between this rank and each counted rank",
+        help=(
+            "also require a WireGuard handshake between this rank and each counted rank "
+            "(with its site gateway for a rank reached through one)"
+        ),
     )
     parser.add_argument(
         "--rank", help="this host's rank (else VNETD_RANK, JOB_COMPLETION_INDEX, hostname)"
@@ -167,13 +171,13 @@ async def run_wait(
     plan: WaitPlan,
     *,
     open_registry: RegistryOpener | None = None,
-    read_handshakes: HandshakeReader | None = None,
+    read_peers: PeerReader | None = None,
 ) -> int:
     """Wait as ``plan`` says, print the outcome, return the exit status.
 
     Args:
         open_registry: the registry for a spec (default: etcd at its endpoints).
-        read_handshakes: the device reader (default: wireguard-go's UAPI socket
+        read_peers: the device reader (default: wireguard-go's UAPI socket
             at ``plan.device_socket``, else the kernel's device of that
             interface); only used with ``--reachable``.
 
@@ -184,9 +188,9 @@ async def run_wait(
     from vnetd.registry import open_registry as open_settings_registry
 
     opener = open_registry or open_settings_registry
-    if plan.gate.reachable and read_handshakes is None:
+    if plan.gate.reachable and read_peers is None:
         assert plan.device_socket is not None
-        read_handshakes = uapi_handshakes(plan.device_socket, plan.spec.size - 1)
+        read_peers = uapi_peers(plan.device_socket, plan.spec.size - 1)
     with plain_errors():
         async with opener(plan.spec.registry) as registry:
             outcome = await wait_for_gate(
@@ -195,7 +199,7 @@ async def run_wait(
                 registry,
                 timeout=plan.timeout,
                 report=_to_stderr,
-                read_handshakes=read_handshakes,
+                read_peers=read_peers,
             )
     if outcome.ready:
         print(ready_line(outcome.summary, outcome.elapsed), flush=True)
@@ -204,15 +208,15 @@ async def run_wait(
     return EXIT_TIMED_OUT
 
 
-def uapi_handshakes(path: Path, max_peers: int = 0) -> HandshakeReader:
-    """Read the keys with a handshake from the local device: wireguard-go's UAPI
-    socket at ``path``, else the kernel's WireGuard device (``read_device``; its
-    bound grows with ``max_peers``, the most peers it may hold)."""
+def uapi_peers(path: Path, max_peers: int = 0) -> PeerReader:
+    """Read the peers of the local device (their allowed IPs and handshakes):
+    wireguard-go's UAPI socket at ``path``, else the kernel's WireGuard device
+    (``read_device``; its bound grows with ``max_peers``, the most peers it may hold)."""
     from vnetd.dataplane.device_reader import read_local_device
 
-    async def read() -> Collection[str]:
+    async def read() -> Mapping[str, DevicePeer]:
         device = await read_local_device(path, UAPI_TIMEOUT, max_peers)
-        return frozenset(key for key, peer in device.peers.items() if peer.last_handshake > 0)
+        return device.peers
 
     return read
 

@@ -3,17 +3,18 @@
 The members come from ``sync_members``, the daemon's own list-then-watch
 loop, so etcd is never polled; while it is unreachable the last list is
 kept and the wait goes on until the deadline. With ``--reachable`` the
-local WireGuard device is read every ``poll_interval`` seconds through a
-``HandshakeReader`` (in production ``uapi_handshakes`` of
-``vnetd.commands.wait.command``, through ``dataplane.device_reader``'s
-``read_local_device``: the UAPI socket, or the kernel device by netlink; a fake
-in tests).
+local WireGuard device's peers are read every ``poll_interval`` seconds through a
+``PeerReader`` (in production ``uapi_peers`` of ``vnetd.commands.wait.command``,
+through ``dataplane.device_reader``'s ``read_local_device``: the UAPI socket, or
+the kernel device by netlink; a fake in tests). A rank counts as reached by the
+handshake of the peer that holds its address (``wait.gate.carriers``): its own,
+or its site gateway's.
 Every time is trio's clock, so tests with ``autojump_clock`` are exact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import trio
@@ -21,12 +22,13 @@ import trio
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView, sync_members
 from vnetd.errors import DataplaneError
+from vnetd.model import DevicePeer
 from vnetd.registry.base import Registry
 from vnetd.spec import MeshSpec
-from vnetd.wait.gate import Gate, Status, evaluate, progress_line
+from vnetd.wait.gate import Gate, Status, carriers, evaluate, handshake_keys, progress_line
 
-HandshakeReader = Callable[[], Awaitable[Collection[str]]]
-"""Returns the public keys of the local device's peers that have completed a
+PeerReader = Callable[[], Awaitable[Mapping[str, DevicePeer]]]
+"""Returns the local device's peers by public key, with their allowed IPs and last
 handshake; raises ``DataplaneError`` when the device cannot be read."""
 
 REPORT_INTERVAL = 5.0
@@ -45,18 +47,18 @@ class Outcome:
 
 
 class _Device:
-    """The last handshakes read from the local device, or why it could not be read."""
+    """The peers last read from the local device, or why it could not be read."""
 
-    def __init__(self, read: HandshakeReader) -> None:
+    def __init__(self, read: PeerReader) -> None:
         self._read = read
-        self.handshakes: Collection[str] = frozenset()
+        self.peers: Mapping[str, DevicePeer] = {}
         self.problem: str | None = "device not read yet"
 
     async def refresh(self) -> None:
         try:
-            self.handshakes = frozenset(await self._read())
+            self.peers = dict(await self._read())
         except DataplaneError as exc:
-            self.handshakes = frozenset()
+            self.peers = {}
             self.problem = f"device not readable: {exc}"
         else:
             self.problem = None
@@ -66,12 +68,14 @@ class _Waiter:
     def __init__(
         self,
         gate: Gate,
+        spec: MeshSpec,
         timeout: float,
         view: MemberView,
         health: RegistryHealth,
         device: _Device | None,
     ) -> None:
         self.gate = gate
+        self.spec = spec
         self.timeout = timeout
         self.view = view
         self.health = health
@@ -84,8 +88,13 @@ class _Waiter:
             for rank, member in self.view.members.items()
             if rank not in self.view.held
         }
-        handshakes = self.device.handshakes if self.device is not None else frozenset()
-        return evaluate(self.gate, registered, handshakes, listed=self.view.synced)
+        peers = self.device.peers if self.device is not None else {}
+        return evaluate(
+            self.gate,
+            carriers(self.spec, registered, peers),
+            handshake_keys(peers),
+            listed=self.view.synced,
+        )
 
     def notes(self) -> tuple[str, ...]:
         notes: list[str] = []
@@ -135,7 +144,7 @@ async def wait_for_gate(
     *,
     timeout: float,  # noqa: ASYNC109 (the deadline comes from the command line)
     report: Callable[[str], None],
-    read_handshakes: HandshakeReader | None = None,
+    read_peers: PeerReader | None = None,
     report_interval: float = REPORT_INTERVAL,
     poll_interval: float = POLL_INTERVAL,
 ) -> Outcome:
@@ -145,7 +154,7 @@ async def wait_for_gate(
         report: called with a progress line at the start (once the members
             are listed, or after ``FIRST_LIST_GRACE``) and every
             ``report_interval`` seconds until the gate opens.
-        read_handshakes: required when ``gate.reachable``.
+        read_peers: the device's peers; required when ``gate.reachable``.
 
     Returns:
         Whether the gate opened, when, and the last summary.
@@ -155,13 +164,13 @@ async def wait_for_gate(
 
     Cancellation: safe; the member watch is closed.
     """
-    if gate.reachable and read_handshakes is None:
-        raise ValueError("a reachable gate needs a handshake reader")
+    if gate.reachable and read_peers is None:
+        raise ValueError("a reachable gate needs a device reader")
     start = trio.current_time()
     view = MemberView()
     health = RegistryHealth()
-    device = _Device(read_handshakes) if gate.reachable and read_handshakes else None
-    waiter = _Waiter(gate, timeout, view, health, device)
+    device = _Device(read_peers) if gate.reachable and read_peers else None
+    waiter = _Waiter(gate, spec, timeout, view, health, device)
     async with trio.open_nursery() as nursery:
         await nursery.start(sync_members, registry, spec, view, health)
         with trio.move_on_at(start + timeout):
