@@ -1,9 +1,10 @@
 """The registry port's one way in: ``open_registry(settings)`` opens the registry that
 resolved ``[registry]`` settings name (docs/architecture.md, "Module map").
 
-Only etcd exists today; another backend (a gRPC etcd client, say) is chosen
-here and nowhere else. The backend is imported when a registry is opened, so
-the CLI builds its parsers without importing httpx.
+Only etcd exists today, its member watch over the JSON gateway or native gRPC
+(``[registry] watch``); another backend is chosen here and nowhere else. The
+backend is imported when a registry is opened, so the CLI builds its parsers
+without importing httpx (nor grpcio, imported only for a gRPC watch).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def open_registry(
     from vnetd.registry.etcd.client import open_etcd_registry
     from vnetd.registry.etcd.security import security_of
 
+    if settings.watch == "grpc":
+        from vnetd.registry.etcd.grpc_watch import open_grpc_watch_registry
+
+        return open_grpc_watch_registry(settings, shared_tls=shared_tls)
     return open_etcd_registry(
         settings.endpoints,
         security_of(settings),

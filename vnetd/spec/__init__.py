@@ -18,6 +18,7 @@ from vnetd.spec.records import (
     DATAPLANE_KINDS,
     DATAPLANES,
     DEFAULT_SITE,
+    WATCH_TRANSPORTS,
     DataplaneSpec,
     HttpSpec,
     IPAddress,
@@ -25,6 +26,7 @@ from vnetd.spec.records import (
     MeshSpec,
     RegistrySpec,
     SiteSpec,
+    check_watch,
 )
 
 __all__ = [
@@ -38,9 +40,11 @@ __all__ = [
     "MeshSpec",
     "RegistrySpec",
     "SiteSpec",
+    "WATCH_TRANSPORTS",
     "check_etcd_url",
     "check_listen",
     "check_site_name",
+    "check_watch",
     "load_spec",
     "parse_spec",
 ]
