@@ -166,10 +166,14 @@ class GrpcWatchRegistry(EtcdRegistry):
         self._tokens.forget(endpoint if endpoint in self._endpoints else self._endpoints[0])
 
     def refused(self, endpoint: str, ended: _Ended, prefix: str) -> RegistryError:
-        """A stream's end as the error that names the fix (a permission) or as itself."""
+        """A refused or cancelled stream as the credential error that names the fix (a
+        permission, no user given), else as unavailable (the watcher lists again)."""
         code = PERMISSION_DENIED if ended.code == grpc.StatusCode.PERMISSION_DENIED else None
         refusal = Refused(f"etcd watch on {endpoint}: {ended.why}", code)
-        return self._tokens.access_error(refusal, endpoint, {"key": b64(prefix)})
+        error = self._tokens.access_error(refusal, endpoint, {"key": b64(prefix)})
+        if error is refusal:
+            return RegistryUnavailable(f"etcd gRPC watch on {endpoint}: {ended.why}")
+        return error
 
     @property
     def watch_timeout(self) -> float:
@@ -316,10 +320,10 @@ class _GrpcStream:
             raise WatchCompacted(message.compact_revision)
         if message.canceled:
             reason = message.cancel_reason or "no reason given"
-            if "permission denied" in reason:
-                ended = _Ended(reason, grpc.StatusCode.PERMISSION_DENIED)
-                raise self._registry.refused(self.endpoint, ended, self._prefix)
-            raise RegistryUnavailable(f"etcd gRPC watch canceled: {reason}")
+            if "invalid auth token" in reason:
+                self._registry.token_rejected(self.endpoint)
+            ended = _Ended(f"canceled: {reason}")
+            raise self._registry.refused(self.endpoint, ended, self._prefix)
         if message.created and message.revision and self._next_revision > message.revision + 1:
             raise RegistryUnavailable(
                 f"etcd watch from revision {self._next_revision}: the store is at revision "
