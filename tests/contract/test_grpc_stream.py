@@ -43,7 +43,7 @@ def stream_threads() -> int:
     count = 0
     for frame in sys._current_frames().values():
         while frame is not None:
-            if frame.f_code.co_name == "_drain" and "grpc_watch" in frame.f_code.co_filename:
+            if frame.f_code.co_name == "_drain" and "grpc_stream" in frame.f_code.co_filename:
                 count += 1
                 break
             frame = frame.f_back  # type: ignore[assignment]
