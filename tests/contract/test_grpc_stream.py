@@ -1,10 +1,15 @@
 """What only the gRPC watch (``vnetd.registry.etcd.grpc_watch``) has, on a real etcd on
 loopback: its worker thread never outlives the watch, it moves past a dead watch
-endpoint, and it refuses to wait on a store that was reset. (The registry contract
+endpoint and off a frozen grpc-proxy (etcd's, on loopback), and it refuses to wait
+on a store that was reset. (The registry contract
 suite runs against it too: the ``etcd-grpc`` backend.)"""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,9 +19,9 @@ import pytest
 import trio
 
 from vnetd.errors import RegistryUnavailable
-from vnetd.lab.etcd import run_etcd
+from vnetd.lab.etcd import ETCD_BIN, free_port, run_etcd
 from vnetd.registry.base import WatchEvent
-from vnetd.registry.etcd.grpc_watch import GrpcWatchRegistry
+from vnetd.registry.etcd.grpc_watch import PING_EVERY, PING_TIMEOUT, GrpcWatchRegistry
 
 BOUND = 10.0
 CLOSED = 1.0
@@ -106,3 +111,52 @@ async def test_a_watch_past_the_stores_revision_is_refused(tmp_path: Path) -> No
             with pytest.raises(RegistryUnavailable, match="was reset"):
                 async with registry.watch("m/", revision + 100) as batches:
                     await first_batch(batches)
+
+
+@asynccontextmanager
+async def grpc_proxy(etcd_url: str, data_dir: Path) -> AsyncIterator[tuple[str, int]]:
+    """``etcd grpc-proxy start`` on loopback in front of ``etcd_url``: (its URL, its pid)."""
+    listen = f"127.0.0.1:{free_port()}"
+    argv = [ETCD_BIN, "grpc-proxy", "start", "--endpoints", etcd_url.removeprefix("http://"),
+            "--listen-addr", listen, "--data-dir", str(data_dir)]  # fmt: skip
+    process = await trio.lowlevel.open_process(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        with trio.fail_after(BOUND):
+            while True:
+                try:
+                    with socket.create_connection(listen.split(":"), timeout=0.2):  # type: ignore[arg-type]
+                        break
+                except OSError:
+                    await trio.sleep(0.1)
+        yield f"http://{listen}", process.pid
+    finally:
+        process.kill()  # SIGKILL ends a stopped process too
+        with trio.move_on_after(5):
+            await process.wait()
+
+
+async def test_a_watch_on_a_frozen_proxy_moves_to_the_next_by_its_keepalive(
+    tmp_path: Path,
+) -> None:
+    """grpc-proxy drops progress requests and has no JSON gateway for the quiet check's
+    read: the channel's keepalive pings find a frozen proxy, and the watch resumes on
+    the next one without losing the event written meanwhile."""
+    async with run_etcd(tmp_path / "etcd") as server:
+        async with (
+            grpc_proxy(server.url, tmp_path / "p1") as (first, first_pid),
+            grpc_proxy(server.url, tmp_path / "p2") as (second, _),
+        ):
+            registry = GrpcWatchRegistry([server.url], watch_endpoints=(first, second))
+            try:
+                with trio.fail_after(BOUND):
+                    _, revision = await registry.list_prefix("m/")
+                async with registry.watch("m/", revision + 1) as batches:
+                    os.kill(first_pid, signal.SIGSTOP)
+                    await registry.create("m/written-while-frozen", b"1")
+                    with trio.fail_after(PING_EVERY + PING_TIMEOUT + BOUND):
+                        [event] = await first_batch(batches)
+                assert event.key == "m/written-while-frozen"
+            finally:
+                await registry.aclose()

@@ -13,14 +13,18 @@ The quiet check differs on etcd's grpc-proxy: its ``recvLoop``
 (``server/proxy/grpcproxy/watch.go`` at v3.5.1) logs a ``progress_request`` as "not
 supported request type" and drops it, and it serves no JSON gateway, so neither the JSON
 watch's linearizable read nor a progress request can tell a live stream there. The
-channel's HTTP/2 keepalive does instead: a ping every ``PING_EVERY`` s (above etcd's and
-the 3.5 proxy's ``--grpc-keepalive-min-time``, 5 s, below which a server answers GOAWAY;
-the 3.4 proxy sets none, so grpc-go's 5 min applies and a stream quiet that long is sent
-GOAWAY, after which grpcio doubles its ping interval and the stream resumes) that must be
-answered within ``PING_TIMEOUT`` s, or the channel is closed and the stream moves. It
-costs etcd no request. ``progress_notify`` is still asked (the proxy passes etcd's
-notifications on, and they space the checks on a member as the JSON watch's). Streams
-are leader-required (``hasleader`` metadata), as the JSON watch's.
+channel's HTTP/2 keepalive does instead: a ping every ``PING_EVERY`` s that must be
+answered within ``PING_TIMEOUT`` s (grpcio 1.85 waits ``grpc.http2.ping_timeout_ms``, 60 s
+by default, whatever ``keepalive_timeout_ms`` says: both are set), or the channel is
+closed and the stream moves (``tests/contract/test_grpc_stream.py``: a frozen proxy is
+left within 15 s). ``PING_EVERY`` is above etcd's and the 3.5 proxy's
+``--grpc-keepalive-min-time`` (5 s), below which a server answers GOAWAY; the 3.4 proxy
+sets none, so grpc-go's 5 min would apply to a stream that carries no data between pings
+(not seen in the lab, whose etcd notifies progress every 2 s: data resets the count;
+grpcio then doubles its interval). It costs etcd no request. ``progress_notify`` is
+still asked (the proxy passes etcd's notifications on, and they space the checks on a
+member as the JSON watch's). Streams are leader-required (``hasleader`` metadata), as
+the JSON watch's.
 
 TLS and client certificates are the registry's files (``EtcdSecurity``), auth tokens the
 registry's (``tokens``): a token is asked of the same endpoint over the gateway (or, for
@@ -204,6 +208,7 @@ def _open_channel(url: str, security: EtcdSecurity) -> grpc.Channel:
         ("grpc.max_receive_message_length", WATCH_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", int(PING_EVERY * 1000)),
         ("grpc.keepalive_timeout_ms", int(PING_TIMEOUT * 1000)),
+        ("grpc.http2.ping_timeout_ms", int(PING_TIMEOUT * 1000)),  # grpcio 1.85's own: 60 s
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 0),
     ]
