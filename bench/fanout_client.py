@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The watchers and the registering ranks of bench/watch_fanout.py; run inside a lab pod.
 
-    fanout_client.py watch --url URL --transport grpc|json --prefix P --watchers W
-                           --count N --go FILE
+    fanout_client.py watch --url URL --transport grpc|json|vnetd-grpc --prefix P
+                           --watchers W --count N --go FILE [--watch-url URL]
     fanout_client.py register --url URL --prefix P --count N [--connections 32]
 
 ``watch`` connects ``W`` clients (one connection each, as W daemons have) to
@@ -15,7 +15,9 @@ every process on the machine shares) when the last watcher had all ``N``.
 ``grpc`` watches through grpcio (``grpc.aio``) with the stubs and decode of
 bench/etcd_transport_client.py; ``json`` through vnetd's own
 ``EtcdRegistry.watch``, the daemon's read path (etcd's JSON gateway, or a
-relay serving its read subset).
+relay serving its read subset); ``vnetd-grpc`` through the daemon's own gRPC watch
+(``GrpcWatchRegistry``, ``[registry] watch = "grpc"``), its calls on ``URL`` and its
+watch on ``--watch-url`` (etcd's grpc-proxy, say; default ``URL``).
 
 ``register`` puts ``N`` member records (``member_record``: a claim's size), one
 revision each, as N ranks starting at once would: ``--connections`` requests
@@ -45,6 +47,7 @@ from etcd_transport_client import (
 
 from vnetd.registry.etcd.client import EtcdRegistry
 from vnetd.registry.etcd.gateway import b64
+from vnetd.registry.etcd.grpc_watch import GrpcWatchRegistry
 
 CLIENT_TIMEOUT = 600.0
 """A bound on one watch client's whole life (the bench stops it earlier)."""
@@ -82,9 +85,16 @@ class Tally:
                 "done": self.done}  # fmt: skip
 
 
+def open_watcher(args: argparse.Namespace) -> EtcdRegistry:
+    """One watcher's registry, as a daemon of the arm's transport opens it."""
+    if args.transport == "vnetd-grpc":
+        return GrpcWatchRegistry([args.url], watch_endpoints=[args.watch_url or args.url])
+    return EtcdRegistry([args.url])
+
+
 async def json_watch(args: argparse.Namespace) -> dict[str, Any]:
     tally = Tally(args.watchers, args.count)
-    registries = [EtcdRegistry([args.url]) for _ in range(args.watchers)]
+    registries = [open_watcher(args) for _ in range(args.watchers)]
     for registry in registries:  # connected, as a daemon is before its watch
         await registry.get(args.prefix)
     print("connected", flush=True)
@@ -92,9 +102,9 @@ async def json_watch(args: argparse.Namespace) -> dict[str, Any]:
     tally.mark("go")
     confirmed = 0
 
-    async def one(index: int, registry: EtcdRegistry) -> None:
+    async def one(index: int, opened: EtcdRegistry) -> None:
         nonlocal confirmed
-        async with registry.watch(args.prefix, start) as batches:
+        async with opened.watch(args.prefix, start) as batches:
             confirmed += 1
             if confirmed == args.watchers:
                 tally.mark("ready")
@@ -105,12 +115,12 @@ async def json_watch(args: argparse.Namespace) -> dict[str, Any]:
 
     with trio.fail_after(CLIENT_TIMEOUT):
         async with trio.open_nursery() as nursery:
-            for index, registry in enumerate(registries):
-                nursery.start_soon(one, index, registry)
+            for index, opened in enumerate(registries):
+                nursery.start_soon(one, index, opened)
     tally.mark("done")
-    for registry in registries:
-        await registry.aclose()
-    return tally.result("json")
+    for opened in registries:
+        await opened.aclose()
+    return tally.result(args.transport)
 
 
 async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
@@ -188,14 +198,15 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--count", type=int, required=True)
-    parser.add_argument("--transport", choices=("json", "grpc"), default="grpc")
+    parser.add_argument("--transport", choices=("json", "grpc", "vnetd-grpc"), default="grpc")
+    parser.add_argument("--watch-url", default="", help="vnetd-grpc's watch endpoint")
     parser.add_argument("--watchers", type=int, default=1)
     parser.add_argument("--go", default="")
     parser.add_argument("--connections", type=int, default=32)
     args = parser.parse_args()
     if args.action == "register":
         result = trio.run(register, args)
-    elif args.transport == "json":
+    elif args.transport in ("json", "vnetd-grpc"):
         result = trio.run(json_watch, args)
     else:
         result = asyncio.run(grpc_watch(args))

@@ -10,7 +10,9 @@ ARMS = {
     "writes": "no watcher (the registrations alone)",
     "direct-json": "direct, JSON gateway (the daemons today)",
     "direct-grpc": "direct, gRPC",
+    "direct-vnetd-grpc": "direct, the daemon's gRPC watch",
     "proxy": "etcd grpc-proxy, gRPC",
+    "proxy-vnetd-grpc": "etcd grpc-proxy, the daemon's gRPC watch",
     "relay": "vnetd relay, JSON",
 }
 HEADER = ("arm", "etcd watches", "events etcd delivered", "etcd watch messages",

@@ -15,7 +15,11 @@ arm runs on a fresh members prefix:
 * ``direct-json``: W watchers on etcd through its JSON gateway
   (``EtcdRegistry.watch``: the daemon's read path today);
 * ``direct-grpc``: W gRPC watchers on etcd (grpcio, bench/etcd_transport_client.py);
+* ``direct-vnetd-grpc``: W watchers on etcd through the daemon's own gRPC watch
+  (``GrpcWatchRegistry``: a worker thread per stream under trio);
 * ``proxy``: the same W gRPC watchers on ``etcd grpc-proxy start`` in pod 1;
+* ``proxy-vnetd-grpc``: W daemon gRPC watches on that grpc-proxy
+  (``[registry] watch_endpoints``);
 * ``relay``: W JSON watchers on ``vnetd relay`` in pod 1 (``RELAY_ARGV``); until
   ``vnetd relay --help`` answers, one printed line and no figures.
 
@@ -76,7 +80,12 @@ from vnetd.spec import parse_spec
 NAME = "watch_fanout"
 TITLE = "Watch fan-out: etcd directly, through grpc-proxy, through a vnetd relay"
 CLIENT = str(BENCH / "fanout_client.py")
-ARMS = ("writes", "direct-json", "direct-grpc", "proxy", "relay")
+ARMS = ("writes", "direct-json", "direct-grpc", "direct-vnetd-grpc", "proxy", "proxy-vnetd-grpc",
+        "relay")  # fmt: skip
+CLIENT_TRANSPORT = {"direct-json": "json", "relay": "json", "direct-vnetd-grpc": "vnetd-grpc",
+                    "proxy-vnetd-grpc": "vnetd-grpc"}  # fmt: skip
+"""Each arm's ``fanout_client.py --transport`` (the others: grpc)."""
+PROXY_ARMS = ("proxy", "proxy-vnetd-grpc")
 CACHE_PORT = 23790
 ETCD_CORE, BENCH_CORE = 1, 0
 READY_TIMEOUT = 60.0
@@ -231,9 +240,12 @@ class Arm:
 
     def client_argv(self) -> list[str]:
         url = self.cache.url if self.cache is not None else self.lab.etcd_url
-        transport = "json" if self.name in ("direct-json", "relay") else "grpc"
+        transport = CLIENT_TRANSPORT.get(self.name, "grpc")
         go = self.lab.workdir / f"go-{self.run}-{self.name}"
-        return pinned([sys.executable, CLIENT, "watch", "--url", url, "--prefix", self.prefix,
+        where = ["--url", url]
+        if transport == "vnetd-grpc":  # its lists and writes on etcd, its watch on the cache
+            where = ["--url", self.lab.etcd_url, "--watch-url", url]
+        return pinned([sys.executable, CLIENT, "watch", *where, "--prefix", self.prefix,
                        "--transport", transport, "--watchers", str(self.args.watchers),
                        "--count", str(self.args.size), "--go", str(go)])  # fmt: skip
 
@@ -334,7 +346,7 @@ def per_event(arms: list[JSON]) -> None:
             arm["etcd_us_per_event"] = round((arm["etcd_cpu_s"] - writes) / arm["etcd_events"]
                                              * 1e6, 1)  # fmt: skip
         forwarded = arm["watchers"] * arm["size"]
-        if arm["arm"] in ("proxy", "relay") and forwarded:
+        if arm["arm"] in (*PROXY_ARMS, "relay") and forwarded:
             arm["cache_us_per_record"] = round(arm["cache_cpu_s"] / forwarded * 1e6, 2)
 
 
@@ -384,8 +396,9 @@ async def bench(args: argparse.Namespace) -> int:
                                capture_stdout=True)  # fmt: skip
         caches: dict[str, Cache] = {}
         windows: dict[str, float] = {}  # each arm's last storm window: the next rest's length
-        if "proxy" in args.arms:
-            caches["proxy"] = await start_proxy(lab)
+        if any(name in args.arms for name in PROXY_ARMS):
+            proxy = await start_proxy(lab)
+            caches.update((name, proxy) for name in PROXY_ARMS)
         for index in range(runs_for(args.runs)):
             print(f"{NAME}: {args.size} ranks, {args.watchers} watchers, run {index + 1}",
                   flush=True)  # fmt: skip
@@ -399,7 +412,7 @@ async def bench(args: argparse.Namespace) -> int:
                     windows[name] = done["window_s"]
             per_event(arms)
             runs.append({"run": index + 1, "arms": arms})
-        for cache in caches.values():
+        for cache in {id(c): c for c in caches.values()}.values():
             await cache.process.stop()
         nursery.cancel_scope.cancel()
     params = {"size": args.size, "watchers": args.watchers, "rest_s": args.rest,

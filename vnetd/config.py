@@ -31,12 +31,14 @@ from typing import TYPE_CHECKING, TypeVar
 from vnetd.dataplane.codec.uapi_protocol import UPSTREAM_SOCKET_DIR
 from vnetd.errors import SpecError
 from vnetd.spec import (
+    WATCH_TRANSPORTS,
     HttpSpec,
     MeshSpec,
     RegistrySpec,
     check_etcd_url,
     check_listen,
     check_relay_url,
+    check_watch,
     load_spec,
 )
 
@@ -56,6 +58,7 @@ _ACCESS: dict[str, tuple[str, str]] = {
     "key_file": ("--etcd-key", "VNETD_ETCD_KEY"),
     "username": ("--etcd-user", "VNETD_ETCD_USER"),
     "password_file": ("--etcd-password-file", "VNETD_ETCD_PASSWORD_FILE"),
+    "watch": ("--etcd-watch", "VNETD_ETCD_WATCH"),
 }
 _FILES = ("ca_file", "cert_file", "key_file", "password_file")
 
@@ -187,6 +190,12 @@ def add_etcd_arguments(parser: argparse.ArgumentParser, *, relays: bool = True) 
         help="file holding the etcd user's password "
         "(env VNETD_ETCD_PASSWORD_FILE, or the password itself in VNETD_ETCD_PASSWORD)",
     )
+    group.add_argument(
+        "--etcd-watch",
+        choices=WATCH_TRANSPORTS,
+        help="how the member watch reaches etcd: json (its JSON gateway, the default) or "
+        "grpc (native gRPC; see registry.watch_endpoints) (env VNETD_ETCD_WATCH)",
+    )
 
 
 def add_site_arguments(parser: argparse.ArgumentParser) -> None:
@@ -315,6 +324,7 @@ def registry_access(
     for name, (_flag, variable) in _ACCESS.items():
         value = access.get(name) or env.get(variable) or getattr(registry, name)
         values[name] = value or None
+    check_watch(values["watch"], _where("watch"))
     registry = replace(registry, **values)  # type: ignore[arg-type]
     _check_files(registry)
     password = _password(registry, env)

@@ -1,7 +1,8 @@
 """Fixtures that run the registry contract suite against every implementation.
 
-``backend`` is parametrized over ``memory`` and ``etcd`` (a fresh etcd on
-127.0.0.1 per test, via ``vnetd.lab.etcd.run_etcd``). ``backend_clock`` gives
+``backend`` is parametrized over ``memory``, ``etcd`` (a fresh etcd on
+127.0.0.1 per test, via ``vnetd.lab.etcd.run_etcd``) and ``etcd-grpc`` (the same,
+watched over native gRPC: ``GrpcWatchRegistry``). ``backend_clock`` gives
 the in-memory backend virtual time (autojump) and etcd real time.
 
 Without root or wireguard-go the wireguard-go dataplane cases skip; under
@@ -25,6 +26,7 @@ import trio.testing
 from vnetd.lab.etcd import EtcdServer, run_etcd
 from vnetd.registry.base import Registry
 from vnetd.registry.etcd.client import EtcdRegistry
+from vnetd.registry.etcd.grpc_watch import GrpcWatchRegistry
 from vnetd.registry.memory import MemoryRegistry
 
 CALL_TIMEOUT = 2.0
@@ -58,7 +60,7 @@ class Backend:
     unreachable: Callable[[], Registry]
 
 
-@pytest.fixture(params=["memory", "etcd", "relay"])
+@pytest.fixture(params=["memory", "etcd", "etcd-grpc", "relay"])
 def backend_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -79,7 +81,7 @@ async def backend(backend_name: str, tmp_path: Path) -> AsyncIterator[Backend]:
             yield relayed
         return
     async with run_etcd(tmp_path / "etcd") as server:
-        registry = EtcdRegistry([server.url], timeout=CALL_TIMEOUT)
+        registry = _etcd_registry(backend_name, [server.url])
         try:
             yield _etcd_backend(server, registry)
         finally:
@@ -138,12 +140,19 @@ async def _relay_backend() -> AsyncIterator[Backend]:
             nursery.cancel_scope.cancel()
 
 
+def _etcd_registry(name: str, urls: list[str]) -> EtcdRegistry:
+    if name == "etcd-grpc":
+        return GrpcWatchRegistry(urls, timeout=CALL_TIMEOUT)
+    return EtcdRegistry(urls, timeout=CALL_TIMEOUT)
+
+
 def _etcd_backend(server: EtcdServer, registry: EtcdRegistry) -> Backend:
     async def compact(revision: int) -> None:
         await compact_etcd(server.url, revision)
 
     def unreachable() -> Registry:
-        return EtcdRegistry(["http://127.0.0.1:1"], timeout=CALL_TIMEOUT)
+        kind = "etcd-grpc" if isinstance(registry, GrpcWatchRegistry) else "etcd"
+        return _etcd_registry(kind, ["http://127.0.0.1:1"])
 
     return Backend("etcd", registry, compact, server.stop, server.start, unreachable)
 

@@ -32,6 +32,8 @@ peer added again whose handshake waits out WireGuard's 5 s retry).
 
 from __future__ import annotations
 
+import pytest
+
 from vnetd.lab.etcd_faults import KEPT, FaultRun, old_leader_may_revoke, run_etcd_fault
 
 TTL = 5
@@ -83,6 +85,13 @@ async def test_leader_killed() -> None:
 
 async def test_member_frozen_30s() -> None:
     """(b) Member 0, which every daemon talks to, is frozen (SIGSTOP) for 30 s as a follower."""
+    check(await run_etcd_fault("frozen", duration=FROZEN_FOR, start_after=START_AFTER, ttl=TTL))
+
+
+async def test_member_frozen_30s_watching_over_grpc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(b) with the member watch over native gRPC (``VNETD_ETCD_WATCH``, which the lab's
+    daemons inherit): its quiet check and its endpoint order are the JSON watch's."""
+    monkeypatch.setenv("VNETD_ETCD_WATCH", "grpc")
     check(await run_etcd_fault("frozen", duration=FROZEN_FOR, start_after=START_AFTER, ttl=TTL))
 
 

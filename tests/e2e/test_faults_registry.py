@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 
+import pytest
 import trio
 from bounds import REGISTRY_BACKOFF_MAX, form
 
@@ -232,10 +233,15 @@ async def wait_devices(mesh: MeshLab, expected: dict[int, set[int]], timeout: fl
     raise AssertionError(f"devices (peer count, ranks) {found} != {expected} after {timeout} s")
 
 
-async def test_watch_compacted_while_members_change_relists_to_the_right_peers() -> None:
+@pytest.mark.parametrize("watch", [pytest.param("json", id="json-watch"),
+                                   pytest.param("grpc", id="grpc-watch")])  # fmt: skip
+async def test_watch_compacted_while_members_change_relists_to_the_right_peers(
+    watch: str,
+) -> None:
     """Scenario 10: rank 0's watch falls behind, etcd compacts past it while rank 2
     leaves, rank 3 joins and rank 4's endpoint changes; rank 0 lists again and
-    every device ends with exactly the right peers and endpoints."""
+    every device ends with exactly the right peers and endpoints. Both watch
+    transports: etcd's compaction reaches the gRPC watch as its ``compact_revision``."""
     with trio.fail_after(120):
         async with open_lab(5, with_etcd=False) as lab:
             await lab.set_sysctl(lab.etcd_netns, "net.ipv4.tcp_wmem", SMALL_TCP_BUFFER)
@@ -243,7 +249,7 @@ async def test_watch_compacted_while_members_change_relists_to_the_right_peers()
             await lab.start_etcd()
             mesh = MeshLab.create(lab, ttl=COMPACT_TTL)
             for rank in (0, 1, 2):
-                await mesh.start_rank(rank)
+                await mesh.start_rank(rank, "--etcd-watch", watch)
             await wait_devices(mesh, {0: {1, 2}, 1: {0, 2}, 2: {0, 1}}, timeout=30)
             victim = mesh.daemons[0]
             key4 = member_key(mesh.spec, 4)
@@ -259,7 +265,7 @@ async def test_watch_compacted_while_members_change_relists_to_the_right_peers()
                     assert written.returncode == 0, written.stderr.decode()
                     churned = time.monotonic() - frozen
                     assert await mesh.daemons[2].stop() == 0  # leaves: its lease is revoked
-                    await mesh.start_rank(3)
+                    await mesh.start_rank(3, "--etcd-watch", watch)
                     while 3 not in await mesh.registered_ranks():
                         await trio.sleep(0.1)
                     compacted = await lab.compact_etcd()

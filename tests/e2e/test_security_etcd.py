@@ -3,7 +3,8 @@
 Each test builds a 2-pod lab whose etcd is secured, has both daemons join
 through it (a peer appears on each device, the pods reach each other), and
 checks that each credential mistake a user can make is one clear line from
-``vnetd status`` (exit 2).
+``vnetd status`` (exit 2). The daemons watch over either transport (``--etcd-watch``):
+the gRPC watch takes the same TLS files and the same auth token.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 from bounds import form
 from tlscerts import TestCA
@@ -68,7 +70,11 @@ async def join_two(
     assert await mesh.device_ranks(1) == {0}
 
 
-async def test_daemons_join_through_etcd_with_tls_and_client_certificates(tmp_path: Path) -> None:
+@pytest.mark.parametrize("watch", [pytest.param("json", id="json-watch"),
+                                   pytest.param("grpc", id="grpc-watch")])  # fmt: skip
+async def test_daemons_join_through_etcd_with_tls_and_client_certificates(
+    tmp_path: Path, watch: str
+) -> None:
     ca = TestCA(tmp_path / "pki")
     server = ca.issue("etcd-server", ips=(ETCD_IP, "127.0.0.1"))
     client = ca.issue("vnetd-client")
@@ -85,10 +91,13 @@ async def test_daemons_join_through_etcd_with_tls_and_client_certificates(tmp_pa
                      "--etcd-key", str(client.key)]  # fmt: skip
             env = {"VNETD_ETCD_CA": str(ca.ca_file), "VNETD_ETCD_CERT": str(client.cert),
                    "VNETD_ETCD_KEY": str(client.key)}  # fmt: skip
-            await join_two(mesh, flags, [], env)
+            await join_two(mesh, [*flags, "--etcd-watch", watch], [],
+                           {**env, "VNETD_ETCD_WATCH": watch})  # fmt: skip
 
             code, err = await status_in_pod(mesh, *flags, "--json")
             assert code == 0, err
+            for daemon in mesh.daemons.values():  # the watch took the TLS files: never refused
+                assert "during watch" not in daemon.log_text()
 
             wrong_ca = ["--etcd-ca", str(stranger.ca_file), *flags[2:]]
             assert_one_line(*await status_in_pod(mesh, *wrong_ca),
@@ -127,8 +136,10 @@ async def enable_auth(lab: Lab, prefix: str) -> None:
     lab.etcdctl_flags += ["--user", "root:root-secret"]
 
 
+@pytest.mark.parametrize("watch", [pytest.param("json", id="json-watch"),
+                                   pytest.param("grpc", id="grpc-watch")])  # fmt: skip
 async def test_daemons_join_through_etcd_with_auth_and_a_role_on_the_mesh_prefix(
-    tmp_path: Path,
+    tmp_path: Path, watch: str
 ) -> None:
     password = tmp_path / "etcd-password"
     password.write_text("s3cret-Pa55\n")
@@ -142,8 +153,11 @@ async def test_daemons_join_through_etcd_with_auth_and_a_role_on_the_mesh_prefix
             await enable_auth(lab, mesh_prefix)
             flags = ["--etcd-user", "vnetd", "--etcd-password-file", str(password)]
             env = {"VNETD_ETCD_USER": "vnetd", "VNETD_ETCD_PASSWORD": "s3cret-Pa55"}
-            await join_two(mesh, flags, [], env)
+            await join_two(mesh, [*flags, "--etcd-watch", watch], [],
+                           {**env, "VNETD_ETCD_WATCH": watch})  # fmt: skip
             assert await mesh.registered_ranks() == {0, 1}
+            for daemon in mesh.daemons.values():  # the watch took the token: never refused
+                assert "during watch" not in daemon.log_text()
 
             code, err = await status_in_pod(mesh, *flags)
             assert code == 0, err

@@ -151,6 +151,9 @@ LAYER_OF: dict[str, str] = {
     "vnetd.registry.etcd.client": REGISTRY,
     "vnetd.registry.etcd.endpoints": REGISTRY,
     "vnetd.registry.etcd.gateway": REGISTRY,
+    "vnetd.registry.etcd.grpc_codec": REGISTRY,
+    "vnetd.registry.etcd.grpc_stream": REGISTRY,
+    "vnetd.registry.etcd.grpc_watch": REGISTRY,
     "vnetd.registry.etcd.httpcore_package": REGISTRY,
     "vnetd.registry.etcd.pages": REGISTRY,
     "vnetd.registry.etcd.security": REGISTRY,
@@ -269,6 +272,8 @@ ONLY_IMPORTED_BY: dict[str, set[str]] = {
         "vnetd.registry.etcd.watch",
     },
     "httpcore": {"vnetd.registry.etcd.httpcore_package"},
+    "grpc": {"vnetd.registry.etcd.grpc_watch", "vnetd.registry.etcd.grpc_stream"},
+    "google": {"vnetd.registry.etcd.grpc_codec"},  # protobuf
     "pyroute2": {
         name
         for name in LAYER_OF
@@ -292,6 +297,9 @@ BACKENDS = {
     "vnetd.registry.etcd.client",
     "vnetd.registry.etcd.endpoints",
     "vnetd.registry.etcd.gateway",
+    "vnetd.registry.etcd.grpc_codec",
+    "vnetd.registry.etcd.grpc_stream",
+    "vnetd.registry.etcd.grpc_watch",
     "vnetd.registry.etcd.httpcore_package",
     "vnetd.registry.etcd.pages",
     "vnetd.registry.etcd.security",

@@ -163,6 +163,16 @@ def test_rank_out_of_range_is_refused():
             r"registry\.lease_ttl: 1 is out of range",
             id="ttl-low",
         ),
+        pytest.param(
+            with_("registry", "watch", "http"),
+            r"registry\.watch: 'http' is not one of json, grpc",
+            id="watch-unknown",
+        ),
+        pytest.param(
+            with_("registry", "watch_endpoints", ["10.0.0.1:23790"]),
+            r"registry\.watch_endpoints: .*not an etcd URL",
+            id="watch-endpoint-no-scheme",
+        ),
         pytest.param({"mesh": "x"}, r"mesh: expected a table", id="mesh-not-table"),
     ],
 )

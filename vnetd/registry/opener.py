@@ -2,9 +2,10 @@
 resolved ``[registry]`` settings name (docs/architecture.md, "Module map").
 
 With ``[registry] relays``, the members are read through relays and all else from etcd
-(``relay.reads``). Only etcd exists today; another backend (a gRPC etcd client, say) is chosen
-here and nowhere else. The backend is imported when a registry is opened, so
-the CLI builds its parsers without importing httpx.
+(``relay.reads``); the member watch on etcd itself goes over its JSON gateway or native
+gRPC (``[registry] watch``). Only etcd exists today; another backend is chosen here and
+nowhere else. The backend is imported when a registry is opened, so the CLI builds its
+parsers without importing httpx (nor grpcio, imported only for a gRPC watch).
 """
 
 from __future__ import annotations
@@ -40,12 +41,18 @@ def open_registry(
     from vnetd.registry.etcd.client import open_etcd_registry
     from vnetd.registry.etcd.security import security_of
 
-    direct = open_etcd_registry(
-        settings.endpoints,
-        security_of(settings),
-        lease_ttl=settings.lease_ttl,
-        shared_tls=shared_tls,
-    )
+    direct: AbstractAsyncContextManager[Registry]
+    if settings.watch == "grpc":
+        from vnetd.registry.etcd.grpc_watch import open_grpc_watch_registry
+
+        direct = open_grpc_watch_registry(settings, shared_tls=shared_tls)
+    else:
+        direct = open_etcd_registry(
+            settings.endpoints,
+            security_of(settings),
+            lease_ttl=settings.lease_ttl,
+            shared_tls=shared_tls,
+        )
     if not settings.relays:
         return direct
     return _with_relays(direct, settings)

@@ -19,6 +19,7 @@ from vnetd.spec.records import (
     DATAPLANE_KINDS,
     DATAPLANES,
     DEFAULT_SITE,
+    WATCH_TRANSPORTS,
     DataplaneSpec,
     HttpSpec,
     IPAddress,
@@ -26,6 +27,7 @@ from vnetd.spec.records import (
     MeshSpec,
     RegistrySpec,
     SiteSpec,
+    check_watch,
 )
 
 __all__ = [
@@ -39,10 +41,12 @@ __all__ = [
     "MeshSpec",
     "RegistrySpec",
     "SiteSpec",
+    "WATCH_TRANSPORTS",
     "check_etcd_url",
     "check_listen",
     "check_relay_url",
     "check_site_name",
+    "check_watch",
     "load_spec",
     "parse_spec",
 ]

@@ -31,6 +31,7 @@ from vnetd.spec.records import (
     MeshSpec,
     RegistrySpec,
     SiteSpec,
+    check_watch,
     min_mtu_of,
 )
 
@@ -65,6 +66,8 @@ _REGISTRY_KEYS: dict[str, type] = {
     "key_file": str,
     "username": str,
     "password_file": str,
+    "watch": str,
+    "watch_endpoints": list,
 }
 
 
@@ -362,7 +365,12 @@ def _registry(table: Mapping[str, Any]) -> RegistrySpec:
     for key in (*_REGISTRY_FILES, "username"):
         if key in table and not table[key]:
             raise SpecError(f"registry.{key}: empty; give a value or leave the key out")
+    watch = check_watch(table.get("watch", RegistrySpec.watch), "registry.watch")
+    for url in table.get("watch_endpoints", ()):
+        check_etcd_url(url, key="registry.watch_endpoints")
     return RegistrySpec(
+        watch=watch,
+        watch_endpoints=tuple(table.get("watch_endpoints", ())),
         endpoints=tuple(endpoints),
         prefix=prefix.rstrip("/"),
         lease_ttl=ttl,

@@ -90,6 +90,17 @@ def quiet_check(watchers: int, progress_gap: float | None) -> float:
     return min(wait, max(QUIET_CHECK, PROGRESS_MARGIN * progress_gap))
 
 
+def quiet_wait(hints: QuietHints) -> float:
+    """A stream's next quiet check; when it is spaced for a large mesh, jittered
+    (``vnetd.pacing.period``) so the checks of daemons that saw the same last
+    event do not come at once (etcd's notifications are spread by its own tickers)."""
+    watchers, gap = hints.watchers, hints.progress_gap
+    wait = quiet_check(watchers, gap)
+    if wait < quiet_check(watchers, None):  # the notifications' wait
+        return wait
+    return period(QUIET_CHECK, watchers, REST_READS)
+
+
 @dataclass
 class QuietHints:
     """What a watch learnt that spaces its quiet checks, kept by the registry so the
@@ -235,14 +246,7 @@ class _ResumingLines:
             return item
 
     def _quiet_for(self) -> float:
-        """This wait's quiet check; when it is spaced for a large mesh, jittered
-        (``vnetd.pacing.period``) so the checks of daemons that saw the same last
-        event do not come at once (etcd's notifications are spread by its own tickers)."""
-        watchers, gap = self._hints.watchers, self._hints.progress_gap
-        wait = quiet_check(watchers, gap)
-        if wait < quiet_check(watchers, None):  # the notifications' wait
-            return wait
-        return period(QUIET_CHECK, watchers, REST_READS)
+        return quiet_wait(self._hints)
 
     async def _move(self, why: str) -> None:
         """Resume on another member from the revision after the last event delivered."""
