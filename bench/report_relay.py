@@ -27,14 +27,15 @@ def relay_footprint_section(results_dir: Path) -> list[str]:
          f"{mmm(s['forward_cpu_s'], 2)} for {w * k} records"],
     ]  # fmt: skip
     return out + [
-        f"One `vnetd relay` in a lab pod, holding the members prefix of an {n}-rank mesh",
+        f"One `vnetd relay` in a lab pod, holding the members prefix of a {n}-rank mesh",
         f"({mmm(s['record_bytes'], 0)}-byte records put straight into etcd) and serving {w}",
         "simulated daemons (the daemon's own `EtcdRegistry`, one connection each): each",
         "lists the members from the relay, then watches it; then "
         f"{k} records are rewritten in etcd and every watcher takes all {k}.",
         "etcd on a core of its own, the relay and the watchers on the other",
         "(`bench/relay_footprint.py`); the relay's CPU from its threads' schedstat.",
-        "MiB and CPU-s, median (min–max) over runs.",
+        "MiB and CPU-s, median (min–max) over runs. The list's CPU is the difference of two",
+        "starts (the imports alone vary by a few tens of ms from start to start).",
         "",
         *table(["relay", "RSS", "PSS", "CPU-s"], rows),
         f"Per member held: {mmm(s['members_kib_per_member'], 2, unit=' KiB')} resident. "
