@@ -8,12 +8,12 @@ the relay (pod 1), the simulated daemons (pod 0) and this script on core 0
 (``taskset``, as bench/watch_fanout.py does; it starts the relay the same way).
 In order:
 
-* an empty relay: ``vnetd relay`` on a prefix with no member, its CPU until its
-  /healthz answers and its RSS (the interpreter and the imports: the base the
-  figures below are taken from);
-* N member records (a claim's size, ``fanout_client.py register``) put under a
-  fresh prefix, then a relay started on it: its CPU until /healthz answers (its
-  one list of N) less the empty relay's, and its RSS holding N less the empty
+* an empty relay, started ``EMPTY_STARTS`` times: ``vnetd relay`` on a prefix
+  with no member, its CPU until its /healthz answers (the median) and its RSS
+  (the interpreter and the imports: the base the figures below are taken from);
+* N member records (``register.py seed``: a claim's records, 100 a transaction)
+  put under a fresh prefix, then a relay started on it: its CPU until /healthz answers (its
+  one list of N) less the empty relay's median, and its RSS holding N less the empty
   one's; its CPU at rest over ``--rest`` s;
 * W simulated daemons (``fanout_client.py watch --transport json --list``: the
   daemon's own ``EtcdRegistry``, one connection each) each list the N members
@@ -35,12 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import trio
 from common import (
+    BENCH,
     JSON,
     LoadSampler,
     attempt,
@@ -71,6 +73,9 @@ from vnetd.lab.open_lab import Lab, LabProcess, open_lab
 NAME = "relay_footprint"
 TITLE = "Footprint of one vnetd relay"
 SIZE, WATCHERS, UPDATES = 10_000, 100, 1000
+EMPTY_STARTS = 3
+"""Empty relays started, whose median start CPU is taken off the full one's: a start's
+imports vary by tens of ms, as much as the list of 10,000 costs."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -117,15 +122,36 @@ async def put(lab: Lab, prefix: str, count: int, timeout: float) -> JSON:  # noq
     return wrote
 
 
+def forwarded_to(args: argparse.Namespace) -> int:
+    """The records the relay forwards while the watchers hold (each takes every update)."""
+    return int(args.watchers * args.updates)
+
+
+async def seed(lab: Lab, config: Path, count: int, timeout: float) -> JSON:  # noqa: ASYNC109
+    """Ranks 0..count-1 registered under one lease (``register.py seed``: valid records,
+    100 puts a transaction; 10,000 single puts took 43 s here and one run's failed)."""
+    argv = pinned([sys.executable, str(BENCH / "register.py"), "seed", "--etcd", lab.etcd_url,
+                   "--spec", str(config), "--ranks", f"0-{count - 1}"])  # fmt: skip
+    t0 = time.monotonic()
+    result = await lab.run(lab.pods[0], argv, timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"register.py seed: {result.stderr.decode(errors='replace')[-600:]}")
+    return {"seed_s": round(time.monotonic() - t0, 3)}
+
+
 async def one_run(lab: Lab, args: argparse.Namespace, index: int) -> JSON:
-    empty, empty_cpu, _, _ = await started(lab, f"relay-empty-{index}", args.size)
-    base = memory(empty)
-    await empty.process.stop()
+    empty_cpus, base = [], {}
+    for start in range(EMPTY_STARTS):
+        empty, cpu, _, _ = await started(lab, f"relay-empty-{index}-{start}", args.size)
+        empty_cpus.append(cpu)
+        base = memory(empty)
+        await empty.process.stop()
+    empty_cpu = statistics.median(empty_cpus)
 
     name = f"relay-{index}"
-    _, prefix = arm_spec(lab, name, args.size)
-    seeded = await put(lab, prefix, args.size, args.timeout)
-    cache, list_cpu, _, _ = await started(lab, name, args.size)
+    config, _ = arm_spec(lab, name, args.size)
+    seeded = await seed(lab, config, args.size, args.timeout)
+    cache, list_cpu, prefix, _ = await started(lab, name, args.size)
     client: LabProcess | None = None
     try:
         holding = memory(cache)
@@ -154,12 +180,17 @@ async def one_run(lab: Lab, args: argparse.Namespace, index: int) -> JSON:
         if client is not None:
             await client.stop()
         await cache.process.stop()
+    if got.get("listed") != args.watchers * args.size or got.get("events") != forwarded_to(args):
+        raise RuntimeError(f"the watchers listed {got.get('listed')} and took "
+                           f"{got.get('events')} records, not {args.watchers} × {args.size} "
+                           f"and {args.watchers} × {args.updates}")  # fmt: skip
     window = t_a - t_b
     forward_cpu = cpu_a - cpu_b - rest_watchers * window
-    forwarded = args.watchers * args.updates
+    forwarded = forwarded_to(args)
     figures: JSON = {
         "run": index + 1,
         "empty_start_cpu_s": round(empty_cpu, 3),
+        "empty_start_cpus_s": [round(c, 3) for c in empty_cpus],
         "empty_rss_mib": base["rss_mib"],
         "empty_pss_mib": base["pss_mib"],
         "start_cpu_s": round(list_cpu, 3),
@@ -183,8 +214,8 @@ async def one_run(lab: Lab, args: argparse.Namespace, index: int) -> JSON:
         "watcher_events": got.get("events", 0),
         "us_per_record_forwarded": round(forward_cpu / forwarded * 1e6, 2),
         "after_rss_mib": after["rss_mib"],
-        "record_bytes": seeded["record_bytes"],
-        "seed_s": round(seeded["last"] - seeded["first"], 3),
+        "record_bytes": wrote["record_bytes"],
+        "seed_s": seeded["seed_s"],
         "updates_s": round(wrote["last"] - wrote["first"], 3),
     }
     print(f"  relay: empty {base['rss_mib']:.1f} MiB; {args.size} members "

@@ -34,8 +34,9 @@ def relay_footprint_section(results_dir: Path) -> list[str]:
         f"{k} records are rewritten in etcd and every watcher takes all {k}.",
         "etcd on a core of its own, the relay and the watchers on the other",
         "(`bench/relay_footprint.py`); the relay's CPU from its threads' schedstat.",
-        "MiB and CPU-s, median (min–max) over runs. The list's CPU is the difference of two",
-        "starts (the imports alone vary by a few tens of ms from start to start).",
+        "MiB and CPU-s, median (min–max) over runs. The list's CPU is the start with the",
+        "members less the median of three empty starts (the imports alone vary by a few",
+        "tens of ms from start to start, as much as the list).",
         "",
         *table(["relay", "RSS", "PSS", "CPU-s"], rows),
         f"Per member held: {mmm(s['members_kib_per_member'], 2, unit=' KiB')} resident. "
