@@ -28,9 +28,9 @@ def relay_footprint_section(results_dir: Path) -> list[str]:
     ]  # fmt: skip
     return out + [
         f"One `vnetd relay` in a lab pod, holding the members prefix of a {n}-rank mesh",
-        f"({mmm(s['record_bytes'], 0)}-byte records put straight into etcd) and serving {w}",
-        "simulated daemons (the daemon's own `EtcdRegistry`, one connection each): each",
-        "lists the members from the relay, then watches it; then "
+        f"(records of about {mmm(s['record_bytes'], 0)} bytes put straight into etcd) and",
+        f"serving {w} simulated daemons (the daemon's own `EtcdRegistry`, one connection",
+        "each): each lists the members from the relay, then watches it; then "
         f"{k} records are rewritten in etcd and every watcher takes all {k}.",
         "etcd on a core of its own, the relay and the watchers on the other",
         "(`bench/relay_footprint.py`); the relay's CPU from its threads' schedstat.",
