@@ -2,11 +2,13 @@
 """The watchers and the registering ranks of bench/watch_fanout.py; run inside a lab pod.
 
     fanout_client.py watch --url URL --transport grpc|json|vnetd-grpc --prefix P
-                           --watchers W --count N --go FILE [--watch-url URL]
+                           --watchers W --count N --go FILE [--watch-url URL] [--list]
     fanout_client.py register --url URL --prefix P --count N [--connections 32]
 
 ``watch`` connects ``W`` clients (one connection each, as W daemons have) to
 ``URL`` (etcd, etcd's grpc-proxy, or a vnetd relay) and prints ``connected``;
+with ``--list`` (JSON only) each client first lists ``P``, as a daemon
+starting does, and the result's ``listed`` counts the members they got;
 once ``FILE`` exists it opens one watch per client on ``P`` from the revision
 written in it and prints ``ready`` when every watch is confirmed; it exits
 with one JSON line when every watcher holds ``N`` events: the events and
@@ -63,6 +65,7 @@ class Tally:
         self.messages = 0
         self.cpu: dict[str, float] = {}
         self.done = 0.0
+        self.listed = 0
 
     def mark(self, name: str) -> None:
         self.cpu[name] = time.process_time()
@@ -82,7 +85,7 @@ class Tally:
         c = self.cpu
         return {"transport": transport, "events": sum(self.events), "messages": self.messages,
                 "open_cpu_s": c["ready"] - c["go"], "delivery_cpu_s": c["done"] - c["ready"],
-                "done": self.done}  # fmt: skip
+                "done": self.done, "listed": self.listed}  # fmt: skip
 
 
 def open_watcher(args: argparse.Namespace) -> EtcdRegistry:
@@ -96,7 +99,10 @@ async def json_watch(args: argparse.Namespace) -> dict[str, Any]:
     tally = Tally(args.watchers, args.count)
     registries = [open_watcher(args) for _ in range(args.watchers)]
     for registry in registries:  # connected, as a daemon is before its watch
-        await registry.get(args.prefix)
+        if args.list:  # and holding the members, as a daemon is after its first list
+            tally.listed += len((await registry.list_prefix(args.prefix))[0])
+        else:
+            await registry.get(args.prefix)
     print("connected", flush=True)
     start = await trio.to_thread.run_sync(go_revision, Path(args.go))
     tally.mark("go")
@@ -203,6 +209,7 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=1)
     parser.add_argument("--go", default="")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--list", action="store_true", help="watch: each client lists P first")
     args = parser.parse_args()
     if args.action == "register":
         result = trio.run(register, args)

@@ -23,6 +23,7 @@ from report_formation import full_mesh_section, launcher_section, propagation_se
 from report_host import dataplane_section, footprint_section, startup_section
 from report_kernel import kernel_guest_section
 from report_proof import record_proof_section
+from report_relay import relay_footprint_section
 from report_scale import control_plane_section, scale_model_section
 from report_targets import SPEED_BEFORE, cost_rows, slower_than_before, target_rows
 from report_transport import etcd_transport_section
@@ -170,6 +171,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *fanout,
         *model,
         *foot,
+        *relay_footprint_section(results_dir),
         *start,
         *data,
         *faults,

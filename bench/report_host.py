@@ -30,9 +30,9 @@ def footprint_section(r: JSON | None) -> tuple[list[str], list[bool | None]]:
     met_idle = None if idle is None else idle <= s["target_idle_share"]
     p = r["params"]
     out += [
-        "One `vnetd up` (rank 0 of a 1024-rank mesh) with peers registered straight into",
-        "etcd (valid records, endpoints nobody answers; no traffic). MiB, median (min–max)",
-        "over runs; RSS counts shared library pages in full, PSS splits them.",
+        f"One `vnetd up` (rank 0 of a {p['mesh_size']}-rank mesh) with peers registered",
+        "straight into etcd (valid records, endpoints nobody answers; no traffic). MiB,",
+        "median (min–max) over runs; RSS counts shared library pages in full, PSS splits them.",
         "",
         *table(["peers", "vnetd RSS", "vnetd PSS", "wireguard-go RSS", "wireguard-go PSS"], rows),
         f"Idle CPU over {p['idle_s']:g} s at 1023 peers ({_idle_work(p)}): vnetd "
@@ -49,9 +49,36 @@ def footprint_section(r: JSON | None) -> tuple[list[str], list[bool | None]]:
         f"of a core — {verdict(met_idle)}. Load: {load_note(r)}.",
         "",
         *_footprint_why(s),
+        *_footprint_largest(r),
         *failures_note(r),
     ]
     return out, [met_rss, met_idle]
+
+
+def _footprint_largest(r: JSON) -> list[str]:
+    """The step of a mesh larger than 1024 (``footprint.py --size``), when one was run."""
+    big = r["summary"].get("largest")
+    if big is None or big["peers"] <= 1023:
+        return []
+    n, p = big["peers"], r["params"]
+    rest = p.get("largest", p)
+    return [
+        f"At {n} peers (rank 0 of a {n + 1}-rank mesh, the last step of the same runs): "
+        f"vnetd {mmm(big['vnetd_rss_mib'], 1, unit=' MiB')} resident "
+        f"({mmm(big['vnetd_pss_mib'], 1, unit=' MiB')} PSS), wireguard-go "
+        f"{mmm(big['wg_rss_mib'], 1, unit=' MiB')}; the start reaches every peer on the "
+        f"device in {mmm(big['to_all_peers_s'], 1, unit=' s')} (the daemon's CPU by then: "
+        f"{mmm(big.get('cpu_to_all_peers_s'), 1, unit=' s')}, its first pass "
+        f"{mmm(big['first_pass_ms'], 0, unit=' ms')}), with "
+        f"{mmm(big.get('device_routes'), 0)} routes through the device, and the device's peers "
+        f"counted with `wg show`. Idle CPU over {p['idle_s']:g} s there ({_idle_work(rest)}):"
+        " vnetd "
+        f"{mmm(big['idle_vnetd_share'], 2, 100, ' %')}, wireguard-go "
+        f"{mmm(big['idle_wg_share'], 2, 100, ' %')} of a core (no member answers, so no "
+        "handshake or keepalive is in it). The kernel data plane is not measured at this "
+        "size: the guest bench holds 1023 peers (bench/README.md, kernel_guest.py).",
+        "",
+    ]
 
 
 def startup_section(r: JSON | None) -> tuple[list[str], bool | None]:
