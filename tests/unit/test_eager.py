@@ -10,7 +10,7 @@ from shared import key
 
 from vnetd.control.watcher import MemberView
 from vnetd.daemon.doorbell import is_initiation
-from vnetd.daemon.reconciler import Reconciler
+from vnetd.daemon.reconciler import MAX_BELLS, Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.mesh.eager import (
@@ -321,3 +321,24 @@ async def test_a_ring_from_an_eager_peer_or_one_that_initiates_is_a_stray():
     reconciler.ring("198.18.1.1:51820")  # eager (tree neighbours): never rings
     reconciler.ring("198.18.1.9:51820")  # nobody
     assert not reconciler.handshakes.rung
+
+
+async def test_a_ring_before_the_first_list_waits_for_the_pass_that_follows_it():
+    """A ring (real or forged) before the members are read decides nothing: the pair rule
+    is not taken from an empty view (it would fix our join revision too early)."""
+    reconciler, _, view = lazy_reconciler(range(4))
+    view.synced = False
+    reconciler.ring("198.18.1.2:51820")
+    assert not reconciler.handshakes.rung and reconciler._listed_at is None
+    view.synced = True
+    await reconciler.reconcile_once()
+    assert set(reconciler.handshakes.rung) == {key(2)}  # kept, and answered by the pass
+
+
+async def test_a_flood_of_rings_keeps_at_most_max_bells():
+    reconciler, _, _ = lazy_reconciler(range(4))
+    await reconciler.reconcile_once()
+    for port in range(MAX_BELLS + 100):  # from endpoints no peer has
+        reconciler.ring(f"198.18.9.9:{port}")
+    assert len(reconciler._bells) == MAX_BELLS
+    assert reconciler.stats.rings == MAX_BELLS + 100

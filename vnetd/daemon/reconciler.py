@@ -45,6 +45,9 @@ log = logging.getLogger("vnetd.reconcile")
 RING_MEMORY = 5.0
 """Seconds a ring from an endpoint no peer of ours has yet is kept: the ringer may know us
 before we know it (our watch lags), and its own retry comes only after 5 s."""
+MAX_BELLS = 4096
+"""Rings kept at once; more within ``RING_MEMORY`` are dropped (a flood of forged rings
+would otherwise grow the table and each walk of it)."""
 
 FULL_PASS_PEERS = 8.0
 """Members a second the safety-net full pass may compute while nothing changes. A pass
@@ -141,6 +144,8 @@ class Reconciler:
         """A lazy pair's responder, at its WireGuard ``endpoint``, sent its first packet to
         our doorbell (``daemon.doorbell``): start the pair's handshake (``initiator``)."""
         self.stats.rings += 1
+        if len(self._bells) >= MAX_BELLS and endpoint not in self._bells:
+            return  # a flood: the responder's WireGuard rings again with its retry
         self._bells[endpoint] = trio.current_time()
         if self._answer_rings() and self._waiting is not None:
             self._waiting.cancel()
@@ -148,8 +153,8 @@ class Reconciler:
     def _answer_rings(self) -> bool:
         """Hand each ring whose peer we hold, lazy and ours to start, to the handshake
         watch; keep the others ``RING_MEMORY`` s. One walk of the peers, only with rings."""
-        if not self._bells:
-            return False
+        if not self._bells or not self.view.synced:
+            return False  # before the first list, the pass that follows answers them
         now, pairs, answered = trio.current_time(), self.pair_rule(), False
         for peer in self._applied.peers.values():
             if peer.endpoint in self._bells:

@@ -223,6 +223,13 @@ def render_minicluster(
     version = operator_version(options.operator_version)
     name = minicluster_name(spec)
     _refuse_rank_certs(spec, version)
+    if spec.tree_fanout and spec.tree_fanout != version.tbon_fanout:
+        raise SpecError(
+            f"mesh.tree_fanout: {spec.tree_fanout} is not the tree the operator's brokers "
+            f"use (tbon.fanout {version.tbon_fanout} at {version.name}): pairs of that tree "
+            "would be lazy and the mesh gate would wait for their handshakes in vain; set "
+            f"mesh.tree_fanout = {version.tbon_fanout}, or 0 for every pair eager"
+        )
     port = http_port(spec)
     check_image(options.image, "--image")
     app_image = check_image(options.app_image or version.app_image, "--app-image")

@@ -17,6 +17,7 @@ from crd_schemas import validate_crd
 from render_fixtures import EXAMPLE, LAB6_TOML
 
 from vnetd.cli import build_parser, main
+from vnetd.errors import SpecError
 from vnetd.render.minicluster import (
     BACKOFF_LIMIT,
     DEFAULT_DEADLINE,
@@ -325,12 +326,23 @@ def test_the_budget_and_the_opt_in_mesh_policy_select_the_ranks(tmp_path: Path):
 
 def test_the_mesh_policy_admits_the_doorbell_when_pairs_are_lazy(tmp_path: Path):
     lazy = tmp_path / "mesh.toml"
-    lazy.write_text(SIDECAR_SPEC.read_text().replace("[mesh]\n", "[mesh]\ntree_fanout = 2\n", 1))
+    lazy.write_text(SIDECAR_SPEC.read_text().replace("[mesh]\n", "[mesh]\ntree_fanout = 256\n", 1))
     policy = rendered(lazy, MiniClusterOptions(image=IMAGE, mesh_policy=True))[3]
     assert policy["spec"]["ingress"][0]["ports"] == [
         {"port": 51820, "protocol": "UDP"},
         {"port": 51822, "protocol": "UDP"},
     ]
+
+
+def test_a_tree_fanout_other_than_the_operators_is_refused_with_one_line(tmp_path: Path):
+    """The gate waits for the operator's tree (tbon.fanout 256); lazy pairs of another tree
+    would never handshake before the brokers start, so the gate would never open."""
+    lazy = tmp_path / "mesh.toml"
+    lazy.write_text(SIDECAR_SPEC.read_text().replace("[mesh]\n", "[mesh]\ntree_fanout = 2\n", 1))
+    with pytest.raises(SpecError) as caught:
+        rendered(lazy, MiniClusterOptions(image=IMAGE))
+    assert str(caught.value).startswith("mesh.tree_fanout: 2 is not the tree the operator's")
+    assert "\n" not in str(caught.value) and "mesh.tree_fanout = 256" in str(caught.value)
 
 
 SECRETS_TOML = """
