@@ -62,6 +62,59 @@ def all_to_all_section(r: JSON | None) -> tuple[list[str], bool | None]:
     return out, met
 
 
+def lazy_arm_section(eager: JSON | None, lazy: JSON | None) -> tuple[list[str], bool | None]:
+    """The same all-to-all with lazy pairs (``--tree-fanout K``, issue 46), beside the eager
+    arm of the same run: handshakes the daemons started against N × (K + 2), and the time
+    from the last start against the eager arm's."""
+    out = ["### The same with handshakes that follow the traffic", ""]
+    if lazy is None:
+        return out + ["Not measured (run `bench/all_to_all.py --tree-fanout K`).", ""], None
+    k = lazy["params"]["tree_fanout"]
+    rows, met = [], None
+    for size, v in by_size(lazy["summary"]["by_size"]):
+        other = (eager or {}).get("summary", {}).get("by_size", {}).get(size, {})
+        started, bound = v.get("handshakes_started"), v.get("handshake_bound")
+        fast = other.get("from_last_start", {}).get("max")
+        within = started is not None and bound is not None and started["max"] <= bound
+        not_slower = (
+            fast is not None
+            and v["from_last_start"]["max"] is not None
+            and (v["from_last_start"]["max"] <= fast)
+        )
+        if size == str(lazy["summary"]["target_size"]):
+            met = within and not_slower
+        eager_started = other.get("handshakes_started")
+        rows.append([size, str(v["runs"]), mmm(started, 0), str(bound), mmm(eager_started, 0),
+                     mmm(v["from_last_start"], 2), mmm(other.get("from_last_start"), 2),
+                     mmm(v["slowest_after_both_ready"], 2), mmm(v["over_2s"], 0)])  # fmt: skip
+    out += [
+        f"`[mesh] tree_fanout = {k}`: pairs off the jobs' {k}-ary tree start no handshake until",
+        'their first packet (docs/architecture.md, "Reconciler"). Targets (issue 46): the',
+        "handshakes the daemons started at most N × (fan-out + 2), and every pair answered no",
+        "later after the last start than in the eager arm of the same run.",
+        "",
+        *table(
+            [
+                "pods",
+                "runs",
+                "handshakes started",
+                "bound",
+                "eager arm's",
+                "all answered after last start",
+                "eager arm's",
+                "slowest pair after both ready",
+                "pairs over 2 s",
+            ],
+            rows,
+        ),  # fmt: skip
+        f"Verdict at {lazy['summary']['target_size']} pods — {verdict(met)}. "
+        f"Load: {load_note(lazy)}.",
+        "",
+        *failures_note(lazy),
+    ]
+    return out, met
+
+
 def _why(r: JSON, target: str, met: bool | None) -> list[str]:
     """What the time from the last start is made of: rank 0's start-up, then handshakes."""
     v = r["summary"]["by_size"].get(target)
