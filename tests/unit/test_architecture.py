@@ -97,6 +97,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.dataplane.wireguard_go": CORE,
     "vnetd.errors": CORE,
     "vnetd.model": CORE,
+    "vnetd.asgi": CORE,
     "vnetd.ranks": CORE,
     "vnetd.pacing": CORE,
     "vnetd.spec": CORE,

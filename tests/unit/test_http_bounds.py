@@ -10,7 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from vnetd.observe.http import SHARED_FOR, App, Check, Message
+from vnetd.asgi import Message
+from vnetd.observe.http import SHARED_FOR, App, Check
 
 
 class CountingEndpoints:

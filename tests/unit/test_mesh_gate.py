@@ -12,13 +12,14 @@ import trio
 import trio.lowlevel
 from shared import wide_key as key
 
+from vnetd.asgi import Message
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import MemberView
 from vnetd.doctor.evidence import PeerSeen, Row
 from vnetd.doctor.sidecars import foreign_proxies, listening_ports
 from vnetd.model import DevicePeer, Member
 from vnetd.observe.gate import REFUSED, MeshGate
-from vnetd.observe.http import App, Check, Message
+from vnetd.observe.http import App, Check
 from vnetd.spec import parse_spec
 from vnetd.wait.gate import tbon_neighbours
 

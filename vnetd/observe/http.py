@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from ipaddress import ip_address
 from typing import Any, Protocol
@@ -29,12 +29,10 @@ from urllib.parse import parse_qs
 
 import trio
 
+from vnetd.asgi import Receive, Scope, Send, lifespan, respond
+
 log = logging.getLogger("vnetd.http")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GRACEFUL_TIMEOUT = 1.0
@@ -82,12 +80,12 @@ class App:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
         if scope["method"] not in ("GET", "HEAD"):
-            await _respond(send, 405, b"method not allowed\n", extra=[(b"allow", b"GET, HEAD")])
+            await respond(send, 405, b"method not allowed\n", extra=[(b"allow", b"GET, HEAD")])
             return
         path = scope["path"]
         body_wanted = scope["method"] == "GET"
@@ -95,21 +93,21 @@ class App:
             probe = self.endpoints.health if path == "/healthz" else self.endpoints.ready
             check = await probe()
             status = 200 if check.ok else 503
-            await _respond(send, status, (check.detail + "\n").encode(), body=body_wanted)
+            await respond(send, status, (check.detail + "\n").encode(), body=body_wanted)
         elif path == "/metrics":
             data = await self._metrics.get()
-            await _respond(send, 200, data, content_type=METRICS_CONTENT_TYPE, body=body_wanted)
+            await respond(send, 200, data, content_type=METRICS_CONTENT_TYPE, body=body_wanted)
         elif path in ("/status", "/gatez") and not from_loopback(scope):
-            await _respond(
+            await respond(
                 send, 403, f"{path} answers only from inside the pod (loopback)\n".encode()
             )
         elif path == "/gatez":
             await self._gate(scope, send, body_wanted)
         elif path == "/status":
             data = await self._status.get()
-            await _respond(send, 200, data, content_type="application/json", body=body_wanted)
+            await respond(send, 200, data, content_type="application/json", body=body_wanted)
         else:
-            await _respond(send, 404, b"not found: try /healthz /readyz /metrics /status /gatez\n")
+            await respond(send, 404, b"not found: try /healthz /readyz /metrics /status /gatez\n")
 
     async def _gate(self, scope: Scope, send: Send, body_wanted: bool) -> None:
         """``/gatez?fanout=K[&verdict=1]``: the MiniCluster's mesh gate (``observe.gate``)."""
@@ -119,11 +117,11 @@ class App:
         except ValueError:
             fanout = 0
         if not 1 <= fanout <= MAX_FANOUT:
-            await _respond(send, 400, f"fanout: give 1 to {MAX_FANOUT}\n".encode())
+            await respond(send, 400, f"fanout: give 1 to {MAX_FANOUT}\n".encode())
             return
         check = await self.endpoints.gate(fanout, query.get("verdict") == ["1"])
         status = check.status or (200 if check.ok else 503)
-        await _respond(send, status, (check.detail + "\n").encode(), body=body_wanted)
+        await respond(send, status, (check.detail + "\n").encode(), body=body_wanted)
 
 
 class Shared:
@@ -153,35 +151,6 @@ def from_loopback(scope: Scope) -> bool:
         return ip_address(str(client[0]).split("%", 1)[0]).is_loopback
     except ValueError:
         return False
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
-async def _respond(
-    send: Send,
-    status: int,
-    data: bytes,
-    *,
-    content_type: str = "text/plain; charset=utf-8",
-    extra: list[tuple[bytes, bytes]] | None = None,
-    body: bool = True,
-) -> None:
-    headers = [
-        (b"content-type", content_type.encode()),
-        (b"content-length", str(len(data)).encode()),
-        (b"cache-control", b"no-store"),
-        *(extra or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data if body else b""})
 
 
 async def serve_http(

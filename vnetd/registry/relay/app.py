@@ -31,22 +31,19 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from typing import Any
 
 import trio
 
+from vnetd.asgi import Receive, Scope, Send, lifespan, respond
 from vnetd.registry.base import KeyValue, WatchEvent
 from vnetd.registry.etcd.transport import prefix_end as prefix_end_bytes
 from vnetd.registry.relay.cache import WINDOW_EVENTS, MemberCache
 
 log = logging.getLogger("vnetd.relay")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 JSON = dict[str, Any]
 
 BATCH_REVISIONS = 1000
@@ -186,18 +183,18 @@ class RelayApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
         if path == "/metrics" and method == "GET":
-            await _respond(send, 200, self.metrics(), METRICS_CONTENT_TYPE)
+            await respond(send, 200, self.metrics(), content_type=METRICS_CONTENT_TYPE)
             return
         if path == "/healthz" and method == "GET":
             ok = self.cache.synced
             text = b"in step with etcd\n" if ok else b"not in step with etcd\n"
-            await _respond(send, 200 if ok else 503, text, "text/plain; charset=utf-8")
+            await respond(send, 200 if ok else 503, text)
             return
         if method != "POST" or path not in ("/v3/kv/range", "/v3/watch"):
             await _error(
@@ -258,7 +255,7 @@ class RelayApp:
         if not body.get("count_only"):
             answer["kvs"] = [kv_json(kv) for kv in page.kvs]
             answer["more"] = page.more
-        await _respond(send, 200, json.dumps(answer).encode(), "application/json")
+        await respond(send, 200, json.dumps(answer).encode(), content_type="application/json")
 
     async def _watch(self, body: JSON, receive: Receive, send: Send) -> None:
         create = body.get("create_request")
@@ -345,26 +342,7 @@ async def _read_body(receive: Receive) -> JSON | None:
 
 async def _error(send: Send, status: int, code: int, message: str) -> None:
     body = {"error": message, "code": code, "message": message}
-    await _respond(send, status, json.dumps(body).encode(), "application/json")
-
-
-async def _respond(send: Send, status: int, data: bytes, content_type: str) -> None:
-    headers = [
-        (b"content-type", content_type.encode()),
-        (b"content-length", str(len(data)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+    await respond(send, status, json.dumps(body).encode(), content_type="application/json")
 
 
 async def serve_relay(
