@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from importlib.metadata import version
 from pathlib import Path
@@ -237,11 +237,14 @@ async def grpc_trio_watch(args: argparse.Namespace) -> dict[str, Any]:
     return tally.result("grpc-trio")
 
 
-async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
+async def open_grpc_watches(
+    args: argparse.Namespace, mark: Callable[[str], None]
+) -> tuple[list[Any], list[Any]]:
+    """``args.watchers`` grpc.aio channels, one watch each on ``args.prefix`` from the go
+    revision, every one confirmed: (channels, calls). ``mark`` takes "go" and "ready"."""
     import grpc
 
     pb, pb_grpc = grpc_stubs()
-    tally = Tally(args.watchers)
     target = args.url.removeprefix("http://")
     options = [("grpc.use_local_subchannel_pool", 1)]  # a connection per client
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(args.watchers)]
@@ -249,7 +252,7 @@ async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
         await channel.channel_ready()
     print("connected", flush=True)
     start = await asyncio.to_thread(go_revision, Path(args.go))
-    tally.mark("go")
+    mark("go")
     create = create_request(pb, args.prefix, start)
     calls = []
     for channel in channels:  # leader-required, as EtcdRegistry's watches are
@@ -259,8 +262,21 @@ async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
     for call in calls:
         first = await call.read()
         assert first.created, first
-    tally.mark("ready")
+    mark("ready")
     print("ready", flush=True)
+    return channels, calls
+
+
+async def close_grpc_watches(channels: list[Any], calls: list[Any]) -> None:
+    for call in calls:
+        call.cancel()
+    for channel in channels:
+        await channel.close()
+
+
+async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
+    tally = Tally(args.watchers)
+    channels, calls = await open_grpc_watches(args, tally.mark)
 
     async def drain(index: int, call: Any) -> None:  # noqa: ANN401 - a generated stream
         while tally.events[index] < args.count:
@@ -271,10 +287,7 @@ async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
 
     await asyncio.gather(*(drain(i, call) for i, call in enumerate(calls)))
     tally.mark("done")
-    for call in calls:
-        call.cancel()
-    for channel in channels:
-        await channel.close()
+    await close_grpc_watches(channels, calls)
     return tally.result("grpc")
 
 

@@ -40,10 +40,10 @@ from typing import Any
 import httpx
 import trio
 from etcd_transport_client import (
-    create_request,
+    close_grpc_watches,
     go_revision,
-    grpc_stubs,
     member_record,
+    open_grpc_watches,
     watch_events,
 )
 
@@ -130,29 +130,8 @@ async def json_watch(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
-    import grpc
-
-    pb, pb_grpc = grpc_stubs()
     tally = Tally(args.watchers, args.count)
-    target = args.url.removeprefix("http://")
-    options = [("grpc.use_local_subchannel_pool", 1)]  # a connection per client
-    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(args.watchers)]
-    for channel in channels:
-        await channel.channel_ready()
-    print("connected", flush=True)
-    start = await asyncio.to_thread(go_revision, Path(args.go))
-    tally.mark("go")
-    create = create_request(pb, args.prefix, start)
-    calls = []
-    for channel in channels:  # leader-required, as EtcdRegistry's watches are
-        call = pb_grpc.WatchStub(channel).Watch(metadata=(("hasleader", "true"),))
-        await call.write(create)
-        calls.append(call)
-    for call in calls:
-        first = await call.read()
-        assert first.created, first
-    tally.mark("ready")
-    print("ready", flush=True)
+    channels, calls = await open_grpc_watches(args, tally.mark)
 
     async def drain(index: int, call: Any) -> None:  # noqa: ANN401 - a generated stream
         while True:
@@ -164,10 +143,7 @@ async def grpc_watch(args: argparse.Namespace) -> dict[str, Any]:
         asyncio.gather(*(drain(i, call) for i, call in enumerate(calls))), CLIENT_TIMEOUT
     )
     tally.mark("done")
-    for call in calls:
-        call.cancel()
-    for channel in channels:
-        await channel.close()
+    await close_grpc_watches(channels, calls)
     return tally.result("grpc")
 
 
