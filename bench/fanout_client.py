@@ -3,7 +3,7 @@
 
     fanout_client.py watch --url URL --transport grpc|json|vnetd-grpc --prefix P
                            --watchers W --count N --go FILE [--watch-url URL] [--list]
-    fanout_client.py register --url URL --prefix P --count N [--connections 32]
+    fanout_client.py register --url URL --prefix P --count N [--connections 32] [--claims]
 
 ``watch`` connects ``W`` clients (one connection each, as W daemons have) to
 ``URL`` (etcd, etcd's grpc-proxy, or a vnetd relay) and prints ``connected``;
@@ -25,7 +25,9 @@ watch on ``--watch-url`` (etcd's grpc-proxy, say; default ``URL``).
 revision each, as N ranks starting at once would: ``--connections`` requests
 in flight at a time over the JSON gateway, as fast as etcd answers. It prints
 one JSON line with ``first`` (monotonic, just before the first request) and
-``last`` (the last answer in) and the revisions.
+``last`` (the last answer in) and the revisions. With ``--claims`` each rank
+claims as a daemon does instead of putting: a lease grant, then the create
+transaction under that lease (vnetd's own request builders), two requests a rank.
 """
 
 from __future__ import annotations
@@ -48,9 +50,11 @@ from etcd_transport_client import (
 )
 
 from vnetd.registry.etcd.client import EtcdRegistry
-from vnetd.registry.etcd.gateway import b64
+from vnetd.registry.etcd.gateway import b64, create_call, grant_call
 from vnetd.registry.etcd.grpc_watch import GrpcWatchRegistry
 
+CLAIM_TTL = 120
+"""The claims' lease TTL: longer than a run, so no claim lapses inside it."""
 CLIENT_TIMEOUT = 600.0
 """A bound on one watch client's whole life (the bench stops it earlier)."""
 
@@ -155,13 +159,25 @@ async def register(args: argparse.Namespace) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=args.connections)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         await client.post(f"{args.url}/v3/kv/range", json={"key": b64(args.prefix)})
-        queue = iter(bodies)
+        queue = iter(enumerate(bodies))
+
+        async def put(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            response = await client.post(f"{args.url}{path}", json=body)
+            response.raise_for_status()
+            answer: dict[str, Any] = response.json()
+            return answer
 
         async def worker() -> None:
-            for body in queue:
-                response = await client.post(f"{args.url}/v3/kv/put", json=body)
-                response.raise_for_status()
-                revisions.append(int(response.json()["header"]["revision"]))
+            for rank, body in queue:
+                if not args.claims:
+                    answer = await put("/v3/kv/put", body)
+                else:
+                    lease = int((await put(*grant_call(CLAIM_TTL)))["ID"])
+                    key = f"{args.prefix}{rank}"
+                    answer = await put(*create_call(key, member_record(rank), lease))
+                    if not answer.get("succeeded"):
+                        raise RuntimeError(f"claim of {key} refused: {answer}")
+                revisions.append(int(answer["header"]["revision"]))
 
         first = time.monotonic()
         with trio.fail_after(CLIENT_TIMEOUT):
@@ -185,6 +201,7 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=1)
     parser.add_argument("--go", default="")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--claims", action="store_true", help="register: grant + create each")
     parser.add_argument("--list", action="store_true", help="watch: each client lists P first")
     args = parser.parse_args()
     if args.action == "register":

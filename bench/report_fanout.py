@@ -8,6 +8,7 @@ from report_format import failures_note, load_note, mmm, num, table, verdict
 
 ARMS = {
     "writes": "no watcher (the registrations alone)",
+    "claims": "no watcher, N claims (a lease grant and a create each)",
     "direct-json": "direct, JSON gateway (the daemons today)",
     "direct-grpc": "direct, gRPC",
     "direct-vnetd-grpc": "direct, the daemon's gRPC watch",

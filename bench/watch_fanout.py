@@ -12,6 +12,8 @@ arm runs on a fresh members prefix:
 
 * ``writes``: no watcher; the N registrations alone (etcd's cost per write,
   taken off the others' per-event figure);
+* ``claims``: no watcher; N claims as daemons make them, each a lease grant and a
+  create transaction under that lease (etcd's cost per claim, the scale model's);
 * ``direct-json``: W watchers on etcd through its JSON gateway
   (``EtcdRegistry.watch``: the daemon's read path today);
 * ``direct-grpc``: W gRPC watchers on etcd (grpcio, bench/etcd_transport_client.py);
@@ -80,12 +82,15 @@ from vnetd.spec import parse_spec
 NAME = "watch_fanout"
 TITLE = "Watch fan-out: etcd directly, through grpc-proxy, through a vnetd relay"
 CLIENT = str(BENCH / "fanout_client.py")
-ARMS = ("writes", "direct-json", "direct-grpc", "direct-vnetd-grpc", "proxy", "proxy-vnetd-grpc",
-        "relay")  # fmt: skip
+ARMS = ("writes", "claims", "direct-json", "direct-grpc", "direct-vnetd-grpc", "proxy",
+        "proxy-vnetd-grpc", "relay")  # fmt: skip
 CLIENT_TRANSPORT = {"direct-json": "json", "relay": "json", "direct-vnetd-grpc": "vnetd-grpc",
                     "proxy-vnetd-grpc": "vnetd-grpc"}  # fmt: skip
 """Each arm's ``fanout_client.py --transport`` (the others: grpc)."""
 PROXY_ARMS = ("proxy", "proxy-vnetd-grpc")
+WRITE_ARMS = ("writes", "claims")
+"""The arms with no watcher: the registrations' own cost (``claims``: each a lease grant
+and a create transaction under it, as a daemon's claim is; ``writes``: one put each)."""
 CACHE_PORT = 23790
 ETCD_CORE, BENCH_CORE = 1, 0
 READY_TIMEOUT = 60.0
@@ -250,7 +255,7 @@ class Arm:
                        "--count", str(self.args.size), "--go", str(go)])  # fmt: skip
 
     async def open_watches(self) -> LabProcess | None:
-        if self.name == "writes":
+        if self.name in WRITE_ARMS:
             return None
         client = await self.lab.start(self.lab.pods[0], self.client_argv(), private_mount=False)
         await wait_line(client, "connected", READY_TIMEOUT)
@@ -289,7 +294,8 @@ class Arm:
             before = await etcd_metrics(self.lab)
             tb, etcd_b, cache_b = self.cpus()
             argv = pinned([sys.executable, CLIENT, "register", "--url", self.lab.etcd_url,
-                           "--prefix", self.prefix, "--count", str(self.args.size)])  # fmt: skip
+                           "--prefix", self.prefix, "--count", str(self.args.size),
+                           *(["--claims"] if self.name == "claims" else [])])  # fmt: skip
             writer = await self.lab.start(self.lab.pods[0], argv, private_mount=False)
             wrote = json.loads(await wait_line(writer, "{", self.args.timeout))
             got = await self.delivered(client)
@@ -339,8 +345,9 @@ def per_event(arms: list[JSON]) -> None:
     for arm in arms:
         if arm["etcd_watches"] is not None:
             arm["etcd_watches"] -= idle  # those of no arm (the proxy's own, say)
-        if arm["arm"] == "writes":
-            arm["etcd_us_per_write"] = round(arm["etcd_cpu_s"] / arm["size"] * 1e6, 1)
+        if arm["arm"] in WRITE_ARMS:
+            per = "etcd_us_per_write" if arm["arm"] == "writes" else "etcd_us_per_claim"
+            arm[per] = round(arm["etcd_cpu_s"] / arm["size"] * 1e6, 1)
             continue
         if writes is not None and arm["etcd_events"] >= EVENTS_FOR_A_FIGURE * arm["size"]:
             arm["etcd_us_per_event"] = round((arm["etcd_cpu_s"] - writes) / arm["etcd_events"]
@@ -356,8 +363,9 @@ below, the writes' own cost (taken off, and not the same from arm to arm: it dep
 how fast they go) is most of the figure."""
 
 KEYS = ("etcd_events", "etcd_watch_messages", "etcd_watches", "etcd_cpu_s", "etcd_us_per_event",
-        "etcd_us_per_write", "cache_cpu_s", "cache_us_per_record", "watcher_cpu_s",
-        "formation_s", "register_s", "window_s", "rest_s", "etcd_rest_share")  # fmt: skip
+        "etcd_us_per_write", "etcd_us_per_claim", "cache_cpu_s", "cache_us_per_record",
+        "watcher_cpu_s", "formation_s", "register_s", "window_s", "rest_s",
+        "etcd_rest_share")  # fmt: skip
 
 
 def summarize(runs: list[JSON], arms: list[str]) -> JSON:
