@@ -110,9 +110,29 @@ def lazy_arm_section(eager: JSON | None, lazy: JSON | None) -> tuple[list[str], 
         f"Verdict at {lazy['summary']['target_size']} pods — {verdict(met)}. "
         f"Load: {load_note(lazy)}.",
         "",
+        *_lazy_why(eager, lazy, met),
         *failures_note(lazy),
     ]
     return out, met
+
+
+def _lazy_why(eager: JSON | None, lazy: JSON, met: bool | None) -> list[str]:
+    """Where a missed lazy verdict's time went: rank 0's start against the handshakes."""
+    size = str(lazy["summary"]["target_size"])
+    v = lazy["summary"]["by_size"].get(size, {})
+    e = (eager or {}).get("summary", {}).get("by_size", {}).get(size, {})
+    keys = ("rank0_start_to_ready", "from_last_ready")
+    if met is not False or any(v.get(k) is None or e.get(k) is None for k in keys):
+        return []
+    return [
+        "What differs between the arms: rank 0's start → ready, "
+        f"{mmm(v['rank0_start_to_ready'], 2)} s lazy against "
+        f"{mmm(e['rank0_start_to_ready'], 2)} s eager (the daemons' start-up on the 2 "
+        "shared cores, before any handshake), and from the last readiness until every "
+        f"pair answered, {mmm(v['from_last_ready'], 2)} s lazy against "
+        f"{mmm(e['from_last_ready'], 2)} s eager (the handshakes).",
+        "",
+    ]
 
 
 def _why(r: JSON, target: str, met: bool | None) -> list[str]:
