@@ -109,6 +109,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.mesh.initiator": TOPOLOGY,
     "vnetd.mesh.eager": TOPOLOGY,
     "vnetd.mesh.peers": TOPOLOGY,
+    "vnetd.mesh.rings": TOPOLOGY,
     "vnetd.render": VIEWS,
     "vnetd.render.flux": VIEWS,
     "vnetd.render.hostfile": VIEWS,

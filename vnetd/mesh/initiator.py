@@ -43,6 +43,14 @@ RING_SETTLE = 0.25
 """Seconds after a ring's handshake before the peer is re-added with another: the ring
 starts one on the peer as it is, which wireguard-go skips when it sent one within 5 s (our
 own first packet's, under way or lost); a lost one is replaced after this, not in 5 s."""
+RING_BATCH = 0.05
+"""Seconds at least between two device reads that answer rings: the rings that come in
+between wait for the next read and share it."""
+RING_READ_SHARE = 0.1
+"""At most this share of a core goes to device reads that answer rings: the reads are
+spaced by the last read's duration over it when that is more than ``RING_BATCH`` (a
+wireguard-go read of 10,000 peers takes tens of ms), so a flood of forged rings for
+peers we hold costs a bounded share and a true ring waits a fraction of a second."""
 SESSION_FRESH = 170.0
 """A ring for a peer we handshook with within this many seconds (wall clock) is answered
 only once that session is older: below WireGuard's 180 s key expiry, after which the
@@ -199,6 +207,9 @@ class HandshakeWatch:
         self.awaiting: dict[str, _Due] = {}
         self.rung: dict[str, _Due] = {}
         """Lazy peers whose responder rang our doorbell: ours to start, at ``deadline``."""
+        self.ring_spacing = RING_BATCH
+        """Seconds from one device read that answers rings to the next (``read_took``)."""
+        self._ring_read_at = -math.inf
         self.registered_at: float | None = None
         self.joined_at: float | None = None
         """When we registered after a pass had found us unregistered (a join in this
@@ -239,7 +250,12 @@ class HandshakeWatch:
     def ring(self, peer: Peer, now: float) -> None:
         """``peer`` (as it is on the device) rang our doorbell: start its handshake."""
         if peer.public_key not in self.initiating:
-            self.rung.setdefault(peer.public_key, _Due(peer, now))
+            due = max(now, self._ring_read_at + self.ring_spacing)
+            self.rung.setdefault(peer.public_key, _Due(peer, due))
+
+    def read_took(self, seconds: float) -> None:
+        """A device read took ``seconds``: space the reads that answer rings by it."""
+        self.ring_spacing = max(RING_BATCH, seconds / RING_READ_SHARE)
 
     def failed(self, found: Checked, now: float) -> None:
         """The plan of ``found`` was not applied: its fallbacks are due again at once
@@ -280,6 +296,8 @@ class HandshakeWatch:
         add: list[Peer] = []
         update: list[PeerUpdate] = []
         kick: list[str] = []
+        if self.rung:
+            self._ring_read_at = now
         for key, due in list(self.rung.items()):
             have = device.get(key)
             del self.rung[key]
