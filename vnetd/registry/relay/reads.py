@@ -8,6 +8,13 @@ members), and every other call, writes included, to etcd. Records read through a
 are checked as any others (``control.member_view``): a relay can delay one, never forge
 one.
 
+A list through the relays must not go back: a relay's revision is its last member event
+(it cannot know etcd's own without one), so a daemon that read etcd directly, or a
+relay further along, can have seen a later one. A relay's list older than the last
+revision read of that prefix is left for etcd's, and only etcd's going back is a reset
+(the watcher's "registry was reset", which would otherwise also be logged for a relay
+behind etcd).
+
 When no relay answers, the read goes to etcd itself, and a watch that breaks on its last
 relay is resumed on etcd from the revision after its last event, so the daemon's view
 has no gap (a start older than etcd's history is etcd's "compacted": the watcher lists
@@ -41,6 +48,11 @@ class RelayedRegistry:
         self.relays = relays
         self._relayed = relayed
         self._rest_until = -1.0
+        self._seen: dict[str, int] = {}  # a relayed prefix -> the last revision read of it
+
+    def saw(self, prefix: str, revision: int) -> None:
+        """Events of ``prefix`` up to ``revision`` were read (a watch's batch)."""
+        self._seen[prefix] = max(self._seen.get(prefix, 0), revision)
 
     def _use_relays(self, prefix: str) -> bool:
         return self._relayed(prefix) and trio.current_time() >= self._rest_until
@@ -54,10 +66,23 @@ class RelayedRegistry:
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         if self._use_relays(prefix):
             try:
-                return await self.relays.list_prefix(prefix)
+                kvs, revision = await self.relays.list_prefix(prefix)
             except RegistryUnavailable as exc:
                 self.relays_failed(f"list {prefix}", exc)
-        return await self.direct.list_prefix(prefix)
+            else:
+                seen = self._seen.get(prefix, 0)
+                if revision >= seen:
+                    self._seen[prefix] = revision
+                    return kvs, revision
+                log.info(
+                    "relays: their list of %s is at revision %d, behind the %d read before "
+                    "(a relay behind etcd); listing etcd",
+                    prefix, revision, seen,
+                )  # fmt: skip
+        kvs, revision = await self.direct.list_prefix(prefix)
+        if self._relayed(prefix):
+            self._seen[prefix] = revision  # etcd's word: lower only if it was reset
+        return kvs, revision
 
     @asynccontextmanager
     async def watch(
@@ -65,7 +90,7 @@ class RelayedRegistry:
     ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
         if not self._use_relays(prefix):
             async with self.direct.watch(prefix, start_revision) as batches:
-                yield batches
+                yield _Noted(self, prefix, batches)
             return
         async with AsyncExitStack() as stack:
             try:
@@ -73,7 +98,7 @@ class RelayedRegistry:
             except RegistryUnavailable as exc:
                 self.relays_failed(f"watch {prefix}", exc)
                 direct = await stack.enter_async_context(self.direct.watch(prefix, start_revision))
-                yield direct
+                yield _Noted(self, prefix, direct)
                 return
             yield _FallingBack(self, stack, prefix, start_revision, relayed)
 
@@ -151,6 +176,32 @@ class _FallingBack:
                 watch = self._registry.direct.watch(self._prefix, self._after)
                 self._direct = await self._stack.enter_async_context(watch)
             else:
-                self._after = batch[-1].mod_revision + 1
+                if batch:
+                    self._after = batch[-1].mod_revision + 1
+                    self._registry.saw(self._prefix, batch[-1].mod_revision)
                 return batch
-        return await self._direct.__anext__()
+        return await _next_noted(self._registry, self._prefix, self._direct)
+
+
+class _Noted:
+    """``batches``, each noted as read (``RelayedRegistry.saw``)."""
+
+    def __init__(
+        self, registry: RelayedRegistry, prefix: str, batches: AsyncIterator[list[WatchEvent]]
+    ) -> None:
+        self._registry, self._prefix, self._batches = registry, prefix, batches
+
+    def __aiter__(self) -> _Noted:
+        return self
+
+    async def __anext__(self) -> list[WatchEvent]:
+        return await _next_noted(self._registry, self._prefix, self._batches)
+
+
+async def _next_noted(
+    registry: RelayedRegistry, prefix: str, batches: AsyncIterator[list[WatchEvent]]
+) -> list[WatchEvent]:
+    batch = await batches.__anext__()
+    if batch:
+        registry.saw(prefix, batch[-1].mod_revision)
+    return batch
