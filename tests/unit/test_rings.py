@@ -1,5 +1,6 @@
 """What a doorbell ring costs is bounded: looked up by endpoint, a repeat within a second
-dropped, and the device reads that answer rings spaced (``mesh.rings``)."""
+dropped, and the device reads that answer rings spaced (``mesh.rings``); a ring taken
+for a stray is answered if its peer is re-added soon after."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import trio
 from shared import key
 from test_eager import device, lazy_reconciler, ringer
 
-from vnetd.mesh.initiator import RING_BATCH, RING_READ_SHARE, HandshakeWatch
+from vnetd.mesh.initiator import RING_BATCH, RING_READ_SHARE, STRAY_MEMORY, HandshakeWatch
 from vnetd.mesh.peers import AppliedPeers
 from vnetd.mesh.rings import MAX_BELLS, RING_MEMORY, RING_REPEAT, RingBook
-from vnetd.model import Peer
+from vnetd.model import Peer, Plan
 
 
 def peer(n: int, endpoint: str | None) -> Peer:
@@ -152,3 +153,32 @@ async def test_a_ring_is_found_by_its_peers_new_endpoint():
     assert not reconciler.handshakes.rung
     reconciler.ring("198.18.7.2:51820")
     assert set(reconciler.handshakes.rung) == {key(2)}
+
+
+# --- a ring during a session whose other side restarted --------------------------------------
+
+
+def test_a_stray_ring_is_answered_once_its_peer_is_re_added_within_stray_memory():
+    """The responder's WireGuard restarted: its first packet rings while we still hold the
+    old session (a stray), and its new device id reaches us after; the re-add that follows
+    answers that ring at once instead of at the responder's retry 5 s later."""
+    watch = HandshakeWatch()
+    watch.ring(ringer(), 100.0)
+    assert not watch.check(device(last=4990.0), 100.0, wall=5000.0).plan  # a live session
+    readded = Plan(remove=(ringer(),), add=(ringer(),))  # lazy: no handshake of its own
+    watch.note(readded, {key(2): ringer()}, 100.0 + STRAY_MEMORY - 0.1)
+    assert set(watch.rung) == {key(2)}
+    found = watch.check(device(), 100.0 + STRAY_MEMORY, wall=5005.0)
+    assert found.plan.handshake == (key(2),) and found.answered == [ringer()]
+
+
+def test_a_stray_ring_is_forgotten_after_stray_memory():
+    watch = HandshakeWatch()
+    watch.ring(ringer(), 100.0)
+    watch.check(device(last=4990.0), 100.0, wall=5000.0)
+    watch.note(Plan(remove=(ringer(),), add=(ringer(),)), {key(2): ringer()}, 100.0 + STRAY_MEMORY)
+    assert not watch.rung
+    watch.ring(ringer(), 200.0)
+    watch.check(device(last=4990.0), 200.0, wall=5000.0)
+    watch.check(device(last=4990.0), 200.0 + STRAY_MEMORY, wall=5005.0)  # pruned by a check
+    assert not watch.strays

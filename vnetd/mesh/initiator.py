@@ -51,6 +51,11 @@ RING_READ_SHARE = 0.1
 spaced by the last read's duration over it when that is more than ``RING_BATCH`` (a
 wireguard-go read of 10,000 peers takes tens of ms), so a flood of forged rings for
 peers we hold costs a bounded share and a true ring waits a fraction of a second."""
+STRAY_MEMORY = 5.0
+"""Seconds a ring taken for a stray (we hold a live session) is remembered: if the peer is
+re-added within them (its WireGuard restarted, so that session is gone on its side, and
+its new ``device_id`` reached us after its first packet rang), the ring is answered then,
+not at its WireGuard's next retry 5 s later."""
 SESSION_FRESH = 170.0
 """A ring for a peer we handshook with within this many seconds (wall clock) is answered
 only once that session is older: below WireGuard's 180 s key expiry, after which the
@@ -207,6 +212,8 @@ class HandshakeWatch:
         self.awaiting: dict[str, _Due] = {}
         self.rung: dict[str, _Due] = {}
         """Lazy peers whose responder rang our doorbell: ours to start, at ``deadline``."""
+        self.strays: dict[str, float] = {}
+        """Rung peers found with a live session, and when (``STRAY_MEMORY``)."""
         self.ring_spacing = RING_BATCH
         """Seconds from one device read that answers rings to the next (``read_took``)."""
         self._ring_read_at = -math.inf
@@ -241,6 +248,9 @@ class HandshakeWatch:
         first = EARLY_CHECK if joined else RETRY_AFTER
         for peer in plan.add:
             key = peer.public_key
+            stray = self.strays.pop(key, None)
+            if stray is not None and now - stray < STRAY_MEMORY and key not in started:
+                self.rung[key] = _Due(peer, now)  # re-added after its ring: answered now
             if key in started and peer.endpoint is not None:
                 # Without an endpoint a re-add could send nothing: the peer reaches us.
                 self.initiating[key] = _Due(peer, now + first, wait=first)
@@ -298,11 +308,17 @@ class HandshakeWatch:
         kick: list[str] = []
         if self.rung:
             self._ring_read_at = now
+        if self.strays:
+            self.strays = {k: t for k, t in self.strays.items() if now - t < STRAY_MEMORY}
         for key, due in list(self.rung.items()):
             have = device.get(key)
             del self.rung[key]
             if have is None or wall - have.last_handshake < SESSION_FRESH:
-                continue  # gone, or a live session: a stray ring (or one sent before it)
+                # Gone, or a live session: a stray ring (one sent before that session, or
+                # by a peer whose WireGuard restarted: remembered for its re-add).
+                if have is not None:
+                    self.strays[key] = now
+                continue
             # Started on the peer as it is: a no-op in wireguard-go when ours is under way
             # (both sides' first packets at once), which a re-add would drop.
             self.initiating[key] = _Due(due.peer, now + RING_SETTLE, wait=RING_SETTLE)
