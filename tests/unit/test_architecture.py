@@ -121,6 +121,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.render.operator_versions": VIEWS,
     "vnetd.render.monitoring": VIEWS,
     "vnetd.render.provision_job": VIEWS,
+    "vnetd.render.relays": VIEWS,
     "vnetd.render.output": VIEWS,
     "vnetd.render.pods": VIEWS,
     "vnetd.render.podscripts": VIEWS,
