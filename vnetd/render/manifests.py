@@ -171,7 +171,7 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
             check_job_pod_names(spec, job)
         data = {SPEC_KEY: spec_toml, BOOTSTRAP_KEY: render_flux(spec)}
         jobs = _job(spec, job, image, port, _digest(data), vnetd_site_args(part, options.etcd))
-        with_relays(spec, jobs["spec"]["template"]["spec"]["initContainers"][1], options.relays)
+        with_relays(spec, jobs, options.relays)
         objects = [_config_map(spec, data), _headless_service(spec, job, port), jobs]
         if part is not None:
             return site_objects(spec, part, objects, image) + relays
@@ -179,7 +179,7 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
     refuse_for_daemonset(spec)
     data = {SPEC_KEY: spec_toml}
     daemons = _daemon_set(spec, image, port, _digest(data), etcd_args(options.etcd))
-    with_relays(spec, daemons["spec"]["template"]["spec"]["containers"][0], options.relays)
+    with_relays(spec, daemons, options.relays)
     return [_config_map(spec, data), daemons, *relays]
 
 

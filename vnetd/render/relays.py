@@ -131,10 +131,15 @@ def relay_objects(
     ]
 
 
-def with_relays(spec: MeshSpec, container: Obj, relays: int) -> None:
-    """Point a vnetd container's member reads at the relays (none for ``relays`` 0)."""
-    if relays:
-        container["env"].append({"name": "VNETD_RELAYS", "value": relay_url(spec)})
+def with_relays(spec: MeshSpec, workload: Obj, relays: int) -> None:
+    """Point the member reads of a workload's vnetd container (a Job's or a DaemonSet's)
+    at the relays (none for ``relays`` 0)."""
+    if not relays:
+        return
+    pod = workload["spec"]["template"]["spec"]
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        if container["name"] == "vnetd":
+            container["env"].append({"name": "VNETD_RELAYS", "value": relay_url(spec)})
 
 
 def _labels(spec: MeshSpec) -> Obj:

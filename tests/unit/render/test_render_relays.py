@@ -153,3 +153,18 @@ def test_a_minicluster_reads_through_its_relays(version):
     plain = list(yaml.safe_load_all(render_minicluster(spec, SIDECAR.read_text(),
                                                        MiniClusterOptions(operator_version=version))))  # fmt: skip
     assert "--relay" not in str(plain) and "Deployment" not in {d["kind"] for d in plain}
+
+
+def test_a_sites_statefulset_reads_through_its_clusters_relays():
+    import tomllib
+
+    from render_fixtures import BURST_TOML
+
+    from vnetd.spec import parse_spec
+
+    spec = parse_spec(tomllib.loads(BURST_TOML))
+    options = ManifestOptions(site="b", ranks="32-63", relays=1)
+    docs = list(yaml.safe_load_all(render_manifests(spec, BURST_TOML, options)))
+    env = {e["name"]: e.get("value") for e in vnetd_of(one(docs, "StatefulSet"))["env"]}
+    assert env["VNETD_RELAYS"] == relay_url(spec)
+    assert one(docs, "Deployment")["spec"]["replicas"] == 1
