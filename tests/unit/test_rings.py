@@ -10,7 +10,7 @@ import trio
 from shared import key
 from test_eager import device, lazy_reconciler, ringer
 
-from vnetd.mesh.initiator import RING_BATCH, RING_READ_SHARE, STRAY_MEMORY, HandshakeWatch
+from vnetd.mesh.initiator import READ_SHARE, READ_SPACING, STRAY_MEMORY, HandshakeWatch
 from vnetd.mesh.peers import AppliedPeers
 from vnetd.mesh.rings import MAX_BELLS, RING_MEMORY, RING_REPEAT, RingBook
 from vnetd.model import Peer, Plan
@@ -78,6 +78,15 @@ def test_a_flood_of_new_endpoints_fills_the_book_and_no_more():
     assert book.take("198.18.1.2:51820", 100.0 + RING_MEMORY)
 
 
+def test_a_flood_from_unknown_endpoints_does_not_shut_out_a_known_peers_ring():
+    book = RingBook()
+    for port in range(MAX_BELLS + 10):
+        book.take(f"198.18.9.9:{port}", 100.0)
+    assert not book.take("198.18.1.2:51820", 100.1)  # unknown: the cap holds
+    assert book.take("198.18.1.3:51820", 100.1, known=True)  # a peer we hold is there
+    assert not book.take("198.18.1.3:51820", 100.2, known=True)  # but not twice a second
+
+
 # --- the applied peers, by endpoint ---------------------------------------------------------
 
 
@@ -108,19 +117,23 @@ def test_rings_after_a_read_wait_for_the_spacing_and_share_the_next_read():
     watch.check(device(tx=148), 100.0, wall=5000.0)
     watch.initiating.clear()  # its handshake came
     watch.ring(ringer(), 100.01)
-    assert watch.next_check() == 100.0 + RING_BATCH
+    assert watch.next_check() == 100.0 + READ_SPACING
 
 
-def test_a_slow_read_spaces_the_reads_that_answer_rings_by_its_share():
+def test_a_slow_read_spaces_every_check_by_its_share():
+    """Rings, their settle and retries all wait for the spacing: a flood of forged rings
+    for peers we hold costs at most ``READ_SHARE`` of a core in device reads."""
     watch = HandshakeWatch()
     watch.read_took(0.04)  # a read of a large device
     watch.ring(ringer(), 100.0)
-    watch.check(device(tx=148), 100.0, wall=5000.0)
+    watch.check(device(tx=148), 100.0, wall=5000.0)  # its settle is due 0.25 s later
+    assert watch.next_check() == 100.0 + 0.04 / READ_SHARE  # 0.4 s: the spacing wins
     watch.initiating.clear()
     watch.ring(ringer(), 100.01)
-    assert watch.next_check() == 100.0 + 0.04 / RING_READ_SHARE
+    assert watch.next_check() == 100.0 + 0.04 / READ_SHARE
     watch.read_took(0.001)
-    assert watch.ring_spacing == RING_BATCH
+    assert watch.read_spacing == READ_SPACING
+    assert HandshakeWatch().next_check() == float("inf")
 
 
 # --- the reconciler ------------------------------------------------------------------------
@@ -140,6 +153,16 @@ async def test_the_reconciler_counts_a_repeated_ring_as_dropped_and_answers_it_o
     await trio.sleep(RING_REPEAT)
     reconciler.ring("198.18.1.2:51820")  # a retry a second later is taken (and started)
     assert reconciler.stats.rings_dropped == 1
+
+
+async def test_a_known_peers_ring_is_answered_during_a_flood(autojump_clock):
+    reconciler, _, _ = lazy_reconciler(range(4))
+    await reconciler.reconcile_once()
+    for port in range(MAX_BELLS + 10):  # from endpoints no peer has: the book is full
+        reconciler.ring(f"198.18.9.9:{port}")
+    reconciler.ring("198.18.1.2:51820")  # rank 2, lazy with 0, which initiates
+    assert set(reconciler.handshakes.rung) == {key(2)}
+    assert reconciler.stats.rings_dropped == 10
 
 
 async def test_a_ring_is_found_by_its_peers_new_endpoint():

@@ -141,7 +141,8 @@ class Reconciler:
         """A lazy pair's responder, at its WireGuard ``endpoint``, sent its first packet to
         our doorbell (``daemon.doorbell``): start the pair's handshake (``initiator``)."""
         self.stats.rings += 1
-        if not self.rings.take(endpoint, trio.current_time()):
+        known = bool(self._applied.at(endpoint))
+        if not self.rings.take(endpoint, trio.current_time(), known=known):
             self.stats.rings_dropped += 1  # a responder's WireGuard rings again with its retry
             return
         if self._answer_rings(endpoint) and self._waiting is not None:

@@ -43,14 +43,15 @@ RING_SETTLE = 0.25
 """Seconds after a ring's handshake before the peer is re-added with another: the ring
 starts one on the peer as it is, which wireguard-go skips when it sent one within 5 s (our
 own first packet's, under way or lost); a lost one is replaced after this, not in 5 s."""
-RING_BATCH = 0.05
-"""Seconds at least between two device reads that answer rings: the rings that come in
-between wait for the next read and share it."""
-RING_READ_SHARE = 0.1
-"""At most this share of a core goes to device reads that answer rings: the reads are
-spaced by the last read's duration over it when that is more than ``RING_BATCH`` (a
+READ_SPACING = 0.05
+"""Seconds at least between two device reads of the handshake watch (``check``): the rings,
+retries and fallbacks that come due in between wait for the next read and share it."""
+READ_SHARE = 0.1
+"""At most this share of a core goes to the handshake watch's device reads: they are
+spaced by the last read's duration over it when that is more than ``READ_SPACING`` (a
 wireguard-go read of 10,000 peers takes tens of ms), so a flood of forged rings for
-peers we hold costs a bounded share and a true ring waits a fraction of a second."""
+peers we hold (each ring's check, then its settle and retries) costs at most this, and a
+true ring waits a fraction of a second."""
 STRAY_MEMORY = 5.0
 """Seconds a ring taken for a stray (we hold a live session) is remembered: if the peer is
 re-added within them (its WireGuard restarted, so that session is gone on its side, and
@@ -214,9 +215,9 @@ class HandshakeWatch:
         """Lazy peers whose responder rang our doorbell: ours to start, at ``deadline``."""
         self.strays: dict[str, float] = {}
         """Rung peers found with a live session, and when (``STRAY_MEMORY``)."""
-        self.ring_spacing = RING_BATCH
-        """Seconds from one device read that answers rings to the next (``read_took``)."""
-        self._ring_read_at = -math.inf
+        self.read_spacing = READ_SPACING
+        """Seconds from one device read of ``check`` to the next (``read_took``)."""
+        self._read_at = -math.inf
         self.registered_at: float | None = None
         self.joined_at: float | None = None
         """When we registered after a pass had found us unregistered (a join in this
@@ -260,12 +261,11 @@ class HandshakeWatch:
     def ring(self, peer: Peer, now: float) -> None:
         """``peer`` (as it is on the device) rang our doorbell: start its handshake."""
         if peer.public_key not in self.initiating:
-            due = max(now, self._ring_read_at + self.ring_spacing)
-            self.rung.setdefault(peer.public_key, _Due(peer, due))
+            self.rung.setdefault(peer.public_key, _Due(peer, now))
 
     def read_took(self, seconds: float) -> None:
-        """A device read took ``seconds``: space the reads that answer rings by it."""
-        self.ring_spacing = max(RING_BATCH, seconds / RING_READ_SHARE)
+        """A device read took ``seconds``: space the reads of ``check`` by it."""
+        self.read_spacing = max(READ_SPACING, seconds / READ_SHARE)
 
     def failed(self, found: Checked, now: float) -> None:
         """The plan of ``found`` was not applied: its fallbacks are due again at once
@@ -286,11 +286,12 @@ class HandshakeWatch:
         self._unregistered_seen = True
 
     def next_check(self) -> float:
-        """When a watched peer is next due (``inf``: none is)."""
+        """When a watched peer is next due, but not within ``read_spacing`` of the last
+        check (``inf``: none is)."""
         due = [d.deadline for d in (*self.initiating.values(), *self.rung.values())]
         if self.registered_at is not None:
             due += [self._fallback_at(d) for d in self.awaiting.values()]
-        return min(due, default=math.inf)
+        return max(min(due, default=math.inf), self._read_at + self.read_spacing)
 
     def _fallback_at(self, due: _Due) -> float:
         assert self.registered_at is not None
@@ -306,8 +307,7 @@ class HandshakeWatch:
         add: list[Peer] = []
         update: list[PeerUpdate] = []
         kick: list[str] = []
-        if self.rung:
-            self._ring_read_at = now
+        self._read_at = now
         if self.strays:
             self.strays = {k: t for k, t in self.strays.items() if now - t < STRAY_MEMORY}
         for key, due in list(self.rung.items()):

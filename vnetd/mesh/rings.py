@@ -6,7 +6,9 @@ endpoint (``AppliedPeers.at``, no walk of the peers); an endpoint that rang
 under ``RING_REPEAT`` s ago is dropped (a responder's WireGuard rings again
 only with its 5 s retry, so only a flood comes faster); a ring from an
 endpoint no peer has yet waits ``RING_MEMORY`` s, at most ``MAX_BELLS`` at
-once. docs/architecture.md, "Reconciler".
+once. The endpoints of peers we hold are kept apart from that cap (their
+table is bounded by the peers), so a flood from unknown endpoints cannot shut
+out the rings of the peers we hold. docs/architecture.md, "Reconciler".
 """
 
 from __future__ import annotations
@@ -34,16 +36,20 @@ class RingBook:
     def __init__(self) -> None:
         self.waiting: dict[str, float] = {}
         """A ringer's endpoint -> when it rang, for rings no peer has answered yet."""
-        self._rang: dict[str, float] = {}
+        self._rang: dict[str, float] = {}  # endpoints no peer has: when each last rang
+        self._rang_known: dict[str, float] = {}  # our peers' endpoints: the same
 
-    def take(self, endpoint: str, now: float) -> bool:
-        """Keep a ring from ``endpoint`` (False: dropped)."""
+    def take(self, endpoint: str, now: float, *, known: bool = False) -> bool:
+        """Keep a ring from ``endpoint`` (False: dropped); ``known``: a peer we hold is
+        there, so the ring is answered at once and the flood cap does not apply."""
         _expire(self._rang, now - RING_REPEAT)
+        _expire(self._rang_known, now - RING_REPEAT)
         _expire(self.waiting, now - RING_MEMORY)
-        full = len(self._rang) >= MAX_BELLS or len(self.waiting) >= MAX_BELLS
-        if endpoint in self._rang or (full and endpoint not in self.waiting):
+        rang = self._rang_known if known else self._rang
+        full = not known and (len(rang) >= MAX_BELLS or len(self.waiting) >= MAX_BELLS)
+        if endpoint in rang or (full and endpoint not in self.waiting):
             return False
-        self._rang[endpoint] = now
+        rang[endpoint] = now
         self.waiting.pop(endpoint, None)
         self.waiting[endpoint] = now
         return True
