@@ -3,7 +3,9 @@ would run them (``kube_pods``), beside the Job's pods, on etcd as shipped (TLS, 
 certificates, auth on by the Jobs ``etcd-auth`` and the mesh's provisioning Job, which
 ``render provision --relay-user`` makes the relays' user in).
 
-The relay pod runs as the image's user with only its own etcd user's password, and
+The daemons start first and the relay beside them (one ``kubectl apply``): each
+daemon waits for it rather than reading etcd. The relay pod runs as the image's user
+with only its own etcd user's password, which reads the mesh and writes nothing of it;
 every daemon's member watch is served by it; the mesh forms as ``vnetd wait --ranks
 all`` checks it.
 """
@@ -37,8 +39,10 @@ from vnetd.render.relays import RELAY_PORT, relay_name
 from vnetd.spec import load_spec
 
 RELAY_USER = "vnetd-flux-sample-relay"
-RELAY_READY = 30.0
-"""The relay's start (a Python process on loaded cores) and its first list on etcd."""
+RELAY_READY = 12.0
+"""The relay's start (a Python process on loaded cores) and its first list on etcd: below
+the daemons' wait for a first relay (``RELAYS_START_WAIT``, 15 s), after which they
+would read etcd directly."""
 
 
 async def test_rendered_relays_serve_every_daemon_of_the_job(shims: Path, tmp_path: Path):  # noqa: F811
@@ -57,21 +61,13 @@ async def test_rendered_relays_serve_every_daemon_of_the_job(shims: Path, tmp_pa
         async with open_lab(size + 3, with_etcd=False) as lab:
             secrets = await start_tls_etcd(lab, tmp_path)
             secrets[f"{name}-curve-cert"] = {"curve.cert": CURVE_CERT}
-            secrets["vnetd-etcd-password"][RELAY_USER] = b"relay-pw\n"
+            # The relays' password as docs/kubernetes.md ("Relays") makes it.
+            password = (tmp_path / RELAY_USER).read_bytes()
+            secrets["vnetd-etcd-password"][RELAY_USER] = password
             _, made = await run_auth_jobs(lab, lab.pods[size : size + 2], shims, provision,
                                           config_maps, secrets)  # fmt: skip
             assert f"user {RELAY_USER}: created (relay)" in made.splitlines(), made
             relay_pod = lab.pods[size + 2]
-            relay = await start_pod(
-                lab, relay_pod, relay_spec, hostname=f"{relay_name(spec)}-7d9f-x1",
-                fields={}, extra_env=env, config_maps=config_maps, secrets=secrets,
-            )  # fmt: skip
-            relay_process = await relay.start("relay")
-            url = f"http://{relay_pod.underlay_ip}:{RELAY_PORT}"
-            with trio.fail_after(RELAY_READY):
-                while (await http_get(lab, relay_pod, f"{url}/healthz"))[0] != 200:
-                    assert relay_process.returncode is None, relay_process.log_text()
-                    await trio.sleep(0.2)
             hosts = {relay_name(spec): relay_pod.underlay_ip}
             pods: list[KubePod] = []
             for index, pod in enumerate(lab.pods[:size]):
@@ -82,9 +78,20 @@ async def test_rendered_relays_serve_every_daemon_of_the_job(shims: Path, tmp_pa
                     extra_env={**env, "JOB_COMPLETION_INDEX": str(index)},
                     config_maps=config_maps, secrets=secrets, hosts=hosts,
                 ))  # fmt: skip
+            # As one `kubectl apply` starts them: the daemons first, the relay beside them.
             for kube in pods:
                 await kube.run_to_end("flux-curve-cert")
                 await kube.start("vnetd")
+            relay = await start_pod(
+                lab, relay_pod, relay_spec, hostname=f"{relay_name(spec)}-7d9f-x1",
+                fields={}, extra_env=env, config_maps=config_maps, secrets=secrets,
+            )  # fmt: skip
+            relay_process = await relay.start("relay")
+            url = f"http://{relay_pod.underlay_ip}:{RELAY_PORT}"
+            with trio.fail_after(RELAY_READY):
+                while (await http_get(lab, relay_pod, f"{url}/healthz"))[0] != 200:
+                    assert relay_process.returncode is None, relay_process.log_text()
+                    await trio.sleep(0.2)
             await wait_for_every_rank(pods[0], shims)
             status, metrics = await http_get(lab, relay_pod, f"{url}/metrics")
             assert status == 200, metrics
@@ -93,12 +100,14 @@ async def test_rendered_relays_serve_every_daemon_of_the_job(shims: Path, tmp_pa
             for kube in pods:
                 daemon = kube.running["vnetd"].log_text()
                 assert kube.running["vnetd"].returncode is None, daemon
-                assert "relays:" not in daemon and "Traceback" not in daemon, daemon
+                # It waited for the relay and never read the members from etcd.
+                assert "; reading etcd directly for" not in daemon, daemon
+                assert "Traceback" not in daemon, daemon
             log = relay_process.log_text()
             assert relay_process.returncode is None and "Traceback" not in log, log
             # The relays' credential reads the mesh and writes nothing of it.
             tls = [f for f in lab.etcdctl_flags if not f.startswith("root:") and f != "--user"]
-            as_relay = [*tls, "--user", f"{RELAY_USER}:relay-pw"]
+            as_relay = [*tls, "--user", f"{RELAY_USER}:{password.decode().strip()}"]
             key = member_key(spec, 0)
             read = await run_etcdctl(lab.etcd_netns, [lab.etcd_url], ["get", key, "--keys-only"],
                                      flags=as_relay, timeout=20)  # fmt: skip

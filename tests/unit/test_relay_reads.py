@@ -10,7 +10,7 @@ import trio.testing
 from vnetd.errors import RegistryUnavailable
 from vnetd.registry.base import WatchEvent
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.registry.relay.reads import RELAYS_REST, RelayedRegistry
+from vnetd.registry.relay.reads import RELAYS_REST, RELAYS_START_WAIT, RelayedRegistry
 
 P = "/vnetd/m/members/"
 
@@ -139,3 +139,46 @@ async def test_events_read_through_a_watch_count_as_read(
     await trio.sleep(RELAYS_REST)
     _, revision = await registry.list_prefix(P)
     assert revision == (await etcd.list_prefix(P))[1] > (await relay.list_prefix(P))[1]
+
+
+async def test_a_first_list_waits_for_relays_that_start_beside_the_daemon(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Relays rendered with the mesh start with it: a daemon's first list waits for one
+    (up to RELAYS_START_WAIT s) instead of reading etcd, where its watch would stay."""
+    etcd, relay = MemoryRegistry(), MemoryRegistry()
+    await both(etcd, relay, f"{P}1", b"a")
+    await relay.create(f"{P}9", b"only-the-relay-has-it")
+    registry = relayed(etcd, relay)
+    relay.fail(True)
+    first: list[str] = []
+
+    async def first_list() -> None:
+        kvs, _ = await registry.list_prefix(P)
+        first.extend(kv.key for kv in kvs)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first_list)
+        await trio.sleep(RELAYS_START_WAIT / 2)
+        assert not first  # still waiting for the relay
+        relay.fail(False)
+    assert first == [f"{P}1", f"{P}9"]  # the relay's
+    kvs, _ = await registry.list_prefix(P)  # and the relays are not resting
+    assert [kv.key for kv in kvs] == [f"{P}1", f"{P}9"]
+    relay.fail(True)  # once one answered, a failure goes to etcd at once
+    with trio.fail_after(1):
+        kvs, _ = await registry.list_prefix(P)
+    assert [kv.key for kv in kvs] == [f"{P}1"]
+
+
+async def test_relays_that_never_come_leave_the_first_list_to_etcd(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    etcd, relay = MemoryRegistry(), MemoryRegistry()
+    await etcd.create(f"{P}1", b"a")
+    relay.fail(True)
+    registry = relayed(etcd, relay)
+    start = trio.current_time()
+    kvs, _ = await registry.list_prefix(P)
+    assert [kv.key for kv in kvs] == [f"{P}1"]
+    assert RELAYS_START_WAIT <= trio.current_time() - start < RELAYS_START_WAIT + 1

@@ -21,6 +21,7 @@ Pure: dictionaries only.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from vnetd.errors import SpecError
@@ -38,6 +39,9 @@ from vnetd.render.secretfiles import ETCD_PASSWORD_SECRET
 from vnetd.spec import MeshSpec
 
 Obj = dict[str, Any]
+
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
+"""What Kubernetes takes as a Secret's key."""
 
 RELAY_PORT = 2381
 """The port the relays serve on (``vnetd relay``'s default)."""
@@ -68,6 +72,12 @@ def check_relays(spec: MeshSpec, relays: int, relay_user: str | None) -> None:
     """
     if relays < 0:
         raise SpecError(f"--relays: {relays} is not a count of relays; give 0 or more")
+    if relay_user is not None and not _SECRET_KEY.fullmatch(relay_user):
+        raise SpecError(
+            f"--relay-user: {relay_user!r} cannot be a key of the Secret "
+            f"{ETCD_PASSWORD_SECRET} its password comes from; use letters, digits, '-', "
+            "'_' and '.'"
+        )
     if relay_user is not None and not relays:
         raise SpecError("--relay-user: it names the relays' etcd user; give --relays N too")
     if relays and spec.registry.username and relay_user is None:
@@ -163,14 +173,17 @@ def _pod(spec: MeshSpec, image: str, user: str | None, etcd: list[str], labels: 
         args += ["--etcd-user", user, "--etcd-password-file", f"{RELAY_USER_DIR}/{user}"]
         mounts.append({"name": "relay-password", "mountPath": RELAY_USER_DIR, "readOnly": True})
         volumes.append(_secret("relay-password", ETCD_PASSWORD_SECRET, user))
-    health = {"httpGet": {"path": "/healthz", "port": RELAY_PORT}}
+    # Ready while in step with etcd (/healthz); alive while it answers at all, so an etcd
+    # outage takes a relay out of the Service but does not restart it.
+    ready = {"httpGet": {"path": "/healthz", "port": RELAY_PORT}, "timeoutSeconds": 3}
+    alive = {"tcpSocket": {"port": RELAY_PORT}, "timeoutSeconds": 3}
     container = {
         "name": "relay",
         "image": image,
         "args": args,
         "ports": [{"name": "relay", "containerPort": RELAY_PORT, "protocol": "TCP"}],
-        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
+        "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {**alive, "periodSeconds": 10, "failureThreshold": 6},
         "resources": resources("100m", "64Mi", "256Mi"),
         "securityContext": {
             "allowPrivilegeEscalation": False,

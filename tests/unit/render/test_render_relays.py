@@ -83,6 +83,9 @@ def test_a_relay_pod_holds_its_own_user_only_and_runs_unprivileged():
         pod["securityContext"]["runAsUser"] == RELAY_UID and pod["securityContext"]["runAsNonRoot"]
     )
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # Out of the Service while out of step with etcd; restarted only when it stops answering.
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "tcpSocket" in container["livenessProbe"]
     assert pod["automountServiceAccountToken"] is False
 
 
@@ -96,6 +99,7 @@ def test_without_relays_nothing_changes():
     pytest.param(SIDECAR, -1, USER, "--relays: -1 is not a count", id="negative"),
     pytest.param(SIDECAR, 0, USER, "--relay-user: it names the relays' etcd user", id="no-relays"),
     pytest.param(SIDECAR, 2, None, "give --relay-user NAME, a read-only user", id="mesh-user"),
+    pytest.param(SIDECAR, 2, "a@b", "cannot be a key of the Secret", id="not-a-secret-key"),
     pytest.param(EXAMPLE, 2, USER, "the spec names no etcd user", id="auth-off"),
 ])  # fmt: skip
 def test_relays_that_would_hold_too_much_or_nothing_are_refused(path, relays, user, message):

@@ -38,6 +38,12 @@ log = logging.getLogger("vnetd.registry")
 
 RELAYS_REST = 30.0
 """Seconds the relays are skipped after none of them answered."""
+RELAYS_START_WAIT = 15.0
+"""Seconds a daemon's reads wait for a first relay to answer before they go to etcd:
+relays start beside the daemons (one ``kubectl apply``), and a daemon that read etcd
+instead would hold its member watch there, through the formation the relays are for,
+until its periodic restart (minutes in a large mesh)."""
+START_RETRY = 0.5
 
 
 class RelayedRegistry:
@@ -49,6 +55,7 @@ class RelayedRegistry:
         self._relayed = relayed
         self._rest_until = -1.0
         self._seen: dict[str, int] = {}  # a relayed prefix -> the last revision read of it
+        self._answered = False  # a relay has answered once
 
     def saw(self, prefix: str, revision: int) -> None:
         """Events of ``prefix`` up to ``revision`` were read (a watch's batch)."""
@@ -66,7 +73,7 @@ class RelayedRegistry:
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         if self._use_relays(prefix):
             try:
-                kvs, revision = await self.relays.list_prefix(prefix)
+                kvs, revision = await self._relay_list(prefix)
             except RegistryUnavailable as exc:
                 self.relays_failed(f"list {prefix}", exc)
             else:
@@ -84,6 +91,26 @@ class RelayedRegistry:
             self._seen[prefix] = revision  # etcd's word: lower only if it was reset
         return kvs, revision
 
+    async def _relay_list(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """The relays' list; until a relay has answered once, tried again for up to
+        ``RELAYS_START_WAIT`` s (then the last failure is raised)."""
+        deadline = trio.current_time() + RELAYS_START_WAIT
+        while True:
+            try:
+                found = await self.relays.list_prefix(prefix)
+            except RegistryUnavailable as exc:
+                if self._answered or trio.current_time() >= deadline:
+                    raise
+                if deadline - trio.current_time() >= RELAYS_START_WAIT - START_RETRY:
+                    log.info(
+                        "relays: none answers yet (%s); trying them for up to %.0f s before "
+                        "reading etcd directly", exc, RELAYS_START_WAIT,
+                    )  # fmt: skip
+                await trio.sleep(START_RETRY)
+                continue
+            self._answered = True
+            return found
+
     @asynccontextmanager
     async def watch(
         self, prefix: str, start_revision: int
@@ -95,6 +122,7 @@ class RelayedRegistry:
         async with AsyncExitStack() as stack:
             try:
                 relayed = await stack.enter_async_context(self.relays.watch(prefix, start_revision))
+                self._answered = True
             except RegistryUnavailable as exc:
                 self.relays_failed(f"watch {prefix}", exc)
                 direct = await stack.enter_async_context(self.direct.watch(prefix, start_revision))
