@@ -7,10 +7,10 @@ import pytest
 import trio
 import trio.testing
 
-from vnetd.errors import RegistryUnavailable
+from vnetd.errors import RegistryUnavailable, WatchMoved
 from vnetd.registry.base import WatchEvent
 from vnetd.registry.memory import MemoryRegistry
-from vnetd.registry.relay.reads import RELAYS_REST, RELAYS_START_WAIT, RelayedRegistry
+from vnetd.registry.relay.reads import FIRST_REST, RELAYS_REST, RelayedRegistry
 
 P = "/vnetd/m/members/"
 
@@ -141,44 +141,43 @@ async def test_events_read_through_a_watch_count_as_read(
     assert revision == (await etcd.list_prefix(P))[1] > (await relay.list_prefix(P))[1]
 
 
-async def test_a_first_list_waits_for_relays_that_start_beside_the_daemon(
+async def test_relays_that_start_after_the_daemon_take_its_watch_over_without_a_list(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Relays rendered with the mesh start with it: a daemon's first list waits for one
-    (up to RELAYS_START_WAIT s) instead of reading etcd, where its watch would stay."""
+    """Relays rendered with the mesh start beside its daemons: a daemon whose relays do
+    not answer yet reads etcd at once (no gap), and once their first rest (FIRST_REST s)
+    ends its member watch on etcd ends with WatchMoved, to go on through the relays."""
     etcd, relay = MemoryRegistry(), MemoryRegistry()
     await both(etcd, relay, f"{P}1", b"a")
-    await relay.create(f"{P}9", b"only-the-relay-has-it")
     registry = relayed(etcd, relay)
     relay.fail(True)
-    first: list[str] = []
-
-    async def first_list() -> None:
-        kvs, _ = await registry.list_prefix(P)
-        first.extend(kv.key for kv in kvs)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(first_list)
-        await trio.sleep(RELAYS_START_WAIT / 2)
-        assert not first  # still waiting for the relay
-        relay.fail(False)
-    assert first == [f"{P}1", f"{P}9"]  # the relay's
-    kvs, _ = await registry.list_prefix(P)  # and the relays are not resting
-    assert [kv.key for kv in kvs] == [f"{P}1", f"{P}9"]
-    relay.fail(True)  # once one answered, a failure goes to etcd at once
-    with trio.fail_after(1):
-        kvs, _ = await registry.list_prefix(P)
-    assert [kv.key for kv in kvs] == [f"{P}1"]
+    start = trio.current_time()
+    kvs, revision = await registry.list_prefix(P)
+    assert [kv.key for kv in kvs] == [f"{P}1"] and trio.current_time() == start  # no wait
+    relay.fail(False)
+    with trio.fail_after(FIRST_REST + 1):
+        async with registry.watch(P, revision + 1) as batches:  # on etcd: the relays rest
+            with pytest.raises(WatchMoved):
+                await batches.__anext__()
+    assert FIRST_REST <= trio.current_time() - start < FIRST_REST + 1
+    async with registry.watch(P, revision + 1) as batches:  # the relay's now
+        await relay.create(f"{P}9", b"only-the-relay-has-it")
+        with trio.fail_after(1):
+            assert [e.key for e in await batches.__anext__()] == [f"{P}9"]
 
 
-async def test_relays_that_never_come_leave_the_first_list_to_etcd(
+async def test_a_watch_of_another_prefix_never_moves(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     etcd, relay = MemoryRegistry(), MemoryRegistry()
-    await etcd.create(f"{P}1", b"a")
-    relay.fail(True)
     registry = relayed(etcd, relay)
-    start = trio.current_time()
-    kvs, _ = await registry.list_prefix(P)
-    assert [kv.key for kv in kvs] == [f"{P}1"]
-    assert RELAYS_START_WAIT <= trio.current_time() - start < RELAYS_START_WAIT + 1
+    other = "/vnetd/m/assign-rank/"
+
+    async def later() -> None:
+        await trio.sleep(RELAYS_REST * 2)
+        await etcd.create(f"{other}0", b"x")
+
+    async with registry.watch(other, 1) as batches, trio.open_nursery() as nursery:
+        nursery.start_soon(later)
+        with trio.fail_after(RELAYS_REST * 3):
+            assert [e.key for e in await batches.__anext__()] == [f"{other}0"]

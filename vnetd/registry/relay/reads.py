@@ -18,32 +18,32 @@ behind etcd).
 When no relay answers, the read goes to etcd itself, and a watch that breaks on its last
 relay is resumed on etcd from the revision after its last event, so the daemon's view
 has no gap (a start older than etcd's history is etcd's "compacted": the watcher lists
-again). Relays that failed are skipped for ``RELAYS_REST`` s; the member watch's
-periodic restart then tries them again. While neither answers, the calls fail as etcd's
-do and the data plane stays as it is (invariant 5).
+again). Relays that failed are skipped for ``RELAYS_REST`` s (``FIRST_REST`` while
+none has answered yet: relays that start beside the daemons); then a member watch on
+etcd ends with ``WatchMoved`` and the watcher opens it again, through the relays, from
+the revision after its last event (no list). While neither answers, the calls fail as
+etcd's do and the data plane stays as it is (invariant 5).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
 
-from vnetd.errors import RegistryUnavailable
+from vnetd.errors import RegistryUnavailable, WatchMoved
 from vnetd.registry.base import KeyValue, Registry, WatchEvent
 
 log = logging.getLogger("vnetd.registry")
 
 RELAYS_REST = 30.0
 """Seconds the relays are skipped after none of them answered."""
-RELAYS_START_WAIT = 15.0
-"""Seconds a daemon's reads wait for a first relay to answer before they go to etcd:
-relays start beside the daemons (one ``kubectl apply``), and a daemon that read etcd
-instead would hold its member watch there, through the formation the relays are for,
-until its periodic restart (minutes in a large mesh)."""
-START_RETRY = 0.5
+FIRST_REST = 5.0
+"""Seconds the relays are skipped when none has answered yet: relays rendered with the
+mesh start beside its daemons (one ``kubectl apply``), which read etcd meanwhile."""
 
 
 class RelayedRegistry:
@@ -65,10 +65,9 @@ class RelayedRegistry:
         return self._relayed(prefix) and trio.current_time() >= self._rest_until
 
     def relays_failed(self, what: str, exc: Exception) -> None:
-        self._rest_until = trio.current_time() + RELAYS_REST
-        log.warning(
-            "relays: %s failed (%s); reading etcd directly for %.0f s", what, exc, RELAYS_REST
-        )
+        rest = RELAYS_REST if self._answered else FIRST_REST
+        self._rest_until = trio.current_time() + rest
+        log.warning("relays: %s failed (%s); reading etcd directly for %.0f s", what, exc, rest)
 
     async def list_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         if self._use_relays(prefix):
@@ -92,24 +91,9 @@ class RelayedRegistry:
         return kvs, revision
 
     async def _relay_list(self, prefix: str) -> tuple[list[KeyValue], int]:
-        """The relays' list; until a relay has answered once, tried again for up to
-        ``RELAYS_START_WAIT`` s (then the last failure is raised)."""
-        deadline = trio.current_time() + RELAYS_START_WAIT
-        while True:
-            try:
-                found = await self.relays.list_prefix(prefix)
-            except RegistryUnavailable as exc:
-                if self._answered or trio.current_time() >= deadline:
-                    raise
-                if deadline - trio.current_time() >= RELAYS_START_WAIT - START_RETRY:
-                    log.info(
-                        "relays: none answers yet (%s); trying them for up to %.0f s before "
-                        "reading etcd directly", exc, RELAYS_START_WAIT,
-                    )  # fmt: skip
-                await trio.sleep(START_RETRY)
-                continue
-            self._answered = True
-            return found
+        found = await self.relays.list_prefix(prefix)
+        self._answered = True
+        return found
 
     @asynccontextmanager
     async def watch(
@@ -117,7 +101,7 @@ class RelayedRegistry:
     ) -> AsyncIterator[AsyncIterator[list[WatchEvent]]]:
         if not self._use_relays(prefix):
             async with self.direct.watch(prefix, start_revision) as batches:
-                yield _Noted(self, prefix, batches)
+                yield _Noted(self, prefix, batches, self._moves(prefix))
             return
         async with AsyncExitStack() as stack:
             try:
@@ -126,9 +110,14 @@ class RelayedRegistry:
             except RegistryUnavailable as exc:
                 self.relays_failed(f"watch {prefix}", exc)
                 direct = await stack.enter_async_context(self.direct.watch(prefix, start_revision))
-                yield _Noted(self, prefix, direct)
+                yield _Noted(self, prefix, direct, self._moves(prefix))
                 return
             yield _FallingBack(self, stack, prefix, start_revision, relayed)
+
+    def _moves(self, prefix: str) -> float:
+        """When a watch of ``prefix`` on etcd moves back to the relays (``WatchMoved``):
+        when their rest ends, for the members; never for any other prefix."""
+        return self._rest_until if self._relayed(prefix) else math.inf
 
     async def get(self, key: str) -> KeyValue | None:
         return await self.direct.get(key)
@@ -212,18 +201,27 @@ class _FallingBack:
 
 
 class _Noted:
-    """``batches``, each noted as read (``RelayedRegistry.saw``)."""
+    """etcd's ``batches``, each noted as read (``RelayedRegistry.saw``), until ``moves``:
+    then ``WatchMoved``, so the watcher goes on through the relays from the revision after
+    its last event (a relay that was down when the daemon started, say)."""
 
     def __init__(
-        self, registry: RelayedRegistry, prefix: str, batches: AsyncIterator[list[WatchEvent]]
+        self,
+        registry: RelayedRegistry,
+        prefix: str,
+        batches: AsyncIterator[list[WatchEvent]],
+        moves: float,
     ) -> None:
         self._registry, self._prefix, self._batches = registry, prefix, batches
+        self._moves = moves
 
     def __aiter__(self) -> _Noted:
         return self
 
     async def __anext__(self) -> list[WatchEvent]:
-        return await _next_noted(self._registry, self._prefix, self._batches)
+        with trio.move_on_at(self._moves):
+            return await _next_noted(self._registry, self._prefix, self._batches)
+        raise WatchMoved("relays: trying them again for the member watch")
 
 
 async def _next_noted(
