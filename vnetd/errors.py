@@ -37,6 +37,11 @@ REGISTRY_FULL_FIX = (
 """The fix for a full registry, in one line: what ``doctor``, ``status`` and the log say."""
 
 
+class WatchMoved(RegistryError):
+    """A watch that should go on somewhere else (a relay that answers again): the
+    watcher opens it again from the revision after its last event, with no list."""
+
+
 class WatchCompacted(RegistryError):
     """A watch asked for a revision the registry has already compacted."""
 

@@ -240,8 +240,14 @@ def materialize_volumes(
     return sources
 
 
-def mount_script(spec: Obj, sources: Mapping[str, Path | None], work: Path) -> str:
-    """Shell run in the sandbox's mount namespace: overlays, then every volumeMount."""
+def mount_script(
+    spec: Obj,
+    sources: Mapping[str, Path | None],
+    work: Path,
+    hosts: Mapping[str, str] | None = None,
+) -> str:
+    """Shell run in the sandbox's mount namespace: overlays, then every volumeMount;
+    ``hosts``: Service names the pod resolves besides ``SERVICE_HOSTS``."""
     lines = ["set -e"]
     for top in ("etc", "var/lib"):
         upper, lower = (
@@ -253,7 +259,7 @@ def mount_script(spec: Obj, sources: Mapping[str, Path | None], work: Path) -> s
         lines.append(
             f"mount -t overlay overlay -o lowerdir=/{top},upperdir={upper},workdir={lower} /{top}"
         )
-    for host, address in SERVICE_HOSTS.items():
+    for host, address in {**SERVICE_HOSTS, **(hosts or {})}.items():
         lines.append(f"echo {shlex.quote(f'{address} {host}')} >> /etc/hosts")
     mounted: dict[str, str] = {}
     containers = spec.get("initContainers", []) + spec["containers"]
@@ -290,8 +296,10 @@ async def start_pod(
     secrets: Mapping[str, Mapping[str, bytes]],
     overrides: dict[str, dict[str, str]] | None = None,
     csi: Mapping[str, Mapping[str, bytes]] | None = None,
+    hosts: Mapping[str, str] | None = None,
 ) -> KubePod:
-    """The pod's sandbox with its volumes mounted; no container started yet."""
+    """The pod's sandbox with its volumes mounted; no container started yet (``hosts``:
+    Service names it resolves besides etcd's, to addresses)."""
     root = pod.dir / "kube"
     sources = materialize_volumes(spec, root, config_maps, secrets, csi)
     sandbox = await lab.start(pod, ["sleep", "3600"], hostname=hostname)
@@ -301,7 +309,7 @@ async def start_pod(
     with trio.fail_after(10):
         while (await comm.read_text()).strip() != "sleep":
             await trio.sleep(0.02)
-    script = mount_script(spec, sources, root / "overlay")
+    script = mount_script(spec, sources, root / "overlay", hosts)
     result = await lab.run(pod, ["sh", "-c", script], 20, beside=sandbox)
     assert result.returncode == 0, result.stderr.decode()
     return KubePod(lab, pod, spec, sandbox, fields, extra_env, overrides or {})

@@ -10,7 +10,7 @@ from shared import key
 
 from vnetd.control.watcher import MemberView
 from vnetd.daemon.doorbell import is_initiation
-from vnetd.daemon.reconciler import MAX_BELLS, Reconciler
+from vnetd.daemon.reconciler import Reconciler
 from vnetd.dataplane.base import DeviceConfig
 from vnetd.dataplane.fake import FakeDataplane
 from vnetd.mesh.eager import (
@@ -29,6 +29,7 @@ from vnetd.mesh.initiator import (
     PairRule,
 )
 from vnetd.mesh.peers import desired_peers, diff
+from vnetd.mesh.rings import MAX_BELLS
 from vnetd.model import DevicePeer, Member, Peer
 from vnetd.spec import MeshSpec, parse_spec
 
@@ -340,5 +341,6 @@ async def test_a_flood_of_rings_keeps_at_most_max_bells():
     await reconciler.reconcile_once()
     for port in range(MAX_BELLS + 100):  # from endpoints no peer has
         reconciler.ring(f"198.18.9.9:{port}")
-    assert len(reconciler._bells) == MAX_BELLS
+    assert len(reconciler.rings.waiting) == MAX_BELLS
     assert reconciler.stats.rings == MAX_BELLS + 100
+    assert reconciler.stats.rings_dropped == 100

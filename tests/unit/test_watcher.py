@@ -15,7 +15,7 @@ from shared import SPEC, create_leased
 from vnetd.control.membership import encode_member, member_key
 from vnetd.control.retry import RegistryHealth
 from vnetd.control.watcher import WATCH_RESTARTS, MemberView, sync_members
-from vnetd.errors import WatchCompacted
+from vnetd.errors import WatchCompacted, WatchMoved
 from vnetd.model import Member
 from vnetd.registry.memory import MemoryRegistry
 from vnetd.spec import parse_spec
@@ -276,3 +276,48 @@ def wide_member(rank: int) -> Member:
         f"198.18.{rank // 256}.{rank % 256}:51820",
         f"pod{rank}",
     )
+
+
+class MovedOnce(CountingWatches):
+    """A first watch that ends with WatchMoved (etcd's, once the relays answer again)."""
+
+    def watch(self, prefix, start_revision):
+        registry = self
+        opened = super().watch(prefix, start_revision)
+        if len(self.starts) > 1:
+            return opened
+
+        class Moving:
+            async def __aenter__(self):
+                self.inner = await opened.__aenter__()
+                return self
+
+            async def __aexit__(self, *exc):
+                return await opened.__aexit__(*exc)
+
+            def __aiter__(self):
+                return self
+
+            async def __anext__(self):
+                await trio.sleep(1.0)
+                raise WatchMoved(f"moved ({registry})")
+
+        return Moving()
+
+
+async def test_a_moved_watch_goes_on_from_the_next_revision_without_a_list(autojump_clock):
+    registry = MovedOnce()
+    await create_leased(registry, member_key(SPEC, 1), encode_member(member(1)))
+    view = MemberView()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sync_members, registry, SPEC, view, RegistryHealth())
+        with trio.fail_after(5):
+            while len(registry.starts) < 2:
+                await trio.sleep(0.01)
+        await create_leased(registry, member_key(SPEC, 2), encode_member(member(2)))
+        with trio.fail_after(5):
+            while set(view.members) != {1, 2}:
+                await trio.sleep(0.01)
+        assert view.lists == 1, "the moved watch listed the members again"
+        assert registry.starts[1] == registry.starts[0]  # resumed after the same revision
+        nursery.cancel_scope.cancel()

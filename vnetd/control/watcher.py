@@ -20,7 +20,7 @@ from vnetd.control.member_view import COPY_ORDER, RESET_GRACE_TTLS, MemberView
 from vnetd.control.membership import members_prefix
 from vnetd.control.retry import Backoff, RegistryHealth, retry_registry
 from vnetd.control.storm import StormGauge
-from vnetd.errors import RegistryUnavailable, WatchCompacted
+from vnetd.errors import RegistryUnavailable, WatchCompacted, WatchMoved
 from vnetd.pacing import period
 from vnetd.registry.base import KeyValue, Registry
 from vnetd.spec import MeshSpec
@@ -109,6 +109,8 @@ async def sync_members(
                     resuming = True
                 elif timer.cancelled_caught and held_until <= resync_at:
                     listed = False
+            except WatchMoved as exc:
+                log.info("%s; watching from revision %d there", exc, view.revision + 1)
             except WatchCompacted as exc:
                 log.info("%s; listing members again", exc)
                 listed = False

@@ -36,18 +36,12 @@ from vnetd.mesh.peers import (
     diff,
     written_after,
 )
+from vnetd.mesh.rings import RingBook
 from vnetd.model import DevicePeer, Member, Peer, Plan
 from vnetd.pacing import spaced
 from vnetd.spec import MeshSpec
 
 log = logging.getLogger("vnetd.reconcile")
-
-RING_MEMORY = 5.0
-"""Seconds a ring from an endpoint no peer of ours has yet is kept: the ringer may know us
-before we know it (our watch lags), and its own retry comes only after 5 s."""
-MAX_BELLS = 4096
-"""Rings kept at once; more within ``RING_MEMORY`` are dropped (a flood of forged rings
-would otherwise grow the table and each walk of it)."""
 
 FULL_PASS_PEERS = 8.0
 """Members a second the safety-net full pass may compute while nothing changes. A pass
@@ -79,6 +73,9 @@ class ReconcileStats:
     re-adds); a lazy pair's, which its first packet starts (through a ring or not), is not."""
     rings: int = 0
     """Datagrams our doorbell took from a lazy pair's responder (``daemon.doorbell``)."""
+    rings_dropped: int = 0
+    """Of those, the ones dropped unlooked-at: a repeat within 1 s, or a flood
+    (``mesh.rings``)."""
     device_restarts: int = 0
     """Peers re-added because their device id changed under the same key."""
     peer_ranks: dict[str, int] = field(default_factory=dict)
@@ -123,7 +120,7 @@ class Reconciler:
         self._resync_reason: str | None = None
         self._after_resync: list[Callable[[], None]] = []
         self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
-        self._bells: dict[str, float] = {}  # a ringer's endpoint -> when it rang
+        self.rings = RingBook()  # the doorbell's rings (``mesh.rings``)
 
     def request_resync(self, reason: str, then: Callable[[], None] | None = None) -> None:
         """Run a full pass now (the device was rebuilt); ``reason`` goes in its log line.
@@ -144,25 +141,23 @@ class Reconciler:
         """A lazy pair's responder, at its WireGuard ``endpoint``, sent its first packet to
         our doorbell (``daemon.doorbell``): start the pair's handshake (``initiator``)."""
         self.stats.rings += 1
-        if len(self._bells) >= MAX_BELLS and endpoint not in self._bells:
-            return  # a flood: the responder's WireGuard rings again with its retry
-        self._bells[endpoint] = trio.current_time()
-        if self._answer_rings() and self._waiting is not None:
+        known = bool(self._applied.at(endpoint))
+        if not self.rings.take(endpoint, trio.current_time(), known=known):
+            self.stats.rings_dropped += 1  # a responder's WireGuard rings again with its retry
+            return
+        if self._answer_rings(endpoint) and self._waiting is not None:
             self._waiting.cancel()
 
-    def _answer_rings(self) -> bool:
-        """Hand each ring whose peer we hold, lazy and ours to start, to the handshake
-        watch; keep the others ``RING_MEMORY`` s. One walk of the peers, only with rings."""
-        if not self._bells or not self.view.synced:
+    def _answer_rings(self, only: str | None = None) -> bool:
+        """Hand each waiting ring (``only``: that endpoint's) whose peer we hold, lazy and
+        ours to start, to the handshake watch; the others wait (``mesh.rings``)."""
+        if not self.rings.waiting or not self.view.synced:
             return False  # before the first list, the pass that follows answers them
         now, pairs, answered = trio.current_time(), self.pair_rule(), False
-        for peer in self._applied.peers.values():
-            if peer.endpoint in self._bells:
-                del self._bells[peer.endpoint]
-                if pairs.lazy(peer) and pairs.initiates(peer):
-                    self.handshakes.ring(added_peer(peer, pairs), now)
-                    answered = True
-        self._bells = {e: t for e, t in self._bells.items() if now - t < RING_MEMORY}
+        for peer in self.rings.answered(self._applied.at, now, only):
+            if pairs.lazy(peer) and pairs.initiates(peer):
+                self.handshakes.ring(added_peer(peer, pairs), now)
+                answered = True
         return answered
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -382,7 +377,10 @@ class Reconciler:
         now = trio.current_time()
         if self.handshakes.next_check() > now:
             return
-        found = self.handshakes.check(await self.dataplane.peers(), now, time.time())
+        read = time.perf_counter()
+        device = await self.dataplane.peers()
+        self.handshakes.read_took(time.perf_counter() - read)
+        found = self.handshakes.check(device, now, time.time())
         if found.plan:
             try:
                 await self.dataplane.apply(found.plan)

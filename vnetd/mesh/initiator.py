@@ -43,6 +43,20 @@ RING_SETTLE = 0.25
 """Seconds after a ring's handshake before the peer is re-added with another: the ring
 starts one on the peer as it is, which wireguard-go skips when it sent one within 5 s (our
 own first packet's, under way or lost); a lost one is replaced after this, not in 5 s."""
+READ_SPACING = 0.05
+"""Seconds at least between two device reads of the handshake watch (``check``): the rings,
+retries and fallbacks that come due in between wait for the next read and share it."""
+READ_SHARE = 0.1
+"""At most this share of a core goes to the handshake watch's device reads: they are
+spaced by the last read's duration over it when that is more than ``READ_SPACING`` (a
+wireguard-go read of 10,000 peers takes tens of ms), so a flood of forged rings for
+peers we hold (each ring's check, then its settle and retries) costs at most this, and a
+true ring waits a fraction of a second."""
+STRAY_MEMORY = 5.0
+"""Seconds a ring taken for a stray (we hold a live session) is remembered: if the peer is
+re-added within them (its WireGuard restarted, so that session is gone on its side, and
+its new ``device_id`` reached us after its first packet rang), the ring is answered then,
+not at its WireGuard's next retry 5 s later."""
 SESSION_FRESH = 170.0
 """A ring for a peer we handshook with within this many seconds (wall clock) is answered
 only once that session is older: below WireGuard's 180 s key expiry, after which the
@@ -199,6 +213,11 @@ class HandshakeWatch:
         self.awaiting: dict[str, _Due] = {}
         self.rung: dict[str, _Due] = {}
         """Lazy peers whose responder rang our doorbell: ours to start, at ``deadline``."""
+        self.strays: dict[str, float] = {}
+        """Rung peers found with a live session, and when (``STRAY_MEMORY``)."""
+        self.read_spacing = READ_SPACING
+        """Seconds from one device read of ``check`` to the next (``read_took``)."""
+        self._read_at = -math.inf
         self.registered_at: float | None = None
         self.joined_at: float | None = None
         """When we registered after a pass had found us unregistered (a join in this
@@ -230,6 +249,9 @@ class HandshakeWatch:
         first = EARLY_CHECK if joined else RETRY_AFTER
         for peer in plan.add:
             key = peer.public_key
+            stray = self.strays.pop(key, None)
+            if stray is not None and now - stray < STRAY_MEMORY and key not in started:
+                self.rung[key] = _Due(peer, now)  # re-added after its ring: answered now
             if key in started and peer.endpoint is not None:
                 # Without an endpoint a re-add could send nothing: the peer reaches us.
                 self.initiating[key] = _Due(peer, now + first, wait=first)
@@ -240,6 +262,10 @@ class HandshakeWatch:
         """``peer`` (as it is on the device) rang our doorbell: start its handshake."""
         if peer.public_key not in self.initiating:
             self.rung.setdefault(peer.public_key, _Due(peer, now))
+
+    def read_took(self, seconds: float) -> None:
+        """A device read took ``seconds``: space the reads of ``check`` by it."""
+        self.read_spacing = max(READ_SPACING, seconds / READ_SHARE)
 
     def failed(self, found: Checked, now: float) -> None:
         """The plan of ``found`` was not applied: its fallbacks are due again at once
@@ -260,11 +286,12 @@ class HandshakeWatch:
         self._unregistered_seen = True
 
     def next_check(self) -> float:
-        """When a watched peer is next due (``inf``: none is)."""
+        """When a watched peer is next due, but not within ``read_spacing`` of the last
+        check (``inf``: none is)."""
         due = [d.deadline for d in (*self.initiating.values(), *self.rung.values())]
         if self.registered_at is not None:
             due += [self._fallback_at(d) for d in self.awaiting.values()]
-        return min(due, default=math.inf)
+        return max(min(due, default=math.inf), self._read_at + self.read_spacing)
 
     def _fallback_at(self, due: _Due) -> float:
         assert self.registered_at is not None
@@ -280,11 +307,18 @@ class HandshakeWatch:
         add: list[Peer] = []
         update: list[PeerUpdate] = []
         kick: list[str] = []
+        self._read_at = now
+        if self.strays:
+            self.strays = {k: t for k, t in self.strays.items() if now - t < STRAY_MEMORY}
         for key, due in list(self.rung.items()):
             have = device.get(key)
             del self.rung[key]
             if have is None or wall - have.last_handshake < SESSION_FRESH:
-                continue  # gone, or a live session: a stray ring (or one sent before it)
+                # Gone, or a live session: a stray ring (one sent before that session, or
+                # by a peer whose WireGuard restarted: remembered for its re-add).
+                if have is not None:
+                    self.strays[key] = now
+                continue
             # Started on the peer as it is: a no-op in wireguard-go when ours is under way
             # (both sides' first packets at once), which a re-add would drop.
             self.initiating[key] = _Due(due.peer, now + RING_SETTLE, wait=RING_SETTLE)

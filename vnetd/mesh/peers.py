@@ -103,6 +103,7 @@ class AppliedPeers:
     def __init__(self) -> None:
         self.peers: dict[str, Peer] = {}
         """Public key -> the peer as last applied."""
+        self._at: dict[str, set[str]] = {}  # an endpoint -> the keys of the peers there
         self._key_of: dict[int, str] = {}
         self._ranks_of: dict[str, set[int]] = {}
 
@@ -136,16 +137,33 @@ class AppliedPeers:
         """The applied peers of ``keys``."""
         return {key: self.peers[key] for key in keys if key in self.peers}
 
+    def at(self, endpoint: str) -> list[Peer]:
+        """The applied peers whose endpoint is ``endpoint`` (a doorbell's ringer)."""
+        return [self.peers[key] for key in self._at.get(endpoint, ())]
+
     def applied(self, desired: Mapping[str, Peer], keys: Collection[str] | None) -> None:
         """Record ``desired`` as applied: the peers of ``keys``, or all (None)."""
         if keys is None:
-            self.peers = dict(desired)
+            self.peers, self._at = dict(desired), {}
+            for key, peer in self.peers.items():
+                self._index(key, peer)
             return
         for key in keys:
+            old = self.peers.get(key)
+            if old is not None and old.endpoint is not None:
+                there = self._at[old.endpoint]
+                there.discard(key)
+                if not there:
+                    del self._at[old.endpoint]
             if key in desired:
                 self.peers[key] = desired[key]
+                self._index(key, desired[key])
             else:
                 self.peers.pop(key, None)
+
+    def _index(self, key: str, peer: Peer) -> None:
+        if peer.endpoint is not None:
+            self._at.setdefault(peer.endpoint, set()).add(key)
 
 
 def diff(

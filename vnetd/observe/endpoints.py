@@ -46,6 +46,8 @@ class PassCounts(Protocol):
     @property
     def rings(self) -> int: ...
     @property
+    def rings_dropped(self) -> int: ...
+    @property
     def peer_ranks(self) -> Mapping[str, int]: ...
 
 
@@ -194,6 +196,7 @@ class DaemonEndpoints:
             reconcile_failures=r.reconciler.stats.failures,
             handshakes_initiated=r.reconciler.stats.handshakes_started,
             doorbell_rings=r.reconciler.stats.rings,
+            doorbell_rings_dropped=r.reconciler.stats.rings_dropped,
             # Invalid entries, and valid ones left out (a key registered earlier by another
             # rank, or by the signing key it is bound to).
             bad_entries=r.view.bad_total + r.reconciler.stats.skipped,

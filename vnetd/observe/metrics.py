@@ -34,6 +34,7 @@ class Snapshot:
     reconcile_failures: int = 0
     handshakes_initiated: int = 0
     doorbell_rings: int = 0
+    doorbell_rings_dropped: int = 0
     bad_entries: int = 0
     watch_restarts: int = 0
     claims: int = 0
@@ -91,6 +92,12 @@ class _SnapshotCollector(Collector):
             "vnetd_doorbell_rings",
             "First handshakes of lazy pairs' responders taken on the doorbell port.",
             s.doorbell_rings,
+        )
+        yield _counter(
+            "vnetd_doorbell_rings_dropped",
+            "Of those, rings dropped unlooked-at: from an endpoint that rang under 1 s ago, or "
+            "while 4,096 rings are held (a flood).",
+            s.doorbell_rings_dropped,
         )
         errors = CounterMetricFamily(
             "vnetd_registry_errors",

@@ -71,6 +71,7 @@ from vnetd.render.rank_certs import (
     refuse_for_daemonset,
     with_rank_cert,
 )
+from vnetd.render.relays import check_relays, relay_objects, with_relays
 from vnetd.render.site_manifests import etcd_args, site_objects, site_part, vnetd_site_args
 from vnetd.spec import MeshSpec, parse_spec
 
@@ -109,6 +110,10 @@ class ManifestOptions:
     ranks: str = "all"
     etcd: tuple[str, ...] = ()
     """``--etcd``: URLs the daemons use instead of ``registry.endpoints``."""
+    relays: int = 0
+    """``--relays``: relay pods the daemons read the members through (``relays``)."""
+    relay_user: str | None = None
+    """``--relay-user``: the relays' read-only etcd user, where the spec names one."""
 
 
 def render_manifests(spec: MeshSpec, spec_toml: str, options: ManifestOptions | None = None) -> str:
@@ -155,6 +160,9 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
     image = check_image(options.image)
     port = http_port(spec)
     part = site_part(spec, options.mode, options.site, options.ranks)
+    check_relays(spec, options.relays, options.relay_user)
+    relays = relay_objects(spec, image, options.relays, options.relay_user,
+                           etcd_args(options.etcd))  # fmt: skip
     if options.mode == "sidecar":
         job = job_name(spec)
         ranks = range(spec.size) if part is None else range(part.first, part.last + 1)
@@ -162,18 +170,17 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
         if spec.rank_ca and (part is None or part.first == 0):
             check_job_pod_names(spec, job)
         data = {SPEC_KEY: spec_toml, BOOTSTRAP_KEY: render_flux(spec)}
-        objects = [
-            _config_map(spec, data),
-            _headless_service(spec, job, port),
-            _job(spec, job, image, port, _digest(data), vnetd_site_args(part, options.etcd)),
-        ]
+        jobs = _job(spec, job, image, port, _digest(data), vnetd_site_args(part, options.etcd))
+        with_relays(spec, jobs, options.relays)
+        objects = [_config_map(spec, data), _headless_service(spec, job, port), jobs]
         if part is not None:
-            return site_objects(spec, part, objects, image)
-        return [*objects, disruption_budget(spec, job, labels(spec, "sidecar"))]
+            return site_objects(spec, part, objects, image) + relays
+        return [*objects, disruption_budget(spec, job, labels(spec, "sidecar")), *relays]
     refuse_for_daemonset(spec)
     data = {SPEC_KEY: spec_toml}
     daemons = _daemon_set(spec, image, port, _digest(data), etcd_args(options.etcd))
-    return [_config_map(spec, data), daemons]
+    with_relays(spec, daemons, options.relays)
+    return [_config_map(spec, data), daemons, *relays]
 
 
 def job_name(spec: MeshSpec) -> str:

@@ -102,13 +102,14 @@ from vnetd.render.pods import (
     resources,
 )
 from vnetd.render.podscripts import GATE_TIMEOUT, mesh_gate_wait, readyz_wait
+from vnetd.render.relays import check_relays, relay_objects, relay_url
 from vnetd.render.secretfiles import (
     STAGING_DIR,
     copy_commands,
     secret_files,
     staged_volumes,
 )
-from vnetd.render.site_manifests import SitePart
+from vnetd.render.site_manifests import SitePart, etcd_args
 from vnetd.spec import MeshSpec
 
 API_VERSION = "flux-framework.org/v1alpha2"
@@ -167,6 +168,11 @@ class MiniClusterOptions:
     batch: bool = False
     """The Flux container's ``batch``: the operator submits each line of ``command`` in one
     ``flux batch`` (a nested instance, on the overlay by the broker config's hint)."""
+    relays: int = 0
+    """``--relays``: relay pods (a Deployment beside the MiniCluster) vnetd reads the
+    members through (``relays``)."""
+    relay_user: str | None = None
+    """``--relay-user``: the relays' read-only etcd user, where the spec names one."""
 
 
 def broker_config(
@@ -241,6 +247,7 @@ def render_minicluster(
             f"--size: {size} is not a number of pods the MiniCluster can start with; give "
             f"1 to {capacity} (the ranks it holds, its maxSize)"
         )
+    check_relays(spec, options.relays, options.relay_user)
     tasks = size if options.tasks is None else options.tasks
     if tasks < 1:
         raise SpecError(f"--tasks: {tasks} is not a task count; give 1 or more")
@@ -299,6 +306,8 @@ def render_minicluster(
     objects += site_objects(spec, part, labels(spec, "minicluster"), pod_selector(spec))
     if options.mesh_policy:
         objects.append(mesh_policy(spec, port, options.monitoring_namespace))
+    objects += relay_objects(spec, options.image, options.relays, options.relay_user,
+                             etcd_args(options.etcd))  # fmt: skip
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
     return header + yaml_stream(objects)
 
@@ -352,6 +361,7 @@ def _vnetd_container(
     if options.kernel_wireguard:
         argv += ["--dataplane", "kernel"]
     argv += site_vnetd_args(part, options.etcd)
+    argv += ["--relay", relay_url(spec)] if options.relays else []
     public = public_volume(spec, part)
     # The operator's own mounts are taken too, for the TLS directory as for the files.
     taken = (*VNETD_MOUNTS, OPERATOR_VIEW, STAGING_DIR, "/flux_operator")

@@ -53,8 +53,12 @@ JOB_USER = 10001
 """The image's own user (Dockerfile ``USER``): the Job needs no privilege."""
 
 
-def render_provision(spec: MeshSpec, image: str = DEFAULT_IMAGE) -> str:
-    """The provisioning Job of ``spec``'s mesh as a YAML stream ending in a newline.
+def render_provision(
+    spec: MeshSpec, image: str = DEFAULT_IMAGE, relay_user: str | None = None
+) -> str:
+    """The provisioning Job of ``spec``'s mesh as a YAML stream ending in a newline;
+    ``relay_user``: also the relays' read-only user (``render manifests --relays``), its
+    password the Secret's key of that name.
 
     Raises:
         SpecError: the spec names no mesh user or password file, or a file the Job
@@ -66,7 +70,7 @@ def render_provision(spec: MeshSpec, image: str = DEFAULT_IMAGE) -> str:
         "vnetd render provision",
         "the spec in its ConfigMap",
     )
-    return header + yaml_stream([provision_job(spec, check_image(image))])
+    return header + yaml_stream([provision_job(spec, check_image(image), relay_user)])
 
 
 def job_name(spec: MeshSpec) -> str:
@@ -95,13 +99,15 @@ def passwords_dir(spec: MeshSpec) -> str:
     return str(file.parent)
 
 
-def provision_job(spec: MeshSpec, image: str) -> Obj:
+def provision_job(spec: MeshSpec, image: str, relay_user: str | None = None) -> Obj:
     """The Job object (the module's docstring)."""
     passwords = passwords_dir(spec)
     tls_dir = etcd_tls_dir(spec, (CONFIG_DIR, ROOT_DIR, passwords))
     args = ["provision", "--config", f"{CONFIG_DIR}/{SPEC_KEY}", "--enable-auth",
             "--etcd-user", "root", "--etcd-password-file", f"{ROOT_DIR}/{ROOT_KEY}",
             "--passwords", passwords, "--wait", str(WAIT_SECONDS)]  # fmt: skip
+    if relay_user is not None:
+        args += ["--relay-user", relay_user]
     mounts = [
         {"name": "vnetd-config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "etcd-root", "mountPath": ROOT_DIR, "readOnly": True},

@@ -32,6 +32,7 @@ from vnetd.render.operator_versions import (
 from vnetd.render.output import warn_on_stderr, write_file
 from vnetd.render.podscripts import GATE_TIMEOUT
 from vnetd.render.provision_job import render_provision
+from vnetd.render.relays import relays_hint
 from vnetd.render.site_manifests import site_part, site_warnings
 from vnetd.spec import load_spec
 
@@ -120,6 +121,7 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
         help="etcd client URL vnetd uses instead of registry.endpoints, such as the other "
         "site's etcd; repeat for several",
     )
+    add_relay_arguments(minicluster)
     minicluster.add_argument(
         "--batch",
         action="store_true",
@@ -178,7 +180,31 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
     provision.add_argument(
         "--image", default=DEFAULT_IMAGE, help=f"the vnetd image (default {DEFAULT_IMAGE})"
     )
+    provision.add_argument(
+        "--relay-user",
+        metavar="NAME",
+        help="also the relays' read-only etcd user (render manifests --relays), its "
+        "password the key NAME of the mesh user's password Secret",
+    )
     provision.set_defaults(run=run_provision)
+
+
+def add_relay_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--relays N`` and ``--relay-user NAME`` (``render.relays``)."""
+    parser.add_argument(
+        "--relays",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N vnetd relay pods the daemons read the members through, so etcd holds N "
+        "member watches instead of one per daemon (about one per 100 ranks; default 0)",
+    )
+    parser.add_argument(
+        "--relay-user",
+        metavar="NAME",
+        help="the relays' read-only etcd user where the spec names an etcd user "
+        "(`vnetd render provision --relay-user NAME` makes it)",
+    )
 
 
 def _add_config_and_output(parser: argparse.ArgumentParser) -> None:
@@ -210,10 +236,13 @@ def run_minicluster(args: argparse.Namespace) -> int:
         monitoring_namespace=args.monitoring_namespace,
         kernel_wireguard=args.kernel_wireguard,
         gate_timeout=args.gate_timeout,
+        relays=args.relays,
+        relay_user=args.relay_user,
     )
     rendered = render_minicluster(spec, text, options)
     part = site_part(spec, "sidecar", args.site, args.ranks)
-    for warning in [*manifest_warnings(spec, args.image, options.etcd), *site_warnings(spec, part)]:
+    warnings = [*manifest_warnings(spec, args.image, options.etcd), *site_warnings(spec, part)]
+    for warning in [*warnings, *relays_hint(spec, args.relays)]:
         warn_on_stderr(warning)
     _write(rendered, args.output)
     return 0
@@ -226,7 +255,7 @@ def run_monitoring(args: argparse.Namespace) -> int:
 
 
 def run_provision(args: argparse.Namespace) -> int:
-    _write(render_provision(load_spec(args.config), args.image), args.output)
+    _write(render_provision(load_spec(args.config), args.image, args.relay_user), args.output)
     return 0
 
 

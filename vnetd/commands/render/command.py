@@ -32,6 +32,7 @@ from vnetd.render.manifests import (
     render_manifests,
 )
 from vnetd.render.output import Rename, update_hosts_file, warn_on_stderr, write_file
+from vnetd.render.relays import relays_hint
 from vnetd.render.site_manifests import site_part, site_warnings
 from vnetd.spec import MeshSpec, load_spec
 
@@ -148,6 +149,7 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 - argparse's subparsers type i
         help="the ranks this cluster runs (default all): an Indexed Job when A is 0, "
         "else a StatefulSet whose pods are named after ranks A..B",
     )
+    cluster.add_relay_arguments(manifests)
     manifests.set_defaults(run=run_manifests)
     cluster.add_kinds(kinds)
 
@@ -238,10 +240,13 @@ def run_manifests(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise SpecError(f"{args.config}: cannot read: {exc.strerror}") from None
     etcd = tuple(args.etcd)
-    options = ManifestOptions(args.mode, args.image, args.site, args.ranks, etcd)
+    options = ManifestOptions(
+        args.mode, args.image, args.site, args.ranks, etcd, args.relays, args.relay_user
+    )
     rendered = render_manifests(spec, text, options)
     part = site_part(spec, args.mode, args.site, args.ranks)
-    for warning in [*manifest_warnings(spec, args.image, etcd), *site_warnings(spec, part)]:
+    warnings = [*manifest_warnings(spec, args.image, etcd), *site_warnings(spec, part)]
+    for warning in [*warnings, *relays_hint(spec, args.relays)]:
         warn_on_stderr(warning)
     _emit(rendered, args.output)
     return 0
