@@ -10,7 +10,13 @@ import trio
 from shared import key
 from test_eager import device, lazy_reconciler, ringer
 
-from vnetd.mesh.initiator import READ_SHARE, READ_SPACING, STRAY_MEMORY, HandshakeWatch
+from vnetd.mesh.initiator import (
+    MAX_READ_SPACING,
+    READ_SHARE,
+    READ_SPACING,
+    STRAY_MEMORY,
+    HandshakeWatch,
+)
 from vnetd.mesh.peers import AppliedPeers
 from vnetd.mesh.rings import MAX_BELLS, RING_MEMORY, RING_REPEAT, RingBook
 from vnetd.model import Peer, Plan
@@ -205,3 +211,20 @@ def test_a_stray_ring_is_forgotten_after_stray_memory():
     watch.check(device(last=4990.0), 200.0, wall=5000.0)
     watch.check(device(last=4990.0), 200.0 + STRAY_MEMORY, wall=5005.0)  # pruned by a check
     assert not watch.strays
+
+
+def test_a_ring_that_crosses_a_starting_session_is_not_remembered():
+    """Both sides sent at once: the responder's ring comes as our session starts. A re-add
+    soon after (its WireGuard restarted) must not start a handshake nobody asked for."""
+    watch = HandshakeWatch()
+    watch.ring(ringer(), 100.0)
+    assert not watch.check(device(last=4999.9), 100.0, wall=5000.0).plan
+    assert not watch.strays
+    watch.note(Plan(remove=(ringer(),), add=(ringer(),)), {key(2): ringer()}, 101.0)
+    assert not watch.rung
+
+
+def test_the_spacing_of_reads_is_capped_for_a_read_a_loaded_host_stretched():
+    watch = HandshakeWatch()
+    watch.read_took(2.0)  # wall time of a read on a loaded host, not its cost
+    assert watch.read_spacing == MAX_READ_SPACING

@@ -49,14 +49,19 @@ retries and fallbacks that come due in between wait for the next read and share 
 READ_SHARE = 0.1
 """At most this share of a core goes to the handshake watch's device reads: they are
 spaced by the last read's duration over it when that is more than ``READ_SPACING`` (a
-wireguard-go read of 10,000 peers takes tens of ms), so a flood of forged rings for
-peers we hold (each ring's check, then its settle and retries) costs at most this, and a
-true ring waits a fraction of a second."""
+wireguard-go read of 10,000 peers takes tens of ms), up to ``MAX_READ_SPACING``, so a
+flood of forged rings for peers we hold (each ring's check, then its settle and
+retries) costs at most this, and a true ring waits a fraction of a second."""
+MAX_READ_SPACING = 0.5
+"""The most the reads are spaced: a read's duration is its wall time, which a loaded host
+stretches, and retries and fallbacks must not wait on it for seconds."""
 STRAY_MEMORY = 5.0
 """Seconds a ring taken for a stray (we hold a live session) is remembered: if the peer is
 re-added within them (its WireGuard restarted, so that session is gone on its side, and
 its new ``device_id`` reached us after its first packet rang), the ring is answered then,
-not at its WireGuard's next retry 5 s later."""
+not at its WireGuard's next retry 5 s later. Only a ring that comes when the session is
+older than this: one that comes as the session starts is the other side's first packet
+crossing ours (both sent at once), already answered by that session."""
 SESSION_FRESH = 170.0
 """A ring for a peer we handshook with within this many seconds (wall clock) is answered
 only once that session is older: below WireGuard's 180 s key expiry, after which the
@@ -265,7 +270,7 @@ class HandshakeWatch:
 
     def read_took(self, seconds: float) -> None:
         """A device read took ``seconds``: space the reads of ``check`` by it."""
-        self.read_spacing = max(READ_SPACING, seconds / READ_SHARE)
+        self.read_spacing = min(MAX_READ_SPACING, max(READ_SPACING, seconds / READ_SHARE))
 
     def failed(self, found: Checked, now: float) -> None:
         """The plan of ``found`` was not applied: its fallbacks are due again at once
@@ -316,7 +321,7 @@ class HandshakeWatch:
             if have is None or wall - have.last_handshake < SESSION_FRESH:
                 # Gone, or a live session: a stray ring (one sent before that session, or
                 # by a peer whose WireGuard restarted: remembered for its re-add).
-                if have is not None:
+                if have is not None and wall - have.last_handshake >= STRAY_MEMORY:
                     self.strays[key] = now
                 continue
             # Started on the peer as it is: a no-op in wireguard-go when ours is under way
