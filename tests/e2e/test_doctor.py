@@ -152,10 +152,12 @@ async def test_each_fault_gets_its_own_cause_and_no_other() -> None:
             # WireGuard initiates every 5 s, its peers receive that and their answers are
             # dropped. A live rank that sends nothing for WireGuard's 90 s of attempts
             # reads as held_silent instead (docs/security.md names that ambiguity), which
-            # a slow formation here reached before these pings.
-            for peer in sorted(started - {4}):
-                await lab.start(mesh.pod(4), ["ping", "-q", "-i", "1", "-W", "1", "-c", "300",
-                                              mesh.address(peer)], private_mount=False)  # fmt: skip
+            # a slow formation here reached. One ping a second to each peer, 300 at most;
+            # each a process of its own, since ping exits at once while no route exists.
+            addresses = " ".join(mesh.address(peer) for peer in sorted(started - {4}))
+            pings = (f"for i in $(seq 300); do for a in {addresses}; do "
+                     "ping -c 1 -W 1 $a >/dev/null 2>&1 & done; sleep 1; done")  # fmt: skip
+            await lab.start(mesh.pod(4), ["sh", "-c", pings], private_mount=False)
             await wait_formed(mesh, started)
             code, doc, _ = await doctor(mesh)
             got = {(f["from"], f["to"]): f["cause"] for f in doc["failing"]}

@@ -48,13 +48,16 @@ READ_SPACING = 0.05
 retries and fallbacks that come due in between wait for the next read and share it."""
 READ_SHARE = 0.1
 """At most this share of a core goes to the handshake watch's device reads: they are
-spaced by the last read's duration over it when that is more than ``READ_SPACING`` (a
-wireguard-go read of 10,000 peers takes tens of ms), up to ``MAX_READ_SPACING``, so a
-flood of forged rings for peers we hold (each ring's check, then its settle and
-retries) costs at most this, and a true ring waits a fraction of a second."""
+spaced by a read's cost over it when that is more than ``READ_SPACING``, up to
+``MAX_READ_SPACING``, so a flood of forged rings for peers we hold (each ring's check,
+then its settle and retries) costs at most this, and a true ring waits a fraction of a
+second."""
+READ_COST_PER_PEER = 5e-6
+"""A device read's CPU per peer (s), an estimate: tens of ms for wireguard-go's 10,000
+(its UAPI text, parsed). The cost is counted from the peers read, not timed: a read's
+wall time on a loaded host is the host's, and spacing by it delayed every retry."""
 MAX_READ_SPACING = 0.5
-"""The most the reads are spaced: a read's duration is its wall time, which a loaded host
-stretches, and retries and fallbacks must not wait on it for seconds."""
+"""The most the reads are spaced, whatever the device's size."""
 STRAY_MEMORY = 5.0
 """Seconds a ring taken for a stray (we hold a live session) is remembered: if the peer is
 re-added within them (its WireGuard restarted, so that session is gone on its side, and
@@ -268,9 +271,10 @@ class HandshakeWatch:
         if peer.public_key not in self.initiating:
             self.rung.setdefault(peer.public_key, _Due(peer, now))
 
-    def read_took(self, seconds: float) -> None:
-        """A device read took ``seconds``: space the reads of ``check`` by it."""
-        self.read_spacing = min(MAX_READ_SPACING, max(READ_SPACING, seconds / READ_SHARE))
+    def read_took(self, peers: int) -> None:
+        """A device read returned ``peers`` peers: space the reads of ``check`` by its cost."""
+        cost = peers * READ_COST_PER_PEER / READ_SHARE
+        self.read_spacing = min(MAX_READ_SPACING, max(READ_SPACING, cost))
 
     def failed(self, found: Checked, now: float) -> None:
         """The plan of ``found`` was not applied: its fallbacks are due again at once
