@@ -19,8 +19,16 @@ daemon's readiness (its ``claimed rank`` log line). All
 times are ``time.monotonic()``; daemon log times (the JSON ``time``) are
 converted with ``common.ClockMap``.
 
-Writes ``all_to_all.json``. Run alone:
-``.venv/bin/python bench/all_to_all.py --sizes 8 --runs 1``; with
+With ``--tree-fanout K`` the mesh pins ``[mesh] tree_fanout = K`` (pairs off the
+jobs' K-ary tree handshake on their first packet, issue 46). With ``--paired K``
+every run is two labs back to back, one per arm (eager, then ``tree_fanout = K``,
+the first arm alternating from run to run), started in the same order with the
+same gaps: the two arms then differ in the arm and in the host's noise of a few
+seconds apart, not in the schedule, and a drift of the host over the minutes of
+a bench falls on both arms alike.
+
+Writes ``all_to_all.json`` (eager) and ``all_to_all_lazy.json`` (``tree_fanout``).
+Run alone: ``.venv/bin/python bench/all_to_all.py --sizes 8 --runs 1``; with
 ``--trace-dir DIR`` the per-pod logs are kept (``bench/traces.py``).
 """
 
@@ -97,28 +105,39 @@ def go_time(mesh: JsonMesh, rank: int) -> float:
     return next(float(e["t"]) for e in events if e.get("event") == "go")
 
 
-async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: ANN401
+def schedule(size: int, rng: Any, max_gap: float) -> tuple[list[int], list[float]]:  # noqa: ANN401
+    """A start order (rank 0 last) and the gaps between the starts."""
+    order = list(range(1, size))
+    rng.shuffle(order)
+    return [*order, 0], [rng.uniform(0, max_gap) for _ in range(size - 1)]
+
+
+async def one_run(
+    size: int,
+    run: int,
+    starts: tuple[list[int], list[float]],
+    tree_fanout: int,
+    args: Any,  # noqa: ANN401
+) -> JSON:
     clock = ClockMap()
+    order, gaps = starts
     async with open_lab(size, static_neighbours=True) as lab:
         sampler = LoadSampler(own_netns=lab_netns(lab))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sampler.run)
             mesh = JsonMesh.create(lab)
-            if args.tree_fanout:
+            if tree_fanout:
                 text = mesh.spec_path.read_text()
                 mesh.spec_path.write_text(
-                    text.replace("[mesh]\n", f"[mesh]\ntree_fanout = {args.tree_fanout}\n", 1)
+                    text.replace("[mesh]\n", f"[mesh]\ntree_fanout = {tree_fanout}\n", 1)
                 )
                 mesh.spec = load_spec(mesh.spec_path)
             go_file = lab.workdir / "go"
             await start_probers(mesh, size, go_file, args)
-            order = list(range(1, size))
-            rng.shuffle(order)
-            order.append(0)
             for i, rank in enumerate(order):
                 await mesh.start_rank(rank, "--http-listen", METRICS)
                 if i < size - 1:
-                    await trio.sleep(rng.uniform(0, args.max_gap))
+                    await trio.sleep(gaps[i])
             go_file.touch()
             last_start = mesh.started_at[0]
             full_at = await mesh.wait_full_mesh(args.window, set(range(size)))
@@ -129,7 +148,7 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
             reached = mesh.first_reached()
             go = {r: go_time(mesh, r) for r in range(size)}
             started = [await handshakes_started(mesh, r) for r in range(size)]
-            label = f"all_to_all-{size}-{run + 1}"
+            label = f"all_to_all{'_lazy' if tree_fanout else ''}-{size}-{run + 1}"
             await keep_traces(mesh, args.trace_dir, label, reached, clock, go)
             nursery.cancel_scope.cancel()
     waits = {pair: t - last_start for pair, t in reached.items()}
@@ -137,7 +156,7 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
     # ranks is ready long before the last start).
     after_ready = {(a, b): t - max(ready[a], ready[b], go[a]) for (a, b), t in reached.items()}
     slowest = sorted(waits.items(), key=lambda item: -item[1])[:5]
-    result = {
+    result: JSON = {
         "size": size,
         "order": order,
         "from_last_start": full_at - last_start,
@@ -155,9 +174,9 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
             }
             for (a, b), w in slowest
         ],  # fmt: skip
-        "tree_fanout": args.tree_fanout,
+        "tree_fanout": tree_fanout,
         "handshakes_started": sum(started),
-        "handshake_bound": size * (args.tree_fanout + 2) if args.tree_fanout else None,
+        "handshake_bound": size * (tree_fanout + 2) if tree_fanout else None,
         "load": sampler.summary(),
     }
     print(
@@ -166,7 +185,7 @@ async def one_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: AN
         f"{result['start_span']:.1f} s); slowest pair {slowest[0][0]} {slowest[0][1]:.2f} s; "
         f"pairs over 1 s: {result['over_s']['1']}, over 2 s: {result['over_s']['2']} of "
         f"{len(waits)}; handshakes started by the daemons {result['handshakes_started']:g} "
-        f"(tree_fanout {args.tree_fanout}); CPU busy {result['load']['cpu_busy_mean'] or 0:.0%}, "
+        f"(tree_fanout {tree_fanout}); CPU busy {result['load']['cpu_busy_mean'] or 0:.0%}, "
         f"load {result['load']['loadavg_max'] or 0:.1f}",
         flush=True,
     )
@@ -192,22 +211,41 @@ def summarize(runs: list[JSON], sizes: list[int]) -> JSON:
     return {"by_size": summary_by_size(runs, sizes, figures), "target_s": 2.0, "target_size": 24}
 
 
+async def paired_run(size: int, run: int, rng: Any, args: Any) -> JSON:  # noqa: ANN401
+    """Both arms on one schedule, back to back; the first arm alternates by run."""
+    starts = schedule(size, rng, args.max_gap)
+    arms = (0, args.paired) if run % 2 == 0 else (args.paired, 0)
+    done = {fanout: await one_run(size, run, starts, fanout, args) for fanout in arms}
+    return {"size": size, "eager": done[0], "lazy": done[args.paired], "first": arms[0]}
+
+
 async def main_async(args: Any) -> int:  # noqa: ANN401
     seed, rng = seeded(args.seed)
     start_tracing(args.trace_dir)
-    runs, failures = await run_each_size(
-        "all_to_all", args.sizes, args.runs, lambda size, i: one_run(size, i, rng, args)
-    )
-    params = {"sizes": args.sizes, "runs": {size: runs_for(args.runs, size) for size in args.sizes},
-              "seed": seed, "max_gap_s": args.max_gap, "probe_interval_s": args.interval,
-              "unrouted_interval_s": args.unrouted_interval, "lease_ttl_s": 5,
-              "tree_fanout": args.tree_fanout,
-              "wireguard_log": "verbose" if args.trace_dir else "error"}  # fmt: skip
-    # The lazy arm (issue 46) is a result of its own, so run_all keeps both arms of one run.
-    name = "all_to_all_lazy" if args.tree_fanout else "all_to_all"
-    write_result(name, "First all-to-all after the last start", params, runs,
-                 summarize(runs, args.sizes), merge_load([r["load"] for r in runs]), args.out,
-                 failures)  # fmt: skip
+    if args.paired:
+        pairs, failures = await run_each_size(
+            "all_to_all", args.sizes, args.runs, lambda size, i: paired_run(size, i, rng, args)
+        )
+        arms = {0: [p["eager"] for p in pairs], args.paired: [p["lazy"] for p in pairs]}
+    else:
+        fanout = args.tree_fanout
+        runs, failures = await run_each_size(
+            "all_to_all", args.sizes, args.runs,
+            lambda size, i: one_run(size, i, schedule(size, rng, args.max_gap), fanout, args),
+        )  # fmt: skip
+        arms = {fanout: runs}
+    for fanout, runs in arms.items():
+        params = {"sizes": args.sizes,
+                  "runs": {size: runs_for(args.runs, size) for size in args.sizes},
+                  "seed": seed, "max_gap_s": args.max_gap, "probe_interval_s": args.interval,
+                  "unrouted_interval_s": args.unrouted_interval, "lease_ttl_s": 5,
+                  "tree_fanout": fanout, "paired": bool(args.paired),
+                  "wireguard_log": "verbose" if args.trace_dir else "error"}  # fmt: skip
+        # The lazy arm (issue 46) is a result of its own beside the eager one.
+        name = "all_to_all_lazy" if fanout else "all_to_all"
+        write_result(name, "First all-to-all after the last start", params, runs,
+                     summarize(runs, args.sizes), merge_load([r["load"] for r in runs]),
+                     args.out, failures)  # fmt: skip
     return len(failures)
 
 
@@ -218,8 +256,15 @@ def main() -> None:
     parser.add_argument("--unrouted-interval", type=float, default=0.05,
                         help="retry of a target not routed yet (0.05 s)")  # fmt: skip
     parser.add_argument("--window", type=float, default=120, help="give up after S s (120)")
-    parser.add_argument("--tree-fanout", type=int, default=0,
-                        help="[mesh] tree_fanout K: pairs off the tree lazy (0: off)")  # fmt: skip
+    parser.add_argument(
+        "--tree-fanout",
+        type=int,
+        default=0,
+        help="[mesh] tree_fanout K: pairs off the tree lazy (0: off)",
+    )
+    parser.add_argument("--paired", type=int, default=0, metavar="K",
+                        help="each run twice on one start schedule, eager and tree_fanout K "
+                        "(first arm alternating); writes both results")  # fmt: skip
     add_trace_option(parser)
     args = parser.parse_args()
     check_host()
