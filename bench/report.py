@@ -21,7 +21,7 @@ from report_faults import bursting_section, etcd_faults_section
 from report_format import PLOTS, table, verdict
 from report_formation import full_mesh_section, launcher_section, propagation_section
 from report_host import dataplane_section, footprint_section, startup_section
-from report_kernel import kernel_guest_section
+from report_kernel import kernel_footprint_section, kernel_guest_section
 from report_proof import record_proof_section
 from report_relay import relay_footprint_section
 from report_scale import control_plane_section, scale_model_section
@@ -98,7 +98,7 @@ def render(results_dir: Path, doc: Path) -> None:
         "propagation", "full_mesh", "launcher", "control_plane", "footprint", "dataplane",
         "etcd_faults", "etcd_watch_cost", "all_to_all", "bursting", "etcd_transport",
         "startup", "doctor", "record_proof", "kernel_guest", "join_storm",
-        "join_storm_rank_ca", "watch_fanout", "all_to_all_lazy",
+        "join_storm_rank_ca", "watch_fanout", "all_to_all_lazy", "kernel_footprint",
     )  # fmt: skip
     results = {n: r for n in names if (r := read_result(n, results_dir)) is not None}
     PLOTS["dir"] = doc.parent / "benchmarks"
@@ -184,6 +184,7 @@ def render(results_dir: Path, doc: Path) -> None:
         *doctor_section(results.get("doctor")),
         *record_proof_section(results.get("record_proof")),
         *kernel_guest_section(results.get("kernel_guest")),
+        *kernel_footprint_section(results.get("kernel_footprint")),
     ]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(numbered(lines)).rstrip() + "\n")

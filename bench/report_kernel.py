@@ -73,3 +73,51 @@ def _one_line_errors(r: JSON) -> JSON:
     """The result with each failure's error on one line (a helper's traceback, shortened)."""
     failures = [{**f, "error": " ".join(str(f["error"]).split())[:300]} for f in r["failures"]]
     return {**r, "failures": failures}
+
+
+def kernel_footprint_section(r: JSON | None) -> list[str]:
+    """``bench/kernel_footprint.py``: one daemon at N-1 peers on each plane, in the guest."""
+    out = ["### One daemon at the largest mesh, kernel WireGuard (kernel guest)", ""]
+    if r is None:
+        return out + ["Not measured (run `bench/kernel_footprint.py`).", ""]
+    p, by = r["params"], r["summary"]["by_dataplane"]
+    planes = [d for d in ("kernel", "userspace") if d in by]
+    names = {"kernel": "kernel", "userspace": "wireguard-go"}
+
+    def row(label: str, key: str, digits: int = 1) -> list[str]:
+        return [label, *(num(by[d].get(key), digits) for d in planes)]
+
+    rows = [
+        row("vnetd resident, MiB", "vnetd_rss_mib"),
+        row("vnetd PSS, MiB", "vnetd_pss_mib"),
+        row("wireguard-go resident, MiB", "wg_rss_mib"),
+        row("kernel slab taken since the start, MiB", "kernel_slab_mib"),
+        row("kernel per-CPU memory taken, MiB", "kernel_percpu_mib"),
+        row("MemAvailable drop since the start, MiB", "mem_available_drop_mib"),
+        row("start → every peer on the device, s (guest)", "to_all_peers_s"),
+        row("the daemon's CPU by then, s (guest)", "cpu_to_all_peers_s"),
+        row("its first pass, ms (guest)", "first_pass_ms", 0),
+        [f"idle CPU over {num(p['idle_s'], 0)} s, share of a core",
+         *(f"{by[d]['idle_share']:.2%}" for d in planes)],
+        row("peers on the device (`wg show`)", "device_peers", 0),
+        row("routes through the device (`ip route`)", "device_routes", 0),
+    ]  # fmt: skip
+    guest = p["guest"]
+    return out + [
+        f"Rank 0 of a {p['size']:,}-rank mesh with its {p['peers']:,} peers registered before",
+        "it started (`bench/kernel_footprint.py`), on each data plane in turn in one boot",
+        f"of the kernel guest ({guest['kernel']}, QEMU/{guest['accel'].upper()}): the",
+        "footprint section's last step, with the kernel's memory as well. Memory is",
+        "the same in the guest as on a host; times and CPU seconds are the guest's (TCG",
+        "runs Python about 20 times slower): compare the planes, not the host's figures.",
+        "The kernel's memory is /proc/meminfo's Slab and Percpu taken between just before",
+        "the start and the settled device (the peers, their allowed IPs and their routes,",
+        "which the wireguard-go plane has too).",
+        "",
+        *table(["figure", *(names[d] for d in planes)], rows),
+        f"Registering the {p['peers']:,} members took {num(p['seed_s'])} s in the guest. "
+        f"Guest boot {guest['boot_s']:g} s, whole run {guest['wall_s']:g} s. Host load: "
+        f"{load_note(r)}.",
+        "",
+        *failures_note(_one_line_errors(r)),
+    ]
