@@ -40,6 +40,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,10 @@ from common import (
 from footprint import device_counts, memory
 
 from vnetd.lab.cluster import write_spec
+from vnetd.lab.etcd import EtcdStartError
 from vnetd.lab.guest import guest_unavailable, run_in_guest
 from vnetd.lab.guest_image import GuestUnavailable
+from vnetd.lab.netns import child_pid
 from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.spec import load_spec
 
@@ -77,14 +80,19 @@ LEASE_TTL = 120
 """The daemon's lease in the guest: its first pass over 9,999 peers takes about 1.5 s on
 the host, so about 30 s under TCG, during which a keepalive can wait (kernel_guest.py's
 30 s is for 1023 peers); an expired claim would restart the run."""
-SEED_TIMEOUT = 1800.0
+SEED_TIMEOUT = 900.0
 """Hang guard: registering 9,999 members from the guest (about 20 times the host's)."""
-FULL_TIMEOUT = 1800.0
+SEED_TTL = 7200
+"""The seeded records' lease: above the whole guest run, so no member leaves in it."""
+FULL_TIMEOUT = 1200.0
 """Hang guard: rank 0 reaching every peer (1023 took about 16 s in the guest)."""
 STOP_TIMEOUT = 300.0
 """A daemon's SIGTERM before SIGKILL: it removes a kernel link with its peers."""
 SETTLE = 10.0
-GUEST_TIMEOUT = 3600.0
+GUEST_TIMEOUT = 5400.0
+"""Above every hang guard of the run in the guest together (about 4,300 s), so a bound
+missed inside is recorded as a failure there, not as a guest killed with the rest."""
+LAB_TRIES = 3
 BOOT_TIMEOUT = 400.0
 MEMINFO = ("MemAvailable", "Slab", "SUnreclaim", "Percpu")
 
@@ -103,7 +111,7 @@ async def seed(lab: Lab, spec_path: Path, last: int) -> float:
     """Register ranks 1..``last`` from pod 1; the seconds it took."""
     argv = [sys.executable, str(BENCH / "register.py"), "seed", "--etcd", lab.etcd_url,
             "--spec", str(spec_path), "--ranks", f"1-{last}",
-            "--endpoint-base", "198.18.200.0"]  # fmt: skip
+            "--endpoint-base", "198.18.200.0", "--ttl", str(SEED_TTL)]  # fmt: skip
     started = time.monotonic()
     result = await lab.run(lab.pods[1], argv, SEED_TIMEOUT)
     if result.returncode != 0:
@@ -113,6 +121,7 @@ async def seed(lab: Lab, spec_path: Path, last: int) -> float:
 
 async def one_plane(mesh: JsonMesh, dataplane: str, peers: int, idle: float) -> JSON:
     """Rank 0 started on ``dataplane`` with every member registered: its footprint."""
+    await trio.sleep(SETTLE)  # the last plane's link and process are gone and freed
     before = meminfo()
     started = time.monotonic()
     await mesh.start_rank(0, "--dataplane", dataplane)
@@ -122,27 +131,33 @@ async def one_plane(mesh: JsonMesh, dataplane: str, peers: int, idle: float) -> 
                        1.0)  # fmt: skip
         to_all = time.monotonic() - started
         pid = mesh.daemons[0].pid
+        wg = child_pid(pid, "wireguard-go")
         cpu_to_all = proc_cpu_seconds(pid)
+        wg_cpu_to_all = proc_cpu_seconds(wg) if wg else None
         await trio.sleep(SETTLE)
         after = meminfo()
-        counts = await device_counts(pid, mesh.spec.interface)
+        with trio.fail_after(120):
+            counts = await device_counts(pid, mesh.spec.interface)
         mem = memory(pid)
         cpu0, t0 = proc_cpu_seconds(pid), time.monotonic()
         await trio.sleep(idle)
         idle_share = (proc_cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
     finally:
-        await mesh.daemons[0].stop(timeout=STOP_TIMEOUT)
-        pod = mesh.pod(0)
-        if (await mesh.lab.run(pod, ["ip", "link", "show", "vnet0"], 30)).returncode == 0:
-            await mesh.lab.run(pod, ["ip", "link", "del", "vnet0"], 60)
+        try:
+            await mesh.daemons[0].stop(timeout=STOP_TIMEOUT)
+        finally:
+            pod = mesh.pod(0)
+            if (await mesh.lab.run(pod, ["ip", "link", "show", "vnet0"], 30)).returncode == 0:
+                await mesh.lab.run(pod, ["ip", "link", "del", "vnet0"], 60)
     if counts["device_peers"] != peers:
         raise RuntimeError(f"{peers} peers logged, {counts['device_peers']} on the device")
     kernel_kib = {k: after[k] - before[k] for k in ("Slab", "SUnreclaim", "Percpu")}
-    result = {
+    result: JSON = {
         "dataplane": dataplane,
         "peers": peers,
         "to_all_peers_s": round(to_all, 2),
         "cpu_to_all_peers_s": round(cpu_to_all, 3),
+        "wg_cpu_to_all_peers_s": None if wg_cpu_to_all is None else round(wg_cpu_to_all, 3),
         "first_pass_ms": max(plan_durations_ms(mesh.log(0)), default=None),
         "idle_share": idle_share,
         "idle_s": idle,
@@ -153,43 +168,67 @@ async def one_plane(mesh: JsonMesh, dataplane: str, peers: int, idle: float) -> 
         "kernel_percpu_mib": kernel_kib["Percpu"] / 1024,
         "mem_available_drop_mib": (before["MemAvailable"] - after["MemAvailable"]) / 1024,
     }
-    wg = f", wireguard-go {result['wg_rss_mib']:.1f} MiB" if result["wg_rss_mib"] else ""
+    wg_text = f", wireguard-go {result['wg_rss_mib']:.1f} MiB" if result["wg_rss_mib"] else ""
+    slab = result["kernel_slab_mib"]
     print(f"  {dataplane}: {peers} peers in {to_all:.1f} s (CPU {cpu_to_all:.1f} s); vnetd "
-          f"{result['vnetd_rss_mib']:.1f} MiB{wg}; kernel slab +{result['kernel_slab_mib']:.1f}"
+          f"{result['vnetd_rss_mib']:.1f} MiB{wg_text}; kernel slab +{slab:.1f}"
           f" MiB, percpu +{result['kernel_percpu_mib']:.1f} MiB; idle {idle_share:.2%}",
           flush=True)  # fmt: skip
     return result
 
 
 async def inside(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
-    """In the guest: the lab, the seeding, each data plane in turn; the record to the share."""
+    """In the guest: the lab, the seeding, each data plane in turn. The record goes to
+    the share after each step, so a run cut short keeps what it measured."""
     share = Path(os.environ["VNETD_GUEST_SHARE"])
-    runs: list[JSON] = []
-    failures: list[JSON] = []
-    peers = args.size - 1
-    async with open_lab(2) as lab:
-        path = write_spec(lab.workdir / "mesh.toml", args.size, lab.etcd_url, ttl=LEASE_TTL,
-                          name=f"lab{args.size}")  # fmt: skip
-        mesh = JsonMesh(lab, path, load_spec(path))
-        seeded_s = await seed(lab, path, peers)
-        print(f"{peers} members registered in {seeded_s:.1f} s", flush=True)
-        for dataplane in args.dataplanes.split(","):
-            run = await attempt(failures, {"dataplane": dataplane},
-                                partial(one_plane, mesh, dataplane, peers, args.idle))  # fmt: skip
-            if run is not None:
-                runs.append(run)
-    record = {"runs": runs, "failures": failures, "seed_s": seeded_s,
-              "guest": {"kernel": platform.release(), "cpus": os.cpu_count()}}  # fmt: skip
-    (share / OUTPUT).write_text(json.dumps(record, default=str) + "\n")
-    return len(failures)
+    record: JSON = {"runs": [], "failures": [], "seed_s": None,
+                    "guest": {"kernel": platform.release(), "cpus": os.cpu_count()}}  # fmt: skip
+
+    def write() -> None:
+        (share / OUTPUT).write_text(json.dumps(record, default=str) + "\n")
+
+    async def planes() -> JSON:
+        async with open_lab(2) as lab:
+            path = write_spec(lab.workdir / "mesh.toml", args.size, lab.etcd_url,
+                              ttl=LEASE_TTL, name=f"lab{args.size}")  # fmt: skip
+            mesh = JsonMesh(lab, path, load_spec(path))
+            record["seed_s"] = await seed(lab, path, args.size - 1)
+            print(f"{args.size - 1} members registered in {record['seed_s']:.1f} s", flush=True)
+            write()
+            for dataplane in args.dataplanes.split(","):
+                run = await attempt(record["failures"], {"dataplane": dataplane},
+                                    partial(one_plane, mesh, dataplane, args.size - 1,
+                                            args.idle))  # fmt: skip
+                if run is not None:
+                    record["runs"].append(run)
+                write()
+        return {}
+
+    await attempt(record["failures"], {"part": "lab"}, partial(with_lab_retries, planes))
+    write()
+    return len(record["failures"])
+
+
+async def with_lab_retries(part: Callable[[], Awaitable[JSON]]) -> JSON:
+    """``await part()``, again (``LAB_TRIES`` in all) when its lab's etcd did not start:
+    under TCG on busy host cores etcd can miss the lab's 20 s readiness bound."""
+    for n in range(1, LAB_TRIES):
+        try:
+            return await part()
+        except EtcdStartError as error:
+            print(f"  the lab's etcd did not start (try {n}/{LAB_TRIES}): {error}"[:300],
+                  flush=True)  # fmt: skip
+    return await part()
 
 
 def summarize(runs: list[JSON]) -> JSON:
     by = {r["dataplane"]: r for r in runs}
     k, u = by.get("kernel"), by.get("userspace")
     ratio = None
-    if k and u and u["cpu_to_all_peers_s"]:
-        ratio = k["cpu_to_all_peers_s"] / u["cpu_to_all_peers_s"]
+    if k and u and u["cpu_to_all_peers_s"] and u.get("wg_cpu_to_all_peers_s") is not None:
+        # The processes' CPU on each plane: vnetd (whose netlink calls carry the kernel's
+        # work of adding peers and routes) against vnetd and its wireguard-go.
+        ratio = k["cpu_to_all_peers_s"] / (u["cpu_to_all_peers_s"] + u["wg_cpu_to_all_peers_s"])
     return {"by_dataplane": by, "cpu_to_all_ratio": ratio}
 
 
@@ -223,6 +262,8 @@ async def on_host(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
         print(f"kernel_footprint.py: the guest wrote no {OUTPUT} (exit {result.returncode})")
         return 1
     inner: JSON = json.loads(result.files[OUTPUT])
+    if result.returncode and not inner["failures"]:
+        inner["failures"].append({"part": "guest", "error": f"exit {result.returncode}"})
     guest = {**inner["guest"], "boot_s": round(result.boot_seconds, 1),
              "wall_s": round(result.wall_seconds, 1),
              "accel": os.environ.get("VNETD_GUEST_ACCEL", "tcg")}  # fmt: skip
