@@ -25,7 +25,8 @@ class Target:
     """The figure from the results (``None``: not measured)."""
 
 
-def _get(results: dict[str, JSON], name: str, *path: str) -> float | None:
+def dig(results: dict[str, JSON], name: str, *path: str) -> float | None:
+    """The number at ``path`` under result ``name``'s summary; None where there is none."""
     node: object = results.get(name)
     if node is not None:
         node = node["summary"]  # type: ignore[index]
@@ -57,51 +58,51 @@ def slowest_pair_after_both_ready(results: dict[str, JSON], size: int = 64) -> f
 TARGETS = (
     Target("8 pods, launcher bench: all connected to rank 0 after the last pod, every run",
            "2.93 and 4.23 s", 0.8, "s",
-           lambda r: _get(r, "launcher", "by_size", "8", "vnetd_from_last_pod", "max")),
+           lambda r: dig(r, "launcher", "by_size", "8", "vnetd_from_last_pod", "max")),
     Target("64 pods: full mesh after the last ready, every run", "11.7 s (8.6–14.7)", 2.0, "s",
-           lambda r: _get(r, "full_mesh", "by_size", "64", "from_last_ready", "max")),
+           lambda r: dig(r, "full_mesh", "by_size", "64", "from_last_ready", "max")),
     Target("64 pods: full mesh after the last start, every run", "18.7 s; 51.8 s", 5.0, "s",
-           lambda r: _get(r, "full_mesh", "by_size", "64", "from_last_start", "max")),
+           lambda r: dig(r, "full_mesh", "by_size", "64", "from_last_start", "max")),
     Target("slowest pair after both ends ready, 64 pods", "7–13 s", 1.5, "s",
            slowest_pair_after_both_ready),
     Target("rank 0 last, every pair sending at once from the last start: all answered, "
            "24 pods, every run", "3.8 and 15.1 s", 2.0, "s",
-           lambda r: _get(r, "all_to_all", "by_size", "24", "from_last_start", "max")),
+           lambda r: dig(r, "all_to_all", "by_size", "24", "from_last_start", "max")),
     Target("1024 simulated ranks, 2 cores: converged after the last registration",
            "never (341 s window)", 60.0, "s",
            lambda r: _converged(r, 1024)),
     Target("per-daemon CPU to take 1023 joins (1024 simulated ranks)", "0.52 s", 0.1, "s",
-           lambda r: _get(r, "control_plane", "by_size", "1024", "cpu_s_per_daemon_to_full",
+           lambda r: dig(r, "control_plane", "by_size", "1024", "cpu_s_per_daemon_to_full",
                           "median")),
     Target("etcd CPU per delivered member event during a storm (1024 simulated ranks)",
            "≈ 100–150 µs", 30.0, "µs",
-           lambda r: _get(r, "control_plane", "by_size", "1024", "etcd_us_per_event", "median")),
+           lambda r: dig(r, "control_plane", "by_size", "1024", "etcd_us_per_event", "median")),
     Target("etcd CPU per delivered member event, watch delivery alone, batched through the "
            "JSON gateway (64 watchers)", "≈ 35 µs", 30.0, "µs",
-           lambda r: _get(r, "etcd_transport", "json_batched", "etcd_us_per_event", "median")),
+           lambda r: dig(r, "etcd_transport", "json_batched", "etcd_us_per_event", "median")),
     Target("steady propagation at 8 pods, p50 (pooled)", "33 ms", 20.0, "ms",
-           lambda r: _get(r, "propagation", "by_size", "8", "steady", "p50")),
+           lambda r: dig(r, "propagation", "by_size", "8", "steady", "p50")),
     Target("steady propagation at 64 pods, p99 (pooled)", "306 ms; 747 ms", 150.0, "ms",
-           lambda r: _get(r, "propagation", "by_size", "64", "steady", "p99")),
+           lambda r: dig(r, "propagation", "by_size", "64", "steady", "p99")),
     Target("`vnetd up` start → address on the interface, every start", "0.67–0.86 s", 0.35, "s",
-           lambda r: _get(r, "startup", "all", "address_s", "max")),
+           lambda r: dig(r, "startup", "all", "address_s", "max")),
     Target("one daemon RSS at 1023 peers", "63.5 MiB", 55.0, "MiB",
-           lambda r: _get(r, "footprint", "steps", "1023", "vnetd_rss_mib", "max")),
+           lambda r: dig(r, "footprint", "steps", "1023", "vnetd_rss_mib", "max")),
     Target("one change at 1023 peers: the daemon's whole pass (median)", "41 ms; 86 ms", 2.0, "ms",
-           lambda r: _get(r, "dataplane", "vnetd_pass_ms", "median")),
+           lambda r: dig(r, "dataplane", "vnetd_pass_ms", "median")),
     Target("idle CPU right after 1023 joins (share of a core)", "2.2 %", 0.5, "%",
-           lambda r: _scaled(_get(r, "footprint", "idle_vnetd_share", "max"), 100)),
+           lambda r: _scaled(dig(r, "footprint", "idle_vnetd_share", "max"), 100)),
 )  # fmt: skip
 
 
 def _converged(results: dict[str, JSON], size: int) -> float | None:
     """The slowest run's time to full mesh; ``inf`` when a run of ``size`` never got there."""
-    runs = _get(results, "control_plane", "by_size", str(size), "runs")
+    runs = dig(results, "control_plane", "by_size", str(size), "runs")
     if not runs:
         return None
-    if (_get(results, "control_plane", "by_size", str(size), "converged") or 0) < runs:
+    if (dig(results, "control_plane", "by_size", str(size), "converged") or 0) < runs:
         return math.inf
-    return _get(results, "control_plane", "by_size", str(size), "converge_s", "max")
+    return dig(results, "control_plane", "by_size", str(size), "converge_s", "max")
 
 
 def _scaled(value: float | None, factor: float) -> float | None:
@@ -145,14 +146,14 @@ SPEED_BEFORE = PageBefore(12.25, "2026-12-03", "Intel(R) Xeon(R) Processor", 149
 
 def slower_than_before(r: dict[str, JSON]) -> float | None:
     """How many times slower at pure CPU this page's host is than ``SPEED_BEFORE``'s."""
-    decode = _get(r, "record_proof", "decode_unsigned_us")
+    decode = dig(r, "record_proof", "decode_unsigned_us")
     return None if decode is None else decode / SPEED_BEFORE.decode_unsigned_us
 
 
 def _why_propagation(r: dict[str, JSON]) -> str | None:
     propagation = r.get("propagation") or {}
     cpu = join_cpu_ms(propagation, "64")
-    p99 = _get(r, "propagation", "by_size", "64", "steady_p99_runs", "max")
+    p99 = dig(r, "propagation", "by_size", "64", "steady_p99_runs", "max")
     cores = (propagation.get("machine") or {}).get("cores")
     if cpu is None or p99 is None or not cores:
         return None
@@ -196,8 +197,8 @@ def _s(value: float | None, digits: int = 2) -> str:
 
 
 def _why_startup(r: dict[str, JSON]) -> str | None:
-    floor = _get(r, "startup", "all", "floor_cpu_s", "median")
-    claim = _get(r, "startup", "all", "cpu_at_claim_s", "median")
+    floor = dig(r, "startup", "all", "floor_cpu_s", "median")
+    claim = dig(r, "startup", "all", "cpu_at_claim_s", "median")
     if floor is None or claim is None:
         return None
     return (f"the libraries a daemon imports before its claim (trio, httpx, httpcore, "
@@ -207,9 +208,9 @@ def _why_startup(r: dict[str, JSON]) -> str | None:
 
 
 def _why_launcher(r: dict[str, JSON]) -> str | None:
-    last = _get(r, "launcher", "by_size", "64", "vnetd_last_ready_after_last_pod", "max")
-    ready = _get(r, "launcher", "by_size", "64", "vnetd_start_to_ready_p50", "median")
-    alone = _get(r, "startup", "all", "claimed_s", "median")
+    last = dig(r, "launcher", "by_size", "64", "vnetd_last_ready_after_last_pod", "max")
+    ready = dig(r, "launcher", "by_size", "64", "vnetd_start_to_ready_p50", "median")
+    alone = dig(r, "startup", "all", "claimed_s", "median")
     if last is None or ready is None:
         return None
     why = (
@@ -234,12 +235,12 @@ def _why_launcher(r: dict[str, JSON]) -> str | None:
 
 
 def _why_join(r: dict[str, JSON]) -> str | None:
-    signed = _get(r, "record_proof", "decode_signed_us")
-    unsigned = _get(r, "record_proof", "decode_unsigned_us")
-    part = {key: _get(r, "join_storm", key, "median") for key in (
+    signed = dig(r, "record_proof", "decode_signed_us")
+    unsigned = dig(r, "record_proof", "decode_unsigned_us")
+    part = {key: dig(r, "join_storm", key, "median") for key in (
         "cpu_s", "proofs_cpu_s", "rest_share_s", "rest_cpu_per_s", "join_path_cpu_s",
         "join_path_us")}  # fmt: skip
-    inside = {key: _get(r, "join_storm", key, "median") for key in (
+    inside = {key: dig(r, "join_storm", key, "median") for key in (
         "device_cpu_s", "watch_opens", "passes")}  # fmt: skip
     if signed is None or unsigned is None or part["cpu_s"] is None:
         return None
@@ -401,21 +402,21 @@ def _rest_window(r: dict[str, JSON]) -> str:
 
 COST_TARGETS = (
     CostTarget("`vnetd up` start → claim, CPU, every start", "210–220 ms", 0.12, "s",
-               lambda r: _get(r, "startup", "all", "cpu_at_claim_s", "max"), _why_startup),
+               lambda r: dig(r, "startup", "all", "cpu_at_claim_s", "max"), _why_startup),
     CostTarget("launcher bench, 64 pods: all connected to rank 0 after the last pod, every "
                "run", "1.91 s (0.75–3.06)", 0.5, "s",
-               lambda r: _get(r, "launcher", "by_size", "64", "vnetd_from_last_pod", "max"),
+               lambda r: dig(r, "launcher", "by_size", "64", "vnetd_from_last_pod", "max"),
                _why_launcher),
     CostTarget("steady propagation, 64 pods, p99, every run", "196 ms", 150.0, "ms",
-               lambda r: _get(r, "propagation", "by_size", "64", "steady_p99_runs", "max"),
+               lambda r: dig(r, "propagation", "by_size", "64", "steady_p99_runs", "max"),
                _why_propagation),
     CostTarget("one daemon's CPU to take 1023 signed joins (join storm), every run",
                "0.191 s (1024 simulated ranks)", 0.1, "s",
-               lambda r: _get(r, "join_storm", "cpu_s", "max"), _why_join),
+               lambda r: dig(r, "join_storm", "cpu_s", "max"), _why_join),
     CostTarget("1024 simulated ranks: etcd requests at rest", "367 req/s", 50.0, "req/s",
                _rest_rps, _why_rest, _how_rest),
     CostTarget("a frozen etcd member: a join reached after the fault, every run", "–", 10.0,
-               "s", lambda r: _get(r, "etcd_faults", "frozen", "reached_after_fault_s", "max"),
+               "s", lambda r: dig(r, "etcd_faults", "frozen", "reached_after_fault_s", "max"),
                lambda r: None),
     CostTarget("1024 simulated ranks: converged after the last registration, every run",
                "10.1 s", 10.0, "s", lambda r: _converged(r, 1024), _why_converge),
