@@ -241,7 +241,14 @@ def run_manifests(args: argparse.Namespace) -> int:
         raise SpecError(f"{args.config}: cannot read: {exc.strerror}") from None
     etcd = tuple(args.etcd)
     options = ManifestOptions(
-        args.mode, args.image, args.site, args.ranks, etcd, args.relays, args.relay_user
+        args.mode,
+        args.image,
+        args.site,
+        args.ranks,
+        etcd,
+        args.relays,
+        args.relay_user,
+        args.relay_issuer,
     )
     rendered = render_manifests(spec, text, options)
     part = site_part(spec, args.mode, args.site, args.ranks)
