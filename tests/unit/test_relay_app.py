@@ -171,10 +171,10 @@ async def test_a_relay_loads_its_renewed_certificate_without_a_restart(tmp_path:
     tls = RelayTls(tmp_path / "tls.crt", tmp_path / "tls.key")
     for source, target in ((first.cert, tls.cert_file), (first.key, tls.key_file)):
         target.write_bytes(source.read_bytes())
-    context = server_context(tls)
+    context, loaded = server_context(tls)
     served = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(keep_loaded, every=0.05), context, tls)
+        nursery.start_soon(partial(keep_loaded, every=0.05), context, tls, loaded)
         listeners = await nursery.start(
             partial(trio.serve_ssl_over_tcp, _serve_one(served), 0, context, host="127.0.0.1")
         )
@@ -186,8 +186,12 @@ async def test_a_relay_loads_its_renewed_certificate_without_a_restart(tmp_path:
         tls.cert_file.write_bytes(broken)  # caught half-written: the loaded pair stays
         await trio.sleep(0.2)
         assert await _peer_serial(port, ca.ca_file) == was
-        tls.key_file.write_bytes(renewed.key.read_bytes())
+        # The new certificate before its key (copied by hand, cert first): a live context
+        # given it would hold it without a key and fail every handshake.
         tls.cert_file.write_bytes(renewed.cert.read_bytes())
+        await trio.sleep(0.2)
+        assert await _peer_serial(port, ca.ca_file) == was
+        tls.key_file.write_bytes(renewed.key.read_bytes())
         with trio.fail_after(BOUND):
             while await _peer_serial(port, ca.ca_file) != _serial(renewed.cert):
                 await trio.sleep(0.05)

@@ -136,8 +136,16 @@ def check_relays(spec: MeshSpec, choices: RelayChoices) -> None:
         )
 
 
-def relays_hint(spec: MeshSpec, relays: int) -> list[str]:
-    """A warning for a large mesh rendered without relays."""
+def relays_hint(spec: MeshSpec, relays: int, issuer: str | None = None) -> list[str]:
+    """A warning for a large mesh rendered without relays, and for relays serving HTTPS
+    from a Secret nothing rendered makes."""
+    if relays and relays_use_tls(spec) and issuer is None:
+        return [
+            f"--relays: the relays serve HTTPS from the Secret {relay_tls_secret(spec)}, "
+            "which these manifests do not make: create it first (docs/kubernetes.md, "
+            '"Relays"), or give --relay-issuer etcd-ca where cert-manager issues etcd\'s '
+            "certificates; until it exists the relay pods do not start"
+        ]
     if relays or spec.size < SIZE_FOR_RELAYS:
         return []
     suggested = -(-spec.size // DAEMONS_PER_RELAY)

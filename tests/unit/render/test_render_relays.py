@@ -179,7 +179,15 @@ def test_a_large_mesh_without_relays_gets_a_hint():
     big = replace(spec, size=1024)
     (hint,) = relays_hint(big, 0)
     assert "--relays 11" in hint and "1,048,576 watch events" in hint
-    assert relays_hint(big, 4) == []
+    assert relays_hint(big, 4, SHIPPED_ISSUER) == []
+
+
+def test_https_relays_whose_secret_nothing_renders_get_a_warning():
+    spec = load_spec(SIDECAR)  # etcd over TLS
+    (warning,) = relays_hint(spec, 2)
+    assert f"the Secret {spec.name}-relay-tls, which these manifests do not make" in warning
+    assert relays_hint(spec, 2, SHIPPED_ISSUER) == []
+    assert relays_hint(load_spec(EXAMPLE), 2) == []  # plain HTTP relays need no Secret
 
 
 @pytest.mark.parametrize("version", ["0.2.1", "0d75cef8"])

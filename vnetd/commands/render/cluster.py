@@ -250,7 +250,7 @@ def run_minicluster(args: argparse.Namespace) -> int:
     rendered = render_minicluster(spec, text, options)
     part = site_part(spec, "sidecar", args.site, args.ranks)
     warnings = [*manifest_warnings(spec, args.image, options.etcd), *site_warnings(spec, part)]
-    for warning in [*warnings, *relays_hint(spec, args.relays)]:
+    for warning in [*warnings, *relays_hint(spec, args.relays, args.relay_issuer)]:
         warn_on_stderr(warning)
     _write(rendered, args.output)
     return 0

@@ -34,13 +34,13 @@ async def run_relay(
 
     Cancellation: the watch and every served stream are closed.
     """
-    context = None if tls is None else server_context(tls)
+    context, loaded = server_context(tls) if tls is not None else (None, None)
     cache = MemberCache(prefix, window_events)
     changes = Changes()
     app = RelayApp(cache, changes, StoreRevision(registry, prefix))
     async with trio.open_nursery() as nursery:
-        if context is not None and tls is not None:
-            nursery.start_soon(keep_loaded, context, tls)
+        if context is not None and tls is not None and loaded is not None:
+            nursery.start_soon(keep_loaded, context, tls, loaded)
         await nursery.start(follow, registry, cache, changes)
         app.bound = await nursery.start(serve_relay, listen, app, context)
         log.info("relay: serving %s at %s", prefix, ", ".join(app.bound))
