@@ -4,9 +4,10 @@ files change.
 cert-manager renews a certificate into the same Secret, and the kubelet swaps the
 mounted files in place, so a relay looks at them every ``RELOAD_EVERY`` s and loads
 the new pair into the context it serves with: the handshakes after that present the
-renewed certificate, without a restart or a dropped watch. A pair that does not load
-(caught half-written, say) is logged and tried again at the next look; the loaded one
-stays until then.
+renewed certificate, without a restart or a dropped watch. A pair is loaded whole or not
+at all (``load_pair``): one that does not load (caught half-written, a key that is not
+the certificate's) is logged once and tried again when the files change again; the
+loaded one stays until then.
 
 The context offers HTTP/1.1 only (the daemons' httpx speaks nothing else) and asks no
 client certificate: a relay serves reads of signed records to whoever reaches it
@@ -76,11 +77,12 @@ async def keep_loaded(
     while True:
         await trio.sleep(every)
         try:
-            if stamp(tls) in (loaded, tried):
+            now = stamp(tls)
+            if now in (loaded, tried):
                 continue
-            tried = load_pair(context, tls)
+            tried = now
+            loaded = load_pair(context, tls)
         except (OSError, ssl.SSLError) as exc:
-            tried = _stamp_or(tls, tried)
             log.warning(
                 "relay: the certificate %s did not load (%s); serving the one loaded before "
                 "until the files change again",
@@ -88,7 +90,6 @@ async def keep_loaded(
                 _reason(exc),
             )
             continue
-        loaded = tried
         log.info("relay: loaded the changed certificate %s", tls.cert_file)
 
 
@@ -129,13 +130,6 @@ def _in_memory(data: bytes) -> Iterator[str]:
         yield f"/proc/self/fd/{fd}"
     finally:
         os.close(fd)
-
-
-def _stamp_or(tls: RelayTls, fallback: Stamp) -> Stamp:
-    try:
-        return stamp(tls)
-    except OSError:
-        return fallback
 
 
 def _reason(exc: BaseException) -> str:
