@@ -56,7 +56,7 @@ def documented_certificates(directory: Path) -> dict[str, bytes]:
     text = (ROOT / "docs" / "kubernetes.md").read_text()
     blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
     commands = [line for b in blocks for line in b.splitlines() if line.startswith("openssl ")]
-    assert len([c for c in commands if not c.startswith("openssl rand ")]) == 8
+    assert len([c for c in commands if not c.startswith("openssl rand ")]) == 10
     for command in commands:
         result = subprocess.run(
             shlex.split(command), cwd=directory, capture_output=True, timeout=60
@@ -64,7 +64,7 @@ def documented_certificates(directory: Path) -> dict[str, bytes]:
         assert result.returncode == 0, result.stderr.decode()
     return {name: (directory / name).read_bytes() for name in
             ("ca.crt", "server.crt", "server.key", "client.crt", "client.key", "root.pw",
-             "vnetd-flux-sample")}  # fmt: skip
+             "vnetd-flux-sample", "relay.crt", "relay.key")}  # fmt: skip
 
 
 class EtcdTlsByName(EtcdTls):
@@ -88,8 +88,11 @@ async def start_tls_etcd(lab: Lab, directory: Path) -> dict[str, dict[str, bytes
     client = {"ca.crt": files["ca.crt"], "tls.crt": files["client.crt"],
               "tls.key": files["client.key"]}  # fmt: skip
     mesh_users = {"vnetd-flux-sample": files["vnetd-flux-sample"], "vnetd-hpc-nodes": b"hpc-pw\n"}
+    # The relays' own certificate, made by the same document ("Relays"), as its
+    # `kubectl create secret tls` stores it.
+    relay = {"tls.crt": files["relay.crt"], "tls.key": files["relay.key"]}
     return {"vnetd-etcd-client-tls": client, "etcd-root": {"password": files["root.pw"]},
-            "vnetd-etcd-password": mesh_users}  # fmt: skip
+            "vnetd-etcd-password": mesh_users, "flux-sample-relay-tls": relay}  # fmt: skip
 
 
 def job_pod(path: Path) -> dict:

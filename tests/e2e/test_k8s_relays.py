@@ -3,6 +3,9 @@ would run them (``kube_pods``), beside the Job's pods, on etcd as shipped (TLS, 
 certificates, auth on by the Jobs ``etcd-auth`` and the mesh's provisioning Job, which
 ``render provision --relay-user`` makes the relays' user in).
 
+etcd is reached over TLS, so the relay serves HTTPS with the certificate docs/kubernetes.md
+("Relays") makes by hand, from the Secret the rendered pod mounts, and each daemon
+verifies it with etcd's CA (a relay it cannot verify would serve no watch here).
 The daemons start first and the relay beside them (one ``kubectl apply``): a daemon
 that finds no relay reads etcd, and its member watch moves to the relay once it answers. The relay pod runs as the image's user
 with only its own etcd user's password, which reads the mesh and writes nothing of it;
@@ -35,7 +38,7 @@ from vnetd.lab.etcd import run_etcdctl
 from vnetd.lab.open_lab import open_lab
 from vnetd.render.manifests import ManifestOptions, render_manifests
 from vnetd.render.provision_job import render_provision
-from vnetd.render.relays import RELAY_PORT, relay_name
+from vnetd.render.relays import RELAY_PORT, relay_name, relay_url
 from vnetd.spec import load_spec
 
 RELAY_USER = "vnetd-flux-sample-relay"
@@ -97,7 +100,8 @@ async def test_rendered_relays_serve_every_daemon_of_the_job(shims: Path, tmp_pa
                 fields={}, extra_env=env, config_maps=config_maps, secrets=secrets,
             )  # fmt: skip
             relay_process = await relay.start("relay")
-            url = f"http://{relay_pod.underlay_ip}:{RELAY_PORT}"
+            assert relay_url(spec).startswith("https://")
+            url = f"https://{relay_pod.underlay_ip}:{RELAY_PORT}"
             with trio.fail_after(RELAY_READY):
                 while (await http_get(lab, relay_pod, f"{url}/healthz"))[0] != 200:
                     assert relay_process.returncode is None, relay_process.log_text()

@@ -170,6 +170,7 @@ LAYER_OF: dict[str, str] = {
     "vnetd.registry.relay.cache": REGISTRY,
     "vnetd.registry.relay.reads": REGISTRY,
     "vnetd.registry.relay.service": REGISTRY,
+    "vnetd.registry.relay.tls": REGISTRY,
     "vnetd.registry.relay.upstream": REGISTRY,
     "vnetd.dataplane.select": DATAPLANE,
     "vnetd.dataplane.device_reader": DATAPLANE,

@@ -730,10 +730,11 @@ def test_doc_kubectl_commands_exist(command: str):
 
 
 def test_manual_tls_commands_make_what_etcd_and_vnetd_need(tmp_path: Path):
-    """The documented openssl commands (etcd over TLS by hand, the passwords) run, and
-    make the client CA with a server and a client certificate, and the peer CA with the
-    peer certificate (CN etcd-peer, not verifiable with the client CA), with the names and
-    usages the manifests use; each password file is made."""
+    """The documented openssl commands (etcd over TLS by hand, the relays' certificate, the
+    passwords) run, and make the client CA with a server, a client and a relay
+    certificate, and the peer CA with the peer certificate (CN etcd-peer, not verifiable
+    with the client CA), with the names and usages the manifests use; each password file
+    is made."""
     if shutil.which("openssl") is None:
         print("openssl is not installed: the manual TLS commands were not run")
         pytest.skip("openssl is not installed")
@@ -742,7 +743,7 @@ def test_manual_tls_commands_make_what_etcd_and_vnetd_need(tmp_path: Path):
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     commands = [c for c in shell_commands() if c.startswith("openssl ")]
-    assert len([c for c in commands if not c.startswith("openssl rand ")]) == 8
+    assert len([c for c in commands if not c.startswith("openssl rand ")]) == 10
     for command in commands:
         result = subprocess.run(
             shlex.split(command), cwd=tmp_path, capture_output=True, text=True, timeout=60
@@ -765,6 +766,9 @@ def test_manual_tls_commands_make_what_etcd_and_vnetd_need(tmp_path: Path):
         ),
         "peer": ({"etcd-0.etcd", "etcd-1.etcd", "etcd-2.etcd"}, {server, client}),
         "client": ({"vnetd-etcd-client"}, {client}),
+        # The relays' (docs/kubernetes.md, "Relays"): the Service's name, as the daemons
+        # reach it, under etcd's CA, which they verify it with.
+        "relay": ({"flux-sample-relay"}, {server}),
     }
     for name, (names, usages) in expected.items():
         cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.crt").read_bytes())

@@ -59,7 +59,8 @@ def test_a_relay_itself_reads_etcd_and_takes_no_relays(config: Path) -> None:
         pytest.param(["--relay", "10.0.0.9:2381"], {}, r"--relay \(VNETD_RELAYS\): .*not an etcd URL",
                      id="flag"),
         pytest.param([], {"VNETD_RELAYS": "nope"}, r"--relay \(VNETD_RELAYS\): 'nope'", id="env"),
-        pytest.param(["--relay", "https://r:2381"], {}, r"serves plain HTTP; give http://", id="https"),
+        pytest.param(["--relay", "ftp://r:2381"], {}, r"--relay \(VNETD_RELAYS\): .*not an etcd URL",
+                     id="scheme"),
     ],
 )  # fmt: skip
 def test_a_bad_relay_url_names_where_it_came_from(
@@ -68,6 +69,11 @@ def test_a_bad_relay_url_names_where_it_came_from(
     args = build_parser().parse_args(["up", "--config", str(config), *flags])
     with pytest.raises(SpecError, match=message):
         spec_from_args(args, env)
+
+
+def test_a_relay_serving_tls_is_named_with_https(config: Path) -> None:
+    args = build_parser().parse_args(["up", "--config", str(config), "--relay", "https://r:2381"])
+    assert spec_from_args(args, {}).registry.relays == ("https://r:2381",)
 
 
 def test_a_bad_relay_in_the_spec_names_the_key(config: Path) -> None:

@@ -3,7 +3,9 @@
 The daemons name it in ``[registry] relays`` (or ``--relay``, ``VNETD_RELAYS``) and read
 the members through it; their writes still go to etcd (docs/architecture.md, "Relay").
 The relay reads with its own etcd credential (``--etcd-user``; read on the members
-prefix is all it needs) and ignores the spec's relays.
+prefix is all it needs) and ignores the spec's relays. With ``--tls-cert`` and
+``--tls-key`` it serves HTTPS (``registry.relay.tls``), which daemons verify with their
+``registry.ca_file``.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import signal
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vnetd.config import add_etcd_arguments, spec_from_args
 from vnetd.spec import MeshSpec
 from vnetd.spec.parse import check_listen
+
+if TYPE_CHECKING:
+    from vnetd.registry.relay.tls import RelayTls
 
 DEFAULT_LISTEN = "0.0.0.0:2381"
 
@@ -48,6 +53,16 @@ def add_parser(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers
         help="recent events kept for daemons that resume a watch (default 20000); a daemon "
         "behind it lists again from the relay",
     )
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="serve HTTPS with this PEM certificate (with --tls-key); loaded again when the "
+        "file changes. Daemons verify it with their registry.ca_file",
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="the certificate's PEM private key"
+    )
     add_etcd_arguments(parser, relays=False)
     parser.set_defaults(run=run)
 
@@ -57,17 +72,27 @@ def run(args: argparse.Namespace) -> int:
     import trio
 
     from vnetd.errors import SpecError
+    from vnetd.registry.relay.tls import RelayTls, server_context
 
     spec = spec_from_args(args, os.environ)
     listen = [check_listen(value, key="--listen") for value in args.listen] or [DEFAULT_LISTEN]
     if args.window is not None and args.window < 1:
         raise SpecError(f"--window: {args.window} is not a count of events; give 1 or more")
-    trio.run(relay_until_signal, spec, listen, args.window)
+    tls = None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise SpecError("--tls-cert and --tls-key go together: give both, or neither")
+    if args.tls_cert is not None:
+        tls = RelayTls(args.tls_cert, args.tls_key)
+        server_context(tls)  # a file that does not load stops the start with one line
+    trio.run(relay_until_signal, spec, listen, args.window, tls)
     return 0
 
 
-async def relay_until_signal(spec: MeshSpec, listen: list[str], window: int | None) -> None:
-    """Relay the members of ``spec``'s mesh on ``listen`` until SIGTERM or SIGINT.
+async def relay_until_signal(
+    spec: MeshSpec, listen: list[str], window: int | None, tls: RelayTls | None = None
+) -> None:
+    """Relay the members of ``spec``'s mesh on ``listen`` (over HTTPS with ``tls``) until
+    SIGTERM or SIGINT.
 
     Raises:
         VnetdError: an address cannot be served, or the registry settings are unusable.
@@ -85,7 +110,7 @@ async def relay_until_signal(spec: MeshSpec, listen: list[str], window: int | No
         async with open_registry(direct) as registry, trio.open_nursery() as nursery:
             prefix = members_prefix(spec)
             try:
-                relay = partial(run_relay, window_events=window or WINDOW_EVENTS)
+                relay = partial(run_relay, window_events=window or WINDOW_EVENTS, tls=tls)
                 await nursery.start(relay, registry, prefix, listen)
             except* OSError as group:
                 error = group.exceptions[0]

@@ -71,7 +71,7 @@ from vnetd.render.rank_certs import (
     refuse_for_daemonset,
     with_rank_cert,
 )
-from vnetd.render.relays import check_relays, relay_objects, with_relays
+from vnetd.render.relays import relay_objects, with_relays
 from vnetd.render.site_manifests import etcd_args, site_objects, site_part, vnetd_site_args
 from vnetd.spec import MeshSpec, parse_spec
 
@@ -114,6 +114,8 @@ class ManifestOptions:
     """``--relays``: relay pods the daemons read the members through (``relays``)."""
     relay_user: str | None = None
     """``--relay-user``: the relays' read-only etcd user, where the spec names one."""
+    relay_issuer: str | None = None
+    """``--relay-issuer``: the cert-manager Issuer of the relays' certificate."""
 
 
 def render_manifests(spec: MeshSpec, spec_toml: str, options: ManifestOptions | None = None) -> str:
@@ -160,9 +162,7 @@ def manifest_objects(spec: MeshSpec, spec_toml: str, options: ManifestOptions) -
     image = check_image(options.image)
     port = http_port(spec)
     part = site_part(spec, options.mode, options.site, options.ranks)
-    check_relays(spec, options.relays, options.relay_user)
-    relays = relay_objects(spec, image, options.relays, options.relay_user,
-                           etcd_args(options.etcd))  # fmt: skip
+    relays = relay_objects(spec, image, options, etcd_args(options.etcd))
     if options.mode == "sidecar":
         job = job_name(spec)
         ranks = range(spec.size) if part is None else range(part.first, part.last + 1)

@@ -173,6 +173,8 @@ class MiniClusterOptions:
     members through (``relays``)."""
     relay_user: str | None = None
     """``--relay-user``: the relays' read-only etcd user, where the spec names one."""
+    relay_issuer: str | None = None
+    """``--relay-issuer``: the cert-manager Issuer of the relays' certificate."""
 
 
 def broker_config(
@@ -247,7 +249,7 @@ def render_minicluster(
             f"--size: {size} is not a number of pods the MiniCluster can start with; give "
             f"1 to {capacity} (the ranks it holds, its maxSize)"
         )
-    check_relays(spec, options.relays, options.relay_user)
+    check_relays(spec, options)
     tasks = size if options.tasks is None else options.tasks
     if tasks < 1:
         raise SpecError(f"--tasks: {tasks} is not a task count; give 1 or more")
@@ -306,8 +308,7 @@ def render_minicluster(
     objects += site_objects(spec, part, labels(spec, "minicluster"), pod_selector(spec))
     if options.mesh_policy:
         objects.append(mesh_policy(spec, port, options.monitoring_namespace))
-    objects += relay_objects(spec, options.image, options.relays, options.relay_user,
-                             etcd_args(options.etcd))  # fmt: skip
+    objects += relay_objects(spec, options.image, options, etcd_args(options.etcd))
     header = manifest_objects_header(spec, "minicluster", "vnetd render minicluster")
     return header + yaml_stream(objects)
 

@@ -11,10 +11,17 @@ The relays hold no more than they need: etcd's TLS client Secret and, where the
 spec names an etcd user (auth on), the password of a read-only user of their
 own (``--relay-user``, made by ``vnetd render provision --relay-user`` from the
 same Secret as the mesh user's, key: the user's name), never the mesh user's.
-They run as the image's non-root user, with no capability, and serve plain HTTP
-inside the cluster: the records they serve are signed, and a daemon with relays
-checks every record's proof, so a relay, or anyone on the path to it, can delay a
-record but not change one unnoticed.
+They run as the image's non-root user, with no capability. Where the daemons reach
+etcd over TLS (the spec names ``registry.ca_file``), the relays serve HTTPS with a
+certificate of their own from the Secret ``<mesh>-relay-tls``, made by hand
+(docs/kubernetes.md) or by cert-manager from a Certificate rendered with
+``--relay-issuer`` (``SHIPPED_ISSUER`` where etcd's certificates come from
+``manifests/components/etcd-cert-manager``), signed by etcd's CA, so the daemons
+verify a relay with the CA file they verify etcd with; a relay loads a renewed
+certificate itself (``registry.relay.tls``). Without TLS to etcd they serve plain
+HTTP. Either way the records they serve are signed, and a daemon with
+relays checks every record's proof, so a relay, or anyone on the path to it, can delay
+a record but not change one unnoticed.
 
 Pure: dictionaries only.
 """
@@ -22,7 +29,7 @@ Pure: dictionaries only.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from vnetd.errors import SpecError
 from vnetd.render.pods import (
@@ -47,6 +54,11 @@ RELAY_PORT = 2381
 """The port the relays serve on (``vnetd relay``'s default)."""
 RELAY_USER_DIR = "/etc/vnetd-relay"
 """Where a relay mounts its etcd user's password (the file named after the user)."""
+RELAY_TLS_DIR = "/etc/vnetd-relay-tls"
+"""Where a relay mounts its own certificate's Secret (cert-manager's keys)."""
+SHIPPED_ISSUER = "etcd-ca"
+"""The cert-manager Issuer ``manifests/components/etcd-cert-manager`` ships: the CA of
+etcd's server certificate, whose ca.crt every daemon holds (``--relay-issuer``)."""
 RELAY_UID = 10001
 """The image's own user (Dockerfile ``USER``): a relay needs no privilege."""
 DAEMONS_PER_RELAY = 100
@@ -60,16 +72,46 @@ def relay_name(spec: MeshSpec) -> str:
     return f"{spec.name}-relay"
 
 
+def relay_tls_secret(spec: MeshSpec) -> str:
+    """The Secret cert-manager writes the relays' certificate into."""
+    return f"{relay_name(spec)}-tls"
+
+
+def relays_use_tls(spec: MeshSpec) -> bool:
+    """Whether the relays serve HTTPS: the daemons verify etcd with a CA file."""
+    return bool(spec.registry.ca_file)
+
+
 def relay_url(spec: MeshSpec) -> str:
     """Where the daemons reach the relays: the Service, in the daemons' namespace."""
-    return f"http://{relay_name(spec)}:{RELAY_PORT}"
+    scheme = "https" if relays_use_tls(spec) else "http"
+    return f"{scheme}://{relay_name(spec)}:{RELAY_PORT}"
 
 
-def check_relays(spec: MeshSpec, relays: int, relay_user: str | None) -> None:
+class RelayChoices(Protocol):
+    """What a rendering asks of its relays (``ManifestOptions``, ``MiniClusterOptions``)."""
+
+    @property
+    def relays(self) -> int: ...
+    @property
+    def relay_user(self) -> str | None: ...
+    @property
+    def relay_issuer(self) -> str | None: ...
+
+
+def check_relays(spec: MeshSpec, choices: RelayChoices) -> None:
     """Raises:
-    SpecError: a count below 0, or relays for a spec with an etcd user but no
-        ``--relay-user`` (the relays would otherwise need the mesh user's password).
+    SpecError: a count below 0, relays for a spec with an etcd user but no
+        ``--relay-user`` (the relays would otherwise need the mesh user's password), an
+        issuer for relays that serve no TLS.
     """
+    relays, relay_user, issuer = choices.relays, choices.relay_user, choices.relay_issuer
+    if issuer is not None and not (relays and relays_use_tls(spec)):
+        raise SpecError(
+            "--relay-issuer: it issues the certificate of relays that serve HTTPS, which "
+            "they do where the spec reaches etcd over TLS (registry.ca_file); "
+            + ("give --relays N too" if not relays else "this spec names no ca_file: drop it")
+        )
     if relays < 0:
         raise SpecError(f"--relays: {relays} is not a count of relays; give 0 or more")
     if relay_user is not None and not _SECRET_KEY.fullmatch(relay_user):
@@ -94,8 +136,16 @@ def check_relays(spec: MeshSpec, relays: int, relay_user: str | None) -> None:
         )
 
 
-def relays_hint(spec: MeshSpec, relays: int) -> list[str]:
-    """A warning for a large mesh rendered without relays."""
+def relays_hint(spec: MeshSpec, relays: int, issuer: str | None = None) -> list[str]:
+    """A warning for a large mesh rendered without relays, and for relays serving HTTPS
+    from a Secret nothing rendered makes."""
+    if relays and relays_use_tls(spec) and issuer is None:
+        return [
+            f"--relays: the relays serve HTTPS from the Secret {relay_tls_secret(spec)}, "
+            "which these manifests do not make: create it first (docs/kubernetes.md, "
+            '"Relays"), or give --relay-issuer etcd-ca where cert-manager issues etcd\'s '
+            "certificates; until it exists the relay pods do not start"
+        ]
     if relays or spec.size < SIZE_FOR_RELAYS:
         return []
     suggested = -(-spec.size // DAEMONS_PER_RELAY)
@@ -106,16 +156,23 @@ def relays_hint(spec: MeshSpec, relays: int) -> list[str]:
     ]
 
 
-def relay_objects(
-    spec: MeshSpec, image: str, relays: int, relay_user: str | None, etcd: list[str]
-) -> list[Obj]:
-    """The relays' Deployment and Service (none for ``relays`` 0); ``etcd``: the daemons'
-    ``--etcd`` flags, which the relays take too."""
+def relay_objects(spec: MeshSpec, image: str, choices: RelayChoices, etcd: list[str]) -> list[Obj]:
+    """The relays' Deployment and Service, and their Certificate with ``relay_issuer``
+    (none for ``relays`` 0); ``etcd``: the daemons' ``--etcd`` flags, which the relays
+    take too.
+
+    Raises:
+        SpecError: as ``check_relays``.
+    """
+    check_relays(spec, choices)
+    relays, relay_user = choices.relays, choices.relay_user
     if not relays:
         return []
     name = relay_name(spec)
     labels = _labels(spec)
+    issuer = choices.relay_issuer
     return [
+        *([_certificate(spec, labels, issuer)] if issuer is not None else []),
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -173,9 +230,15 @@ def _pod(spec: MeshSpec, image: str, user: str | None, etcd: list[str], labels: 
         args += ["--etcd-user", user, "--etcd-password-file", f"{RELAY_USER_DIR}/{user}"]
         mounts.append({"name": "relay-password", "mountPath": RELAY_USER_DIR, "readOnly": True})
         volumes.append(_secret("relay-password", ETCD_PASSWORD_SECRET, user))
+    get: Obj = {"path": "/healthz", "port": RELAY_PORT}
+    if relays_use_tls(spec):
+        args += ["--tls-cert", f"{RELAY_TLS_DIR}/tls.crt", "--tls-key", f"{RELAY_TLS_DIR}/tls.key"]
+        mounts.append({"name": "relay-tls", "mountPath": RELAY_TLS_DIR, "readOnly": True})
+        volumes.append(_secret("relay-tls", relay_tls_secret(spec), None))
+        get["scheme"] = "HTTPS"  # the kubelet does not verify the certificate of a probe
     # Ready while in step with etcd (/healthz); alive while it answers at all, so an etcd
     # outage takes a relay out of the Service but does not restart it.
-    ready = {"httpGet": {"path": "/healthz", "port": RELAY_PORT}, "timeoutSeconds": 3}
+    ready = {"httpGet": get, "timeoutSeconds": 3}
     alive = {"tcpSocket": {"port": RELAY_PORT}, "timeoutSeconds": 3}
     container = {
         "name": "relay",
@@ -212,6 +275,26 @@ def _pod(spec: MeshSpec, image: str, user: str | None, etcd: list[str], labels: 
         ],
         "containers": [container],
         "volumes": volumes,
+    }
+
+
+def _certificate(spec: MeshSpec, labels: Obj, issuer: str) -> Obj:
+    """cert-manager's Certificate of the relays: the Service's name, from ``issuer``,
+    renewed a month before it ends (the relays load the renewed files themselves)."""
+    return {
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Certificate",
+        "metadata": {"name": relay_name(spec), "labels": labels},
+        "spec": {
+            "secretName": relay_tls_secret(spec),
+            "commonName": relay_name(spec),
+            "dnsNames": [relay_name(spec)],
+            "duration": "8760h",
+            "renewBefore": "720h",
+            "usages": ["server auth"],
+            "privateKey": {"algorithm": "ECDSA", "size": 256},
+            "issuerRef": {"name": issuer, "kind": "Issuer"},
+        },
     }
 
 

@@ -402,10 +402,11 @@ def check_etcd_url(url: str, key: str = "--etcd") -> str:
 
 
 def check_relay_url(url: object, key: str = "--relay") -> str:
-    """Validate a ``vnetd relay`` URL (``http://host:port``: plain HTTP); returns it."""
-    if not isinstance(url, str) or not check_etcd_url(url, key).startswith("http://"):
-        raise SpecError(f"{key}: {url!r}: vnetd relay serves plain HTTP; give http://HOST:PORT")
-    return url
+    """Validate a ``vnetd relay`` URL (``http://host:port``, or ``https://`` for a relay
+    with ``--tls-cert``, verified with ``registry.ca_file``); returns it."""
+    if not isinstance(url, str):
+        raise SpecError(f"{key}: {url!r}: give http://HOST:PORT (https:// for a relay with TLS)")
+    return check_etcd_url(url, key)
 
 
 def check_listen(value: str, key: str = "--http-listen") -> str:

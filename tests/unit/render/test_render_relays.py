@@ -15,7 +15,7 @@ from vnetd.cli import build_parser
 from vnetd.errors import SpecError
 from vnetd.render.manifests import ManifestOptions, render_manifests
 from vnetd.render.provision_job import render_provision
-from vnetd.render.relays import RELAY_UID, relay_url, relays_hint
+from vnetd.render.relays import RELAY_UID, SHIPPED_ISSUER, relay_url, relays_hint
 from vnetd.spec import load_spec
 
 ROOT = Path(__file__).parents[3]
@@ -60,7 +60,8 @@ def test_the_daemons_read_through_the_relays_service_and_every_object_validates(
     assert relay_service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
     assert relay_service["spec"]["ports"][0]["port"] == 2381
     env = {e["name"]: e.get("value") for e in vnetd_of(one(docs, workload))["env"]}
-    assert env["VNETD_RELAYS"] == relay_url(spec) == f"http://{spec.name}-relay:2381"
+    # The shipped specs reach etcd over TLS, so the relays serve HTTPS.
+    assert env["VNETD_RELAYS"] == relay_url(spec) == f"https://{spec.name}-relay:2381"
     for doc in docs:
         validate(doc, f"render manifests --relays 3 ({mode})")
 
@@ -89,6 +90,45 @@ def test_a_relay_pod_holds_its_own_user_only_and_runs_unprivileged():
     assert pod["automountServiceAccountToken"] is False
 
 
+def test_relays_serve_https_with_a_certificate_the_daemons_ca_verifies():
+    """Where the daemons verify etcd with a CA file, the relays serve HTTPS from the Secret
+    <mesh>-relay-tls; with --relay-issuer, cert-manager's Certificate for the Service's
+    name makes it (etcd-ca: the Issuer of etcd's own certificate, whose ca.crt is the
+    daemons' CA file). Without TLS to etcd they serve plain HTTP."""
+    spec = load_spec(SIDECAR)
+    docs = rendered(SIDECAR, relays=2, relay_user=USER, relay_issuer=SHIPPED_ISSUER)
+    certificate = one(docs, "Certificate")
+    assert certificate["spec"]["dnsNames"] == [f"{spec.name}-relay"]
+    assert certificate["spec"]["issuerRef"] == {"name": SHIPPED_ISSUER, "kind": "Issuer"}
+    shipped = yaml.safe_load_all((ROOT / "manifests/components/etcd-cert-manager/"
+                                  "certificates.yaml").read_text())  # fmt: skip
+    (etcd_server,) = [d for d in shipped if d["metadata"]["name"] == "etcd-server"]
+    assert etcd_server["spec"]["issuerRef"]["name"] == SHIPPED_ISSUER
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    parsed = build_parser().parse_args(container["args"])
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets["relay-tls"] == certificate["spec"]["secretName"] == f"{spec.name}-relay-tls"
+    assert str(parsed.tls_cert) == f"{mounts['relay-tls']}/tls.crt"
+    assert str(parsed.tls_key) == f"{mounts['relay-tls']}/tls.key"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    for doc in docs:
+        validate(doc, "render manifests --relays 2 --relay-issuer etcd-ca")
+    # Without --relay-issuer: the same pods, the Secret made by hand (docs/kubernetes.md,
+    # whose commands name the Service and the Secret these objects do).
+    guide = (ROOT / "docs" / "kubernetes.md").read_text()
+    assert f"subjectAltName=DNS:{spec.name}-relay " in guide
+    assert f"create secret tls {secrets['relay-tls']} " in guide
+    by_hand = rendered(SIDECAR, relays=2, relay_user=USER)
+    assert "Certificate" not in {d["kind"] for d in by_hand}
+    assert one(by_hand, "Deployment") == one(docs, "Deployment")
+    plain = rendered(EXAMPLE, relays=2)  # etcd over plain HTTP: relays too
+    assert "Certificate" not in {d["kind"] for d in plain}
+    args = one(plain, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--tls-cert" not in args and relay_url(load_spec(EXAMPLE)).startswith("http://")
+
+
 def test_without_relays_nothing_changes():
     assert rendered(SIDECAR) == rendered(SIDECAR, relays=0)
     assert "Deployment" not in {d["kind"] for d in rendered(SIDECAR)}
@@ -105,6 +145,16 @@ def test_without_relays_nothing_changes():
 def test_relays_that_would_hold_too_much_or_nothing_are_refused(path, relays, user, message):
     with pytest.raises(SpecError, match=message):
         rendered(path, relays=relays, relay_user=user)
+
+
+@pytest.mark.parametrize(("path", "relays", "message"), [
+    pytest.param(SIDECAR, 0, "give --relays N too", id="no-relays"),
+    pytest.param(EXAMPLE, 2, "this spec names no ca_file: drop it", id="no-tls"),
+])  # fmt: skip
+def test_an_issuer_for_relays_without_tls_is_refused(path, relays, message):
+    user = USER if path == SIDECAR and relays else None
+    with pytest.raises(SpecError, match=f"--relay-issuer: .*{message}"):
+        rendered(path, relays=relays, relay_user=user, relay_issuer=SHIPPED_ISSUER)
 
 
 def test_with_auth_off_the_relays_need_no_user():
@@ -129,7 +179,15 @@ def test_a_large_mesh_without_relays_gets_a_hint():
     big = replace(spec, size=1024)
     (hint,) = relays_hint(big, 0)
     assert "--relays 11" in hint and "1,048,576 watch events" in hint
-    assert relays_hint(big, 4) == []
+    assert relays_hint(big, 4, SHIPPED_ISSUER) == []
+
+
+def test_https_relays_whose_secret_nothing_renders_get_a_warning():
+    spec = load_spec(SIDECAR)  # etcd over TLS
+    (warning,) = relays_hint(spec, 2)
+    assert f"the Secret {spec.name}-relay-tls, which these manifests do not make" in warning
+    assert relays_hint(spec, 2, SHIPPED_ISSUER) == []
+    assert relays_hint(load_spec(EXAMPLE), 2) == []  # plain HTTP relays need no Secret
 
 
 @pytest.mark.parametrize("version", ["0.2.1", "0d75cef8"])

@@ -190,7 +190,7 @@ def add_kinds(kinds: Any) -> None:  # noqa: ANN401 - argparse's subparsers type 
 
 
 def add_relay_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--relays N`` and ``--relay-user NAME`` (``render.relays``)."""
+    """``--relays N``, ``--relay-user NAME`` and ``--relay-issuer NAME`` (``render.relays``)."""
     parser.add_argument(
         "--relays",
         type=int,
@@ -204,6 +204,13 @@ def add_relay_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the relays' read-only etcd user where the spec names an etcd user "
         "(`vnetd render provision --relay-user NAME` makes it)",
+    )
+    parser.add_argument(
+        "--relay-issuer",
+        metavar="NAME",
+        help="where the spec reaches etcd over TLS the relays serve HTTPS from the Secret "
+        "<mesh>-relay-tls: also render its cert-manager Certificate from this Issuer "
+        "(etcd-ca, which components/etcd-cert-manager ships)",
     )
 
 
@@ -238,11 +245,12 @@ def run_minicluster(args: argparse.Namespace) -> int:
         gate_timeout=args.gate_timeout,
         relays=args.relays,
         relay_user=args.relay_user,
+        relay_issuer=args.relay_issuer,
     )
     rendered = render_minicluster(spec, text, options)
     part = site_part(spec, "sidecar", args.site, args.ranks)
     warnings = [*manifest_warnings(spec, args.image, options.etcd), *site_warnings(spec, part)]
-    for warning in [*warnings, *relays_hint(spec, args.relays)]:
+    for warning in [*warnings, *relays_hint(spec, args.relays, args.relay_issuer)]:
         warn_on_stderr(warning)
     _write(rendered, args.output)
     return 0

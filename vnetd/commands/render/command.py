@@ -241,12 +241,19 @@ def run_manifests(args: argparse.Namespace) -> int:
         raise SpecError(f"{args.config}: cannot read: {exc.strerror}") from None
     etcd = tuple(args.etcd)
     options = ManifestOptions(
-        args.mode, args.image, args.site, args.ranks, etcd, args.relays, args.relay_user
+        args.mode,
+        args.image,
+        args.site,
+        args.ranks,
+        etcd,
+        args.relays,
+        args.relay_user,
+        args.relay_issuer,
     )
     rendered = render_manifests(spec, text, options)
     part = site_part(spec, args.mode, args.site, args.ranks)
     warnings = [*manifest_warnings(spec, args.image, etcd), *site_warnings(spec, part)]
-    for warning in [*warnings, *relays_hint(spec, args.relays)]:
+    for warning in [*warnings, *relays_hint(spec, args.relays, args.relay_issuer)]:
         warn_on_stderr(warning)
     _emit(rendered, args.output)
     return 0

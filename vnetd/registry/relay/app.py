@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from typing import Any
@@ -348,10 +349,12 @@ async def _error(send: Send, status: int, code: int, message: str) -> None:
 async def serve_relay(
     listen: list[str],
     app: RelayApp,
+    tls: ssl.SSLContext | None = None,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``listen`` (``host:port`` each; port 0 picks one) until cancelled;
+    """Serve ``app`` on ``listen`` (``host:port`` each; port 0 picks one) until cancelled,
+    over HTTPS with ``tls`` (``relay.tls.server_context``), else plain HTTP;
     ``task_status.started`` receives the bound addresses.
 
     Raises:
@@ -360,7 +363,19 @@ async def serve_relay(
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    config = Config()
+    class ServerConfig(Config):
+        """hypercorn's settings, serving with ``tls`` as it is: the relay loads a renewed
+        certificate into that context (``relay.tls.keep_loaded``), where hypercorn would
+        build its own once from file names."""
+
+        @property
+        def ssl_enabled(self) -> bool:
+            return tls is not None
+
+        def create_ssl_context(self) -> ssl.SSLContext | None:
+            return tls
+
+    config = ServerConfig()
     config.bind = listen
     config.accesslog = None
     config.errorlog = log
