@@ -120,8 +120,8 @@ def kernel_footprint_section(r: JSON | None) -> list[str]:
         "",
         *table(["figure", *(names[d] for d in planes)], rows),
         f"Registering the {p['peers']:,} members took {num(p['seed_s'])} s in the guest. "
-        f"Guest boot {guest['boot_s']:g} s, whole run {guest['wall_s']:g} s. Host load: "
-        f"{load_note(r)}.",
+        f"Guest boot {guest['boot_s']:g} s, whole run {guest['wall_s']:g} s, ended "
+        f"{r['date']} at commit `{r['machine']['commit']}`. Host load: {load_note(r)}.",
         "",
         *failures_note(_one_line_errors(r)),
     ]
