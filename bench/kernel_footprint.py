@@ -40,7 +40,6 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -50,9 +49,7 @@ from common import (
     BENCH,
     JSON,
     RESULTS,
-    ROOT,
     JsonMesh,
-    LoadSampler,
     attempt,
     fmt_s,
     peers_held,
@@ -62,11 +59,9 @@ from common import (
     write_result,
 )
 from footprint import device_counts, memory
+from guest_bench import run_script_in_guest, with_lab_retries
 
 from vnetd.lab.cluster import write_spec
-from vnetd.lab.etcd import EtcdStartError
-from vnetd.lab.guest import guest_unavailable, run_in_guest
-from vnetd.lab.guest_image import GuestUnavailable
 from vnetd.lab.netns import child_pid
 from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.spec import load_spec
@@ -92,7 +87,6 @@ SETTLE = 10.0
 GUEST_TIMEOUT = 5400.0
 """Above every hang guard of the run in the guest together (about 4,300 s), so a bound
 missed inside is recorded as a failure there, not as a guest killed with the rest."""
-LAB_TRIES = 3
 BOOT_TIMEOUT = 400.0
 MEMINFO = ("MemAvailable", "Slab", "SUnreclaim", "Percpu")
 
@@ -209,18 +203,6 @@ async def inside(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
     return len(record["failures"])
 
 
-async def with_lab_retries(part: Callable[[], Awaitable[JSON]]) -> JSON:
-    """``await part()``, again (``LAB_TRIES`` in all) when its lab's etcd did not start:
-    under TCG on busy host cores etcd can miss the lab's 20 s readiness bound."""
-    for n in range(1, LAB_TRIES):
-        try:
-            return await part()
-        except EtcdStartError as error:
-            print(f"  the lab's etcd did not start (try {n}/{LAB_TRIES}): {error}"[:300],
-                  flush=True)  # fmt: skip
-    return await part()
-
-
 def summarize(runs: list[JSON]) -> JSON:
     by = {r["dataplane"]: r for r in runs}
     k, u = by.get("kernel"), by.get("userspace")
@@ -233,52 +215,27 @@ def summarize(runs: list[JSON]) -> JSON:
 
 
 async def on_host(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
-    reason = guest_unavailable()
-    if reason is not None:
-        print(f"kernel_footprint.py: skipped, no kernel guest here: {reason}")
-        return 0
-    argv = [sys.executable, str(SCRIPT), "--inside", "--size", str(args.size),
-            "--idle", str(args.idle), "--dataplanes", args.dataplanes]  # fmt: skip
-    sampler = LoadSampler()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sampler.run)
-        try:
-            result = await trio.to_thread.run_sync(
-                lambda: run_in_guest(
-                    argv,
-                    run_timeout=args.guest_timeout,
-                    cwd=ROOT,
-                    outputs=[OUTPUT],
-                    boot_timeout=BOOT_TIMEOUT,
-                )  # fmt: skip
-            )
-        except GuestUnavailable as error:
-            print(f"kernel_footprint.py: the guest run failed: {error}")
-            return 1
-        finally:
-            nursery.cancel_scope.cancel()
-    sys.stdout.write(result.output)
-    if OUTPUT not in result.files:
-        print(f"kernel_footprint.py: the guest wrote no {OUTPUT} (exit {result.returncode})")
-        return 1
-    inner: JSON = json.loads(result.files[OUTPUT])
-    if result.returncode and not inner["failures"]:
-        inner["failures"].append({"part": "guest", "error": f"exit {result.returncode}"})
-    guest = {**inner["guest"], "boot_s": round(result.boot_seconds, 1),
-             "wall_s": round(result.wall_seconds, 1),
-             "accel": os.environ.get("VNETD_GUEST_ACCEL", "tcg")}  # fmt: skip
+    options = ["--size", str(args.size), "--idle", str(args.idle),
+               "--dataplanes", args.dataplanes]  # fmt: skip
+    record = await run_script_in_guest(SCRIPT, options, OUTPUT, run_timeout=args.guest_timeout,
+                                       boot_timeout=BOOT_TIMEOUT)  # fmt: skip
+    if isinstance(record, int):
+        return record
+    inner, guest = record.inner, record.guest
+    if record.returncode and not inner["failures"]:
+        inner["failures"].append({"part": "guest", "error": f"exit {record.returncode}"})
     params = {"size": args.size, "peers": args.size - 1, "idle_s": args.idle,
               "dataplanes": args.dataplanes.split(","), "lease_ttl_s": LEASE_TTL,
               "seed_s": inner["seed_s"], "guest": guest}  # fmt: skip
     summary = summarize(inner["runs"])
-    write_result(NAME, TITLE, params, inner["runs"], summary, sampler.summary(), args.out,
+    write_result(NAME, TITLE, params, inner["runs"], summary, record.load, args.out,
                  inner["failures"])  # fmt: skip
     print(
         f"kernel guest: boot {guest['boot_s']} s, wall {guest['wall_s']} s; CPU to every "
         f"peer, kernel / wireguard-go: {fmt_s(summary['cpu_to_all_ratio'])}",
         flush=True,
     )
-    return 1 if inner["failures"] or result.returncode else 0
+    return 1 if inner["failures"] or record.returncode else 0
 
 
 def main() -> None:

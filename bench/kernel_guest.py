@@ -59,9 +59,7 @@ import trio
 from common import (
     JSON,
     RESULTS,
-    ROOT,
     JsonMesh,
-    LoadSampler,
     attempt,
     fmt_s,
     latency,
@@ -71,11 +69,9 @@ from common import (
 )
 from dataplane import SIZE, move_passes, seed_members, start_full
 from formation import HOLD, SETTLE, idle_cpu, logs_full, steady_join
+from guest_bench import run_script_in_guest, with_lab_retries
 
 from vnetd.lab.cluster import write_spec
-from vnetd.lab.etcd import EtcdStartError
-from vnetd.lab.guest import guest_unavailable, run_in_guest
-from vnetd.lab.guest_image import GuestUnavailable
 from vnetd.lab.open_lab import Lab, open_lab
 from vnetd.spec import load_spec
 
@@ -105,7 +101,6 @@ STOP_TIMEOUT = 60.0
 GUEST_TIMEOUT = 3600.0
 BOOT_TIMEOUT = 400.0
 """The guest's boot: about 15 s on a quiet host, over 120 s at a load of 100."""
-LAB_TRIES = 3
 
 
 def order(round_: int) -> tuple[str, ...]:
@@ -267,18 +262,6 @@ async def whole_part(
     return [] if done is None else list(done["runs"])
 
 
-async def with_lab_retries(part: Callable[[], Awaitable[list[JSON]]]) -> list[JSON]:
-    """``await part()``, again (``LAB_TRIES`` in all) when its lab's etcd did not start:
-    under TCG on busy host cores etcd can miss the lab's 20 s readiness bound."""
-    for n in range(1, LAB_TRIES):
-        try:
-            return await part()
-        except EtcdStartError as error:
-            print(f"  the lab's etcd did not start (try {n}/{LAB_TRIES}): {error}"[:300],
-                  flush=True)  # fmt: skip
-    return await part()
-
-
 async def inside(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
     share = Path(os.environ["VNETD_GUEST_SHARE"])
     failures: list[JSON] = []
@@ -351,43 +334,18 @@ def _round_ratios(runs: list[JSON]) -> list[float]:
 
 
 async def on_host(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
-    reason = guest_unavailable()
-    if reason is not None:
-        print(f"kernel_guest.py: skipped, no kernel guest here: {reason}")
-        return 0
-    argv = [sys.executable, str(SCRIPT), "--inside", "--rounds", str(args.rounds),
-            "--changes", str(args.changes), "--joins", str(args.joins)]  # fmt: skip
-    sampler = LoadSampler()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sampler.run)
-        try:
-            result = await trio.to_thread.run_sync(
-                lambda: run_in_guest(
-                    argv,
-                    run_timeout=args.guest_timeout,
-                    cwd=ROOT,
-                    outputs=[OUTPUT],
-                    boot_timeout=BOOT_TIMEOUT,
-                )  # fmt: skip
-            )
-        except GuestUnavailable as error:
-            print(f"kernel_guest.py: the guest run failed: {error}")
-            return 1
-        finally:
-            nursery.cancel_scope.cancel()
-    sys.stdout.write(result.output)
-    if OUTPUT not in result.files:
-        print(f"kernel_guest.py: the guest wrote no {OUTPUT} (exit {result.returncode})")
-        return 1
-    inner: JSON = json.loads(result.files[OUTPUT])
-    guest = {**inner["guest"], "boot_s": round(result.boot_seconds, 1),
-             "wall_s": round(result.wall_seconds, 1),
-             "accel": os.environ.get("VNETD_GUEST_ACCEL", "tcg")}  # fmt: skip
+    options = ["--rounds", str(args.rounds), "--changes", str(args.changes),
+               "--joins", str(args.joins)]  # fmt: skip
+    record = await run_script_in_guest(SCRIPT, options, OUTPUT, run_timeout=args.guest_timeout,
+                                       boot_timeout=BOOT_TIMEOUT)  # fmt: skip
+    if isinstance(record, int):
+        return record
+    inner, guest = record.inner, record.guest
     params = {"rounds": args.rounds, "changes": args.changes, "joins": args.joins,
               "peers_for_change": SIZE - 1, "join_ranks": JOIN_RANKS, "lease_ttl_s": LEASE_TTL,
               "guest": guest}  # fmt: skip
     summary = summarize(inner["runs"])
-    write_result(NAME, TITLE, params, inner["runs"], summary, sampler.summary(), args.out,
+    write_result(NAME, TITLE, params, inner["runs"], summary, record.load, args.out,
                  inner["failures"])  # fmt: skip
     change, join = summary["change"], summary["join"]
     print(
@@ -399,7 +357,7 @@ async def on_host(args: Any) -> int:  # noqa: ANN401 - argparse's namespace
         f"{fmt_s(join['latency_ms']['userspace']['p50'], 1)} ms (ratio {fmt_s(join['ratio_p50'])})",
         flush=True,
     )
-    return 1 if inner["failures"] or result.returncode else 0
+    return 1 if inner["failures"] or record.returncode else 0
 
 
 def main() -> None:
